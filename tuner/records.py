@@ -1,0 +1,223 @@
+"""Typed, immutable records that cross module boundaries.
+
+Every stage hands the next one of these, never a loose dict. Field names of the measured
+figures follow `vllm bench serve` (output_throughput, mean_tpot_ms, p99_itl_ms, ...) so users
+can compare the two tools line by line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Prompt(Frozen):
+    """One request body as the load generator sends it (text completion, chat template applied)."""
+
+    prompt: str
+    prompt_len: int
+    output_len: int
+
+
+class WorkloadSpec(Frozen):
+    """What a user asked for; enough to rebuild the exact prompt list."""
+
+    name: str
+    dataset_path: str | None = None
+    num_prompts: int = 32
+    seed: int = 0
+    output_len: int | None = None  # None: the workload's default (vLLM's for that dataset)
+    max_input_tokens: int | None = None
+    skip_chat_template: bool = False
+    category: str | None = None
+    random_input_len: int = 256
+    random_output_len: int = 128
+    temperature: float = 0.0
+    ignore_eos: bool = False
+
+
+class Workload(Frozen):
+    spec: WorkloadSpec
+    prompts: tuple[Prompt, ...]
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the exact prompts and lengths: two studies compare only if equal."""
+        h = hashlib.sha256()
+        for p in self.prompts:
+            h.update(p.prompt.encode())
+            h.update(f"\0{p.output_len}\0".encode())
+        return h.hexdigest()[:16]
+
+
+class EngineSpec(Frozen):
+    """How to start one vLLM server; the speculative config comes per trial."""
+
+    model: str
+    served_model_name: str = "model"
+    vllm_cmd: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    device: str = "cpu"
+    ready_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    level_timeout_s: float = 3600.0
+    tokenizer: str | None = None
+
+
+class TrialConfig(Frozen):
+    """One candidate: the exact `--speculative-config` (None = no speculation) and engine knobs."""
+
+    speculative_config: dict[str, Any] | None = None
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def method(self) -> str:
+        return "none" if not self.speculative_config else str(self.speculative_config["method"])
+
+    def spec_json(self) -> str:
+        return json.dumps(self.speculative_config, sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """Canonical identity used to answer duplicate configs from storage."""
+        return json.dumps(
+            {"spec": self.speculative_config, "engine": self.engine_args}, sort_keys=True
+        )
+
+    def label(self) -> str:
+        s = self.speculative_config
+        if not s:
+            text = "baseline (no speculation)"
+        else:
+            parts = [s["method"]]
+            if "num_speculative_tokens" in s:
+                parts.append(f"k={s['num_speculative_tokens']}")
+            if "prompt_lookup_min" in s or "prompt_lookup_max" in s:
+                parts.append(f"window {s.get('prompt_lookup_min', '?')}-{s.get('prompt_lookup_max', '?')}")
+            for name in sorted(s):
+                if name not in ("method", "num_speculative_tokens", "prompt_lookup_min",
+                                "prompt_lookup_max"):
+                    value = s[name]
+                    if isinstance(value, str) and len(value) > 24:
+                        value = "..." + value[-20:]
+                    parts.append(f"{name.replace('suffix_decoding_', '')}={value}")
+            text = " ".join(parts)
+        if self.engine_args:
+            text += " [" + " ".join(f"{k}={v}" for k, v in sorted(self.engine_args.items())) + "]"
+        return text
+
+
+class RequestRecord(Frozen):
+    """One streamed request as the client saw it. Times in seconds from the level's start."""
+
+    concurrency: int
+    index: int
+    warmup: bool
+    start_s: float
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    chunk_gaps_s: tuple[float, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1); undefined for fewer than two tokens."""
+        if self.error or self.output_tokens < 2 or self.ttft_s is None or self.e2e_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+class SpecDecodeCounts(Frozen):
+    """Deltas of vLLM's spec-decode Prometheus counters over one measured phase."""
+
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted_tokens: float = 0.0
+    accepted_per_pos: tuple[float, ...] = ()
+
+
+class LevelMetrics(Frozen):
+    """Everything measured at one concurrency level, named as `vllm bench serve` names it."""
+
+    concurrency: int
+    num_requests: int
+    completed: int
+    failed: int
+    warmup_requests: int
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p90_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    p90_tpot_ms: float
+    p99_tpot_ms: float
+    std_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    p90_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    p99_e2el_ms: float
+    spec_decode_num_drafts: float = 0.0
+    spec_decode_num_draft_tokens: float = 0.0
+    spec_decode_num_accepted_tokens: float = 0.0
+    spec_decode_acceptance_rate: float | None = None
+    spec_decode_acceptance_length: float | None = None
+    spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+class EngineInfo(Frozen):
+    """What the engine told us about itself at start-up (read from engine.log)."""
+
+    start_s: float
+    vllm_version: str | None = None
+    details: dict[str, str] = Field(default_factory=dict)
+
+
+class BenchResult(Frozen):
+    """One engine launch, measured at every requested concurrency."""
+
+    config: TrialConfig
+    engine: EngineInfo
+    levels: tuple[LevelMetrics, ...]
+
+    def level(self, concurrency: int) -> LevelMetrics | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+
+class MeasureSettings(Frozen):
+    """How each concurrency level is driven; stored with every result."""
+
+    concurrencies: tuple[int, ...] = (1,)
+    num_requests: int | None = None  # measured requests per level; None: see requests_for()
+    requests_per_slot: int = 4
+    warmup_output_len: int = 16
+
+    def requests_for(self, concurrency: int, num_prompts: int) -> int:
+        """Enough requests that each of the c slots serves several, and every prompt once."""
+        if self.num_requests:
+            return self.num_requests
+        return max(num_prompts, self.requests_per_slot * concurrency)

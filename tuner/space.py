@@ -1,0 +1,291 @@
+"""Search-space stage: YAML files under search_spaces/ -> TrialConfig candidates.
+
+A space names the methods to try and, per method, the `--speculative-config` keys to search
+(int / float / choice ranges, or fixed values); `engine:` holds vLLM engine knobs, fixed or
+searched. A bound may name an earlier parameter (`at_most: prompt_lookup_max`) so that
+constraints such as min <= max hold by construction. Parameters are stored in Optuna under
+`method`, `<method>.<key>` and `engine.<key>`, so conditional parameters never collide.
+Everything a user can get wrong here raises ConfigError naming the file and key path.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from tuner.errors import ConfigError
+from tuner.records import TrialConfig
+
+# Methods vLLM accepts in --speculative-config, and what each needs besides the target model.
+METHODS = {
+    "none": "no speculation (the baseline)",
+    "ngram": "n-gram prompt lookup on the CPU",
+    "ngram_gpu": "n-gram prompt lookup on the GPU",
+    "suffix": "suffix-tree decoding (needs the arctic-inference package)",
+    "draft_model": "a smaller draft model (needs `model`)",
+    "eagle": "EAGLE head (needs `model`)",
+    "eagle3": "EAGLE-3 head (needs `model`)",
+    "mtp": "the target model's own multi-token-prediction layers",
+    "medusa": "Medusa heads (needs `model`)",
+    "mlp_speculator": "MLP speculator (needs `model`)",
+}
+NEEDS_MODEL = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
+PARAM_TYPES = ("int", "float", "choice")
+
+
+class Param(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: str
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    values: tuple[Any, ...] | None = None
+    at_most: str | None = None
+    at_least: str | None = None
+
+
+class SearchSpace(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    description: str = ""
+    methods: dict[str, dict[str, Param | Any]]
+    engine: dict[str, Param | Any] = {}
+    start_points: tuple[dict[str, Any], ...] = ()
+    source: str = ""
+
+    # --- sampling -------------------------------------------------------------------------
+    def suggest(self, trial: Any) -> TrialConfig:
+        """Ask an Optuna trial for one candidate (conditional on the method)."""
+        method = trial.suggest_categorical("method", list(self.methods))
+        values: dict[str, Any] = {}
+        for key, p in self.methods[method].items():
+            values[key] = _suggest(trial, f"{method}.{key}", p, values)
+        engine: dict[str, Any] = {}
+        for key, p in self.engine.items():
+            engine[key] = _suggest(trial, f"engine.{key}", p, engine)
+        return build_config(method, values, engine)
+
+    def config_from_params(self, params: dict[str, Any]) -> TrialConfig:
+        """Rebuild the TrialConfig of stored Optuna params (fixed values are filled in)."""
+        method = params["method"]
+        values = {k: (params.get(f"{method}.{k}") if isinstance(p, Param) else p)
+                  for k, p in self.methods.get(method, {}).items()}
+        engine = {k: (params.get(f"engine.{k}") if isinstance(p, Param) else p)
+                  for k, p in self.engine.items()}
+        return build_config(method, values, engine)
+
+    def params_of(self, point: dict[str, Any]) -> dict[str, Any]:
+        """Optuna params for a start point written as a flat speculative-config dict."""
+        method = point.get("method", "none")
+        if method not in self.methods:
+            return {}
+        params: dict[str, Any] = {"method": method}
+        for k, p in self.methods[method].items():
+            if isinstance(p, Param):
+                if k not in point:
+                    return {}
+                params[f"{method}.{k}"] = point[k]
+        for k, p in self.engine.items():
+            if isinstance(p, Param):
+                if k not in point.get("engine", {}):
+                    return {}
+                params[f"engine.{k}"] = point["engine"][k]
+        return params
+
+    def grid(self, limit: int = 100_000) -> list[dict[str, Any]]:
+        """Every candidate of a finite space as Optuna params (floats need `step`)."""
+        out: list[dict[str, Any]] = []
+        for method, keys in self.methods.items():
+            for combo in _enumerate(list(keys.items()), method):
+                for eng in _enumerate(list(self.engine.items()), "engine"):
+                    out.append({"method": method, **combo, **eng})
+                    if len(out) > limit:
+                        raise ConfigError(f"Search space '{self.name}' has more than {limit} "
+                                          f"grid points; use a non-grid sampler.")
+        return out
+
+
+def _bounds(p: Param, values: dict[str, Any]) -> tuple[float, float]:
+    low, high = p.low, p.high
+    if p.at_most is not None:
+        high = min(high, values[p.at_most])
+    if p.at_least is not None:
+        low = max(low, values[p.at_least])
+    return low, high
+
+
+def _suggest(trial: Any, name: str, p: Any, values: dict[str, Any]) -> Any:
+    if not isinstance(p, Param):
+        return p
+    if p.type == "choice":
+        return trial.suggest_categorical(name, list(p.values))
+    low, high = _bounds(p, values)
+    if p.type == "int":
+        return trial.suggest_int(name, int(low), int(high), step=int(p.step or 1), log=p.log)
+    return trial.suggest_float(name, low, high, step=p.step, log=p.log)
+
+
+def _enumerate(items: list[tuple[str, Any]], prefix: str):
+    """Expand in declaration order so dependent bounds (at_most/at_least) see their referent."""
+    def expand(i: int, chosen: dict[str, Any], values: dict[str, Any]):
+        if i == len(items):
+            yield dict(chosen)
+            return
+        k, q = items[i]
+        if not isinstance(q, Param):
+            yield from expand(i + 1, chosen, {**values, k: q})
+            return
+        for v in _domain(q, values, f"{prefix}.{k}"):
+            yield from expand(i + 1, {**chosen, f"{prefix}.{k}": v}, {**values, k: v})
+    yield from expand(0, {}, {})
+
+
+def _domain(p: Param, values: dict[str, Any], where: str) -> list[Any]:
+    if p.type == "choice":
+        return list(p.values)
+    low, high = _bounds(p, values)
+    if p.type == "int":
+        return list(range(int(low), int(high) + 1, int(p.step or 1)))
+    if not p.step:
+        raise ConfigError(f"{where}: a float range needs `step` for the grid sampler.")
+    n = int(math.floor((high - low) / p.step + 1e-9))
+    return [round(low + i * p.step, 10) for i in range(n + 1)]
+
+
+def build_config(method: str, values: dict[str, Any], engine: dict[str, Any]) -> TrialConfig:
+    spec = None if method == "none" else {"method": method, **values}
+    return TrialConfig(speculative_config=spec, engine_args=engine)
+
+
+# --- loading -------------------------------------------------------------------------------
+def builtin_dir() -> Path:
+    """Built-in spaces ship inside the package (tuner/search_spaces), mirrored at the top level."""
+    return Path(str(resources.files("tuner") / "search_spaces"))
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+
+
+def load(name_or_path: str) -> SearchSpace:
+    """A built-in space by name, or a YAML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = builtin_dir() / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                f"Unknown search space '{name_or_path}'. Available: {', '.join(available())}. "
+                f"Or pass the path of your own YAML file (see search_spaces/ for examples).")
+    if not path.exists():
+        raise ConfigError(f"Search space file '{path}' does not exist. Check the path, or use "
+                          f"a built-in space: {', '.join(available())}.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]}). "
+                          f"Fix the file; see search_spaces/ngram.yaml for the format.") from None
+    return parse(raw, source=str(path))
+
+
+def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping with `methods:` at the top, got "
+                          f"{type(raw).__name__}.")
+    unknown = set(raw) - {"name", "description", "methods", "engine", "start_points"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}. Valid: name, "
+                          f"description, methods, engine, start_points.")
+    methods_raw = raw.get("methods")
+    if not isinstance(methods_raw, dict) or not methods_raw:
+        raise ConfigError(f"{source}: `methods` must be a non-empty mapping of method name to "
+                          f"its parameters, e.g. `methods: {{ngram: {{num_speculative_tokens: "
+                          f"{{type: int, low: 1, high: 8}}}}}}`.")
+    methods: dict[str, dict[str, Any]] = {}
+    for method, params in methods_raw.items():
+        if method not in METHODS:
+            raise ConfigError(f"{source}: methods.{method}: unknown method '{method}'. "
+                              f"Valid: {', '.join(METHODS)}.")
+        params = params or {}
+        if not isinstance(params, dict):
+            raise ConfigError(f"{source}: methods.{method}: expected a mapping of parameters, "
+                              f"got {params!r}.")
+        if method == "none" and params:
+            raise ConfigError(f"{source}: methods.none takes no parameters.")
+        methods[str(method)] = _parse_params(params, f"{source}: methods.{method}")
+        if method in NEEDS_MODEL and "model" not in params:
+            raise ConfigError(f"{source}: methods.{method}: `model` is required ({METHODS[method]}"
+                              f"); give the draft/head checkpoint path.")
+    engine = _parse_params(raw.get("engine") or {}, f"{source}: engine")
+    starts = raw.get("start_points") or []
+    if not isinstance(starts, list) or not all(isinstance(s, dict) for s in starts):
+        raise ConfigError(f"{source}: start_points must be a list of mappings.")
+    name = raw.get("name") or Path(source).stem
+    return SearchSpace(name=str(name), description=str(raw.get("description", "")),
+                       methods=methods, engine=engine, start_points=tuple(starts), source=source)
+
+
+def _parse_params(params: Any, where: str) -> dict[str, Any]:
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {params!r}.")
+    out: dict[str, Any] = {}
+    for key, spec in params.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: parameter names must be strings, got {key!r}.")
+        path = f"{where}.{key}"
+        if not isinstance(spec, dict):
+            if isinstance(spec, (list, set)):
+                raise ConfigError(f"{path}: a list is ambiguous; write "
+                                  f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
+            out[key] = spec  # a fixed value
+            continue
+        try:
+            p = Param(**spec)
+        except Exception as e:  # pydantic's message names the field
+            first = str(e).splitlines()[1:3]
+            raise ConfigError(f"{path}: invalid parameter spec {spec!r} ({' '.join(first)}). "
+                              f"Use type int/float with low and high, or choice with values."
+                              ) from None
+        if p.type not in PARAM_TYPES:
+            raise ConfigError(f"{path}.type: unknown type '{p.type}'. Valid: "
+                              f"{', '.join(PARAM_TYPES)}.")
+        if p.type == "choice":
+            if not p.values:
+                raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
+        else:
+            if p.low is None or p.high is None:
+                raise ConfigError(f"{path}: type {p.type} needs both `low` and `high`.")
+            if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
+                raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
+            if p.low > p.high:
+                raise ConfigError(f"{path}: impossible range: low {p.low} > high {p.high}.")
+            if p.log and p.low <= 0:
+                raise ConfigError(f"{path}: a log range needs low > 0, got {p.low}.")
+            if p.step is not None and p.step <= 0:
+                raise ConfigError(f"{path}.step: must be positive, got {p.step}.")
+            for ref in (p.at_most, p.at_least):
+                if ref is not None and ref not in out:
+                    raise ConfigError(f"{path}: bound refers to '{ref}', which is not a parameter "
+                                      f"declared before it in the same block.")
+                if ref is not None and isinstance(out[ref], Param) and out[ref].type == "choice":
+                    raise ConfigError(f"{path}: bound refers to '{ref}', a choice; only int or "
+                                      f"float parameters can bound another.")
+            if p.at_most is not None:
+                ref = out[p.at_most]
+                ref_low = ref.low if isinstance(ref, Param) else ref
+                if not isinstance(ref_low, (int, float)) or ref_low < p.low:
+                    raise ConfigError(f"{path}: impossible range: at_most {p.at_most} can be "
+                                      f"below low {p.low}.")
+            if p.at_least is not None:
+                ref = out[p.at_least]
+                ref_high = ref.high if isinstance(ref, Param) else ref
+                if not isinstance(ref_high, (int, float)) or ref_high > p.high:
+                    raise ConfigError(f"{path}: impossible range: at_least {p.at_least} can be "
+                                      f"above high {p.high}.")
+        out[key] = p
+    return out

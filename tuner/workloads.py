@@ -1,0 +1,244 @@
+"""Workload stage: a named workload -> the exact list of prompts the load generator sends.
+
+Prompts are built as `vllm bench serve` builds them for the same dataset (same prompt text,
+chat template applied where vLLM applies it, same shuffle with the same seed for files read
+with Python's `random`, same length filters), so figures compare with vLLM's own benchmark.
+Small samples ship inside the package; `--dataset-path` reads a local copy of the full data.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError
+from tuner.records import Prompt, Workload, WorkloadSpec
+
+DATA_DIR = Path(__file__).parent / "data"
+BUNDLED = {
+    "instructcoder": DATA_DIR / "instructcoder" / "editeval.jsonl",
+    "sharegpt": DATA_DIR / "sharegpt" / "sharegpt_v3_subset.jsonl",
+    "spec_bench": DATA_DIR / "spec_bench" / "question.jsonl",
+}
+DEFAULT_OUTPUT_LEN = {"instructcoder": 200, "spec_bench": 256, "custom": 256, "sharegpt": None}
+SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                         "stem", "humanities", "translation", "summarization", "qa",
+                         "math_reasoning", "rag")
+EMBEDDED_TOKENIZER = DATA_DIR / "tokenizers" / "smollm2-135m-instruct"
+
+
+def names() -> list[str]:
+    return list(_BUILDERS)
+
+
+def load(spec: WorkloadSpec, *, tokenizer: str | Path) -> Workload:
+    """Build the prompts of `spec` with the target model's tokenizer."""
+    if spec.name not in _BUILDERS:
+        raise ConfigError(
+            f"Unknown workload '{spec.name}'. Available: {', '.join(names())}. "
+            f"Use --workload custom --dataset-path FILE.jsonl for your own prompts.")
+    if spec.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be at least 1, got {spec.num_prompts}.")
+    tok = load_tokenizer(tokenizer)
+    prompts = _BUILDERS[spec.name](spec, tok)
+    if not prompts:
+        raise ConfigError(
+            f"Workload '{spec.name}' produced no prompts (filters: max input tokens "
+            f"{spec.max_input_tokens}, category {spec.category}). Loosen the filters or check "
+            f"--dataset-path.")
+    return Workload(spec=spec, prompts=tuple(prompts))
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"Cannot load a tokenizer from '{path}' ({str(e).splitlines()[0]}). "
+                          f"Pass --tokenizer PATH or a --model folder with tokenizer files."
+                          ) from None
+
+
+# --- readers ---------------------------------------------------------------------------------
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a .jsonl / .json (array) / .parquet file; a bad line is named by number."""
+    if not path.exists():
+        raise ConfigError(f"Dataset file '{path}' does not exist. Check --dataset-path.")
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        try:
+            return pd.read_parquet(path).to_dict("records")
+        except Exception as e:  # pyarrow raises many types for a broken file
+            raise ConfigError(f"{path}: not a readable parquet file ({e}).") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}).") from None
+    if path.suffix == ".json" or text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: "
+                              f"{e.msg}.") from None
+        if not isinstance(rows, list):
+            raise ConfigError(f"{path}: expected a JSON array of objects, got "
+                              f"{type(rows).__name__}.")
+    else:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg} at column "
+                                  f"{e.colno}). Each line must be one JSON object.") from None
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
+                              f"object.")
+    return rows
+
+
+def _rows(spec: WorkloadSpec) -> tuple[Path, list[dict]]:
+    path = Path(spec.dataset_path) if spec.dataset_path else BUNDLED.get(spec.name)
+    if path is None:
+        raise ConfigError(f"Workload '{spec.name}' needs --dataset-path FILE.jsonl (one JSON "
+                          f"object per line with a \"prompt\" field).")
+    return path, read_rows(path)
+
+
+def _field(row: dict, key: str, path: Path, n: int) -> Any:
+    if key not in row:
+        raise ConfigError(f"{path}: record {n} has no '{key}' field (fields: "
+                          f"{', '.join(sorted(map(str, row))) or 'none'}).")
+    return row[key]
+
+
+def _chat(tok: Any, text: str, spec: WorkloadSpec) -> str:
+    if spec.skip_chat_template or not getattr(tok, "chat_template", None):
+        return text
+    return tok.apply_chat_template([{"role": "user", "content": text}],
+                                   add_generation_prompt=True, tokenize=False)
+
+
+def _take(spec: WorkloadSpec, tok: Any, items: Iterator[tuple[str, int | None]]) -> list[Prompt]:
+    out = []
+    for text, out_len in items:
+        n_in = len(tok(text).input_ids)
+        if spec.max_input_tokens and n_in > spec.max_input_tokens:
+            continue
+        default = DEFAULT_OUTPUT_LEN.get(spec.name) or 256
+        out.append(Prompt(prompt=text, prompt_len=n_in,
+                          output_len=int(out_len or spec.output_len or default)))
+        if len(out) == spec.num_prompts:
+            break
+    return out
+
+
+def _shuffled(rows: list, seed: int) -> list:
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)  # same order as vLLM's random.seed(s); random.shuffle
+    return rows
+
+
+# --- builders --------------------------------------------------------------------------------
+def _instructcoder(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+    path, rows = _rows(spec)
+
+    def items():
+        for n, row in enumerate(_shuffled(rows, spec.seed), 1):
+            text = (f"{_field(row, 'input', path, n)}\n\n{_field(row, 'instruction', path, n)} "
+                    "Just output the code, do not include any explanation.")
+            yield _chat(tok, text, spec), None
+    return _take(spec, tok, items())
+
+
+def _sharegpt(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+    path, rows = _rows(spec)
+    convs = [r for r in rows if len(r.get("conversations") or []) >= 2]
+    out = []
+    for row in _shuffled(convs, spec.seed):
+        try:
+            prompt, completion = (str(row["conversations"][i]["value"]) for i in (0, 1))
+        except (KeyError, TypeError):
+            raise ConfigError(f"{path}: record {row.get('id', '?')} has conversations without "
+                              f"'value' fields (ShareGPT format expected).") from None
+        n_in = len(tok(prompt).input_ids)
+        n_out = spec.output_len or len(tok(completion).input_ids)
+        # vLLM's pruning rules for ShareGPT (is_valid_sequence).
+        if n_in < 4 or (spec.output_len is None and n_out < 4) or n_in > 1024 \
+                or n_in + n_out > 2048:
+            continue
+        if spec.max_input_tokens and n_in > spec.max_input_tokens:
+            continue
+        out.append(Prompt(prompt=prompt, prompt_len=n_in, output_len=n_out))
+        if len(out) == spec.num_prompts:
+            break
+    return out
+
+
+def _spec_bench(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+    path, rows = _rows(spec)
+    cats = sorted({str(r.get("category")) for r in rows})
+    if spec.category and spec.category not in cats:
+        raise ConfigError(f"Unknown spec_bench category '{spec.category}'. Available: "
+                          f"{', '.join(cats)}.")
+    chosen = []
+    for n, row in enumerate(rows, 1):
+        if spec.category and row.get("category") != spec.category:
+            continue
+        turns = _field(row, "turns", path, n)
+        if not isinstance(turns, list) or not turns:
+            raise ConfigError(f"{path}: record {n}: 'turns' must be a non-empty list.")
+        chosen.append(str(turns[0]))
+    return _take(spec, tok, ((_chat(tok, t, spec), None) for t in _shuffled(chosen, spec.seed)))
+
+
+def _custom(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+    if not spec.dataset_path:
+        raise ConfigError("Workload 'custom' needs --dataset-path FILE.jsonl (one JSON object "
+                          "per line with a \"prompt\" field, optional \"output_tokens\").")
+    path, rows = _rows(spec)
+    items = []
+    for n, row in enumerate(rows, 1):
+        text = _field(row, "prompt", path, n)
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"{path}: record {n}: 'prompt' must be a non-empty string.")
+        out_len = row.get("output_tokens")
+        if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
+            raise ConfigError(f"{path}: record {n}: 'output_tokens' must be a positive integer, "
+                              f"got {out_len!r}.")
+        items.append((text, out_len if spec.output_len is None else None))
+    shuffled = _shuffled(items, spec.seed)
+    return _take(spec, tok, ((_chat(tok, t, spec), o) for t, o in shuffled))
+
+
+def _random(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+    rng = random.Random(spec.seed)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    vocab = [i for i in range(min(len(tok), 1 << 20)) if i not in special]
+    out = []
+    for _ in range(spec.num_prompts):
+        ids = [rng.choice(vocab) for _ in range(spec.random_input_len)]
+        text = tok.decode(ids)
+        # Re-tokenising decoded text can change the length; trim to the target.
+        ids2 = tok(text, add_special_tokens=False).input_ids[: spec.random_input_len]
+        text = tok.decode(ids2)
+        out.append(Prompt(prompt=text, prompt_len=len(tok(text).input_ids),
+                          output_len=spec.output_len or spec.random_output_len))
+    return out
+
+
+_BUILDERS: dict[str, Callable[[WorkloadSpec, Any], list[Prompt]]] = {
+    "instructcoder": _instructcoder,
+    "sharegpt": _sharegpt,
+    "spec_bench": _spec_bench,
+    "random": _random,
+    "custom": _custom,
+}
