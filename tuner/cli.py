@@ -104,6 +104,45 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure(b)
     b.add_argument("--speculative-config", help="JSON as vLLM takes it; 'none' = baseline")
     b.add_argument("--output-dir", type=Path)
+
+    o = sub.add_parser("optimize", help="search speculative configs with Optuna (resumable)")
+    _add_workload(o)
+    _add_engine(o)
+    _add_measure(o)
+    g = o.add_argument_group("search")
+    g.add_argument("--space", default="default", help="built-in space name or YAML path")
+    g.add_argument("--n-trials", type=int, default=12, help="total trials, resumes count")
+    g.add_argument("--timeout", type=float, help="stop launching trials after this many s")
+    g.add_argument("--sampler", default="tpe", help="tpe, nsga2, gp, random or grid")
+    g.add_argument("--sampler-seed", type=int, default=0)
+    g.add_argument("--objectives", default="output_throughput,mean_tpot_ms")
+    g.add_argument("--target-concurrency", type=int,
+                   help="level the objectives are read at (default: the first --concurrency)")
+    g.add_argument("--max-tpot-ms", type=float, help="SLO: mean TPOT limit (constraint)")
+    g.add_argument("--max-ttft-ms", type=float, help="SLO: p99 TTFT limit (constraint)")
+    g.add_argument("--repeats", type=int, default=1, help="measurements of the leaders")
+    g.add_argument("--study-name")
+    g.add_argument("--storage", help="Optuna RDB URL (default: a journal in the study folder)")
+    g.add_argument("--output-dir", type=Path)
+    g.add_argument("--ray-address", help="Ray cluster address (default: local)")
+    g.add_argument("--parallel", type=int, help="max trials at once (default: GPU count)")
+    g.add_argument("--gpus-per-trial", type=float)
+    g.add_argument("--logical-gpus", type=int, help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
+    g.add_argument("--no-report", action="store_true")
+
+    r = sub.add_parser("report", help="re-render outputs of a study from its storage")
+    r.add_argument("study_dir", type=Path)
+    r.add_argument("--storage")
+    r.add_argument("--study-name")
+
+    rc = sub.add_parser("recommend", help="print the recommended config for one level")
+    rc.add_argument("study_dir", type=Path)
+    rc.add_argument("--concurrency", type=int)
+    rc.add_argument("--max-tpot-ms", type=float)
+    rc.add_argument("--max-ttft-ms", type=float)
+    rc.add_argument("--json", action="store_true")
+    rc.add_argument("--storage")
+    rc.add_argument("--study-name")
     return parser
 
 
@@ -172,7 +211,86 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"bench": cmd_bench}
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from tuner import api
+
+    workload, settings, engine = _common_records(args)
+    if args.n_trials < 1:
+        raise ConfigError(f"--n-trials must be at least 1, got {args.n_trials}.")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
+    if args.parallel is not None and args.parallel < 1:
+        raise ConfigError(f"--parallel must be at least 1, got {args.parallel}.")
+    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    target = args.target_concurrency or settings.concurrencies[0]
+    name = args.study_name or f"{workload.name}-{Path(engine.model).name}"
+    if not all(ch.isalnum() or ch in "-_." for ch in name):
+        raise ConfigError(f"--study-name '{name}': use letters, digits, '-', '_' and '.' only.")
+    out = args.output_dir or Path("outputs") / name
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say(f"Study '{name}' in {out}: space {args.space}, sampler {args.sampler}, "
+        f"{args.n_trials} trials, concurrency {','.join(map(str, settings.concurrencies))} "
+        f"(objectives at c={target}: {', '.join(objectives)})")
+    study = api.optimize(
+        workload=workload, engine=engine, space_name=args.space, settings=settings,
+        out_dir=out, study_name=name, n_trials=args.n_trials, timeout_s=args.timeout,
+        sampler=args.sampler, seed=args.sampler_seed, objectives=objectives,
+        target_concurrency=target,
+        constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
+        storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
+        repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
+        logical_gpus=args.logical_gpus, say=say)
+    if not args.no_report:
+        _print_report(study, out, args.quiet)
+    return 0
+
+
+def _print_report(study, out: Path, quiet: bool) -> None:
+    from tuner import analysis, report
+
+    paths = report.write_outputs(study, out)
+    for rec in analysis.recommendations(study):
+        print(report.format_recommendation(rec))
+    if not quiet:
+        print(f"Report: {paths.get('report_html', out / 'report.html')}  "
+              f"(re-render any time: tuner report {out})", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner import study as st
+
+    study = st.open_existing(args.study_dir, args.storage, args.study_name)
+    _print_report(study, args.study_dir, args.quiet)
+    return 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from tuner import analysis, report
+    from tuner import study as st
+
+    study = st.open_existing(args.study_dir, args.storage, args.study_name)
+    df = analysis.trials_frame(study)
+    levels = analysis.levels_of(df)
+    c = args.concurrency or (levels[0] if levels else None)
+    if c is None or c not in levels:
+        raise ConfigError(f"--concurrency {c}: the study measured "
+                          f"{', '.join(map(str, levels)) or 'no levels yet'}. Pick one of those.")
+    meta = df.attrs.get("tuner", {})
+    cons = meta.get("constraints") or {}
+    rec = analysis.recommend(
+        df, concurrency=c,
+        max_tpot_ms=args.max_tpot_ms if args.max_tpot_ms is not None else cons.get("max_tpot_ms"),
+        max_ttft_ms=args.max_ttft_ms if args.max_ttft_ms is not None else cons.get("max_ttft_ms"),
+        meta=meta)
+    if args.json:
+        print(rec.model_dump_json(indent=2))
+    else:
+        print(report.format_recommendation(rec))
+    return 0
+
+
+COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
+            "recommend": cmd_recommend}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,10 @@ TEARDOWN_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 # Lines in engine.log that say which engine path a trial took (issue: a fair baseline needs it).
 _ENGINE_PATH_PATTERNS = {
-    "vllm_version": re.compile(r"vLLM API server version ([\w.+-]+)"),
+    # Older vLLM: "vLLM API server version X"; 0.32 prints only a banner and the EngineCore's
+    # "Initializing a V1 LLM engine (vX) with config".
+    "vllm_version": re.compile(r"(?:vLLM API server version |Initializing a V1 LLM engine \(v)"
+                               r"([\w.+-]*\w)"),
     "attention_backend": re.compile(r"Using ([\w]+) (?:attention )?backend", re.I),
     "model_runner": re.compile(r"(Model ?Runner ?V2|model runner v2)", re.I),
     "async_scheduling": re.compile(r"[Aa]sync(?:hronous)? scheduling (?:is )?(enabled|disabled)"),
@@ -53,10 +56,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def vllm_reason(tail: str) -> str:
     """The most telling line of a failed start: vLLM's own validation error when present."""
-    for line in reversed(tail.splitlines()):
+    lines = tail.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
         if re.search(r"(Error|Exception|error:)", line) and "Traceback" not in line:
-            return line.strip()[-400:]
-    return tail.splitlines()[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
+            reason = line.strip()
+            # vLLM's configs are pydantic dataclasses: a rejected value reads "ValidationError:
+            # 1 validation error for SpeculativeConfig" with the actual message on the next line.
+            if "validation error for" in line and i + 1 < len(lines):
+                reason += ": " + re.sub(r"\s*\[type=.*$", "", lines[i + 1].strip())
+            return reason[-400:]
+    return lines[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
 
 
 def build_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
@@ -143,7 +153,7 @@ class Engine:
             log.flush()
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                env=env, start_new_session=True, preexec_fn=_die_with_parent,
             )
         deadline = t0 + self.spec.ready_timeout_s
         while True:
@@ -205,6 +215,17 @@ def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL the engine if the process that started it dies (a killed driver or Ray
+    worker must not leave an engine behind). vLLM's own children follow their parent."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
         pass
 
 

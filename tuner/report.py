@@ -4,9 +4,21 @@ report.md and a self-contained report.html regenerated from the study's storage.
 
 from __future__ import annotations
 
+import base64
+import html
+import json
 import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tuner.records import BenchResult
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+
+    from tuner.analysis import Recommendation
 
 
 def _f(value: float | None, fmt: str = "{:.1f}") -> str:
@@ -36,3 +48,356 @@ def bench_table(result: BenchResult) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(lines)
+
+
+# --- study outputs, regenerated from storage ----------------------------------------------
+
+_HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
+              "insufficient_data": "No recommendation yet"}
+_METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
+                ("mean_tpot_ms", "mean TPOT (ms)", "{:.1f}"),
+                ("p99_tpot_ms", "p99 TPOT (ms)", "{:.1f}"),
+                ("mean_ttft_ms", "mean TTFT (ms)", "{:.0f}"),
+                ("p99_ttft_ms", "p99 TTFT (ms)", "{:.0f}"),
+                ("acceptance_rate", "acceptance rate (%)", "pct"),
+                ("acceptance_length", "mean acceptance length (tokens/step)", "{:.2f}"))
+
+
+def write_outputs(study: optuna.Study, out_dir: Path) -> dict[str, Path]:
+    """Regenerate trials.csv, recommendation.json, the plots, report.md and report.html.
+
+    Everything comes from the study's storage, so this runs as well on a finished study as on
+    one still running or whose driver was killed. Returns {name: path}.
+    """
+    from tuner import analysis, plots
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df = analysis.speedups(analysis.trials_frame(study))
+    meta = dict(df.attrs.get("tuner") or {})
+    recs = analysis.recommendations(study, df)
+    workload = str((meta.get("workload") or {}).get("name") or "")
+    drawn, notes = plots.draw_all(df, out_dir / "plots", workload=workload,
+                                  recommendations=recs)
+    doc = _Doc(study_name=study.study_name, meta=meta, df=df, recs=recs, plots=drawn,
+               notes=notes, out_dir=out_dir)
+    paths = {
+        "trials_csv": _write_atomic(out_dir / "trials.csv", _csv_text(df)),
+        "recommendation_json": _write_atomic(
+            out_dir / "recommendation.json", json.dumps(doc.summary(), indent=2) + "\n"),
+        "report_md": _write_atomic(out_dir / "report.md", doc.markdown()),
+        "report_html": _write_atomic(out_dir / "report.html", doc.html()),
+    }
+    for files in drawn.values():
+        paths.update({f"plot_{p.stem}": p for p in files})
+    return paths
+
+
+def format_recommendation(rec: Recommendation) -> str:
+    """A few terminal lines: the verdict, the numbers against the baseline, the command."""
+    head = _HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else "")
+    lines = [f"Concurrency {rec.concurrency}: {head}", f"  {rec.reason}"]
+    m, b = rec.metrics, rec.baseline_metrics
+    if rec.status == "recommend" and m:
+        lines.append(
+            f"  {_f(m.get('output_throughput'))} tok/s ({_x(rec.speedup_throughput)} baseline), "
+            f"TPOT mean {_f(m.get('mean_tpot_ms'))} / p99 {_f(m.get('p99_tpot_ms'))} ms "
+            f"(baseline {_f(b.get('mean_tpot_ms'))}), TTFT {_f(m.get('mean_ttft_ms'), '{:.0f}')}"
+            f" ms, acceptance {_pct(m.get('acceptance_rate'))} "
+            f"(length {_f(m.get('acceptance_length'), '{:.2f}')})")
+    if rec.confidence:
+        lines.append(f"  confidence: {rec.confidence}")
+    if rec.serve_command:
+        lines.append(f"  serve:  {rec.serve_command}")
+    if rec.verify_command:
+        lines.append(f"  verify: {rec.verify_command}")
+    return "\n".join(lines)
+
+
+def _write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write beside the final name, then rename: a reader never sees half a report."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _csv_text(df: pd.DataFrame) -> str:
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(
+                lambda v: json.dumps(list(v)) if isinstance(v, (list, tuple)) else v)
+    return out.to_csv(index=False)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{100 * value:.0f}%"
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return _pct(value) if fmt == "pct" else fmt.format(value)
+
+
+class _Doc:
+    """The content of one report, rendered as JSON summary, Markdown or HTML."""
+
+    def __init__(self, *, study_name: str, meta: dict[str, Any], df: pd.DataFrame,
+                 recs: list[Recommendation], plots: dict[str, list[Path]], notes: list[str],
+                 out_dir: Path) -> None:
+        self.study_name, self.meta, self.df, self.recs = study_name, meta, df, recs
+        self.plots, self.notes, self.out_dir = plots, notes, out_dir
+        trials = df.drop_duplicates("trial")
+        self.counts = {s.lower(): int((trials["state"] == s).sum())
+                       for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")}
+        self.unfinished = trials[trials["state"].isin(["RUNNING", "WAITING"])]
+        self.failed = trials[trials["state"] == "FAIL"]
+        fp = meta.get("fingerprint") or {}
+        model = str(fp.get("model") or (meta.get("engine_spec") or {}).get("model") or "?")
+        # A local path is named by its folder; a hub id (org/name) is shown whole.
+        local = model.startswith(("/", ".", "~"))
+        self.model = (model.rstrip("/").rsplit("/", 1)[-1] if local else model) or model
+        self.workload = str((meta.get("workload") or {}).get("name") or "?")
+        self.device = str(fp.get("device") or (meta.get("engine_spec") or {}).get("device") or "?")
+        self.levels = sorted({int(c) for c in df["concurrency"].dropna()})
+        self.chosen = {r.trial for r in recs if r.status == "recommend"}
+
+    # --- shared content -------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        m = self.meta
+        return {"study": self.study_name, "complete": self.unfinished.empty,
+                "trials": self.counts, "fingerprint": m.get("fingerprint"),
+                "workload": m.get("workload"), "workload_digest": m.get("workload_digest"),
+                "objectives": m.get("objectives"),
+                "target_concurrency": m.get("target_concurrency"),
+                "constraints": m.get("constraints"),
+                "levels": [r.model_dump(mode="json") for r in self.recs]}
+
+    def title(self) -> str:
+        return f"Speculative decoding for {self.model} on {self.workload}"
+
+    def subtitle(self) -> str:
+        fp = self.meta.get("fingerprint") or {}
+        c = self.counts
+        return (f"{self.device}, vLLM {fp.get('vllm', '?')}; study {self.study_name}: "
+                f"{c['complete']} completed, {c['fail']} failed, "
+                f"{c['running'] + c['waiting']} unfinished trial(s).")
+
+    def incomplete_note(self) -> str | None:
+        if self.unfinished.empty:
+            return None
+        nums = ", ".join(str(t) for t in self.unfinished["trial"])
+        return (f"This study is incomplete: trial(s) {nums} have not finished (still running, "
+                f"or the driver was stopped). The figures below cover completed trials only; "
+                f"rerun the same command to resume, then regenerate this report.")
+
+    def context_rows(self) -> list[tuple[str, str]]:
+        m, fp = self.meta, self.meta.get("fingerprint") or {}
+        wl = m.get("workload") or {}
+        rows = [(k, str(v)) for k, v in fp.items()]
+        rows.append(("workload spec", json.dumps(wl, sort_keys=True)))
+        rows.append(("search space", str(m.get("space", "?"))))
+        rows.append(("objectives", ", ".join(m.get("objectives") or [])))
+        rows.append(("target concurrency", str(m.get("target_concurrency", "?"))))
+        rows.append(("concurrency levels", ", ".join(map(str, self.levels)) or "-"))
+        cons = m.get("constraints") or {}
+        rows.append(("SLOs", ", ".join(f"{k}={v}" for k, v in cons.items() if v is not None)
+                     or "none (knee of the front)"))
+        extra = (m.get("engine_spec") or {}).get("extra_args")
+        if extra:
+            rows.append(("engine arguments", " ".join(map(str, extra))))
+        return rows
+
+    def trial_rows(self) -> tuple[list[str], list[list[str]]]:
+        from tuner.analysis import with_medians
+
+        head = ["trial", "state", "role", "config", "runs"]
+        for c in self.levels:
+            head += [f"c={c} tok/s", f"c={c} TPOT ms", f"c={c} speedup",
+                     f"c={c} accept len (rate)"]
+        robust = with_medians(self.df)
+        rows = []
+        for trial, group in robust.groupby("trial", sort=True):
+            first = group.iloc[0]
+            label = str(first["label"]) + (" \u2605" if trial in self.chosen else "")
+            if not _isna(first["duplicate_of"]):
+                label += f" (copy of trial {int(first['duplicate_of'])})"
+            row = [str(trial), str(first["state"]), str(first["role"]), label,
+                   "-" if _isna(first["n_measurements"]) else str(first["n_measurements"])]
+            for c in self.levels:
+                lv = group[group["concurrency"] == c]
+                if lv.empty:
+                    row += ["-"] * 4
+                    continue
+                r = lv.iloc[0]
+                acc = _cell(r["spec_decode_acceptance_length"], "{:.2f}")
+                if acc != "-":
+                    acc += f" ({_pct(r['spec_decode_acceptance_rate'])})"
+                row += [_cell(r["output_throughput"], "{:.1f}"), _cell(r["mean_tpot_ms"], "{:.1f}"),
+                        _cell(r["speedup_throughput"], "{:.2f}x"), acc]
+            rows.append(row)
+        return head, rows
+
+    def plot_groups(self) -> list[tuple[str, list[Path]]]:
+        return [("Pareto fronts", self.plots.get("pareto", [])),
+                ("Speedup against concurrency", self.plots.get("speedup", [])),
+                ("Acceptance", self.plots.get("acceptance", []) + self.plots.get(
+                    "per_position", []))]
+
+    # --- Markdown ---------------------------------------------------------------------------
+    def markdown(self) -> str:
+        e = _md
+        out = [f"# {e(self.title())}", "", e(self.subtitle()), ""]
+        if self.incomplete_note():
+            out += [f"> **Incomplete:** {e(self.incomplete_note())}", ""]
+        out += ["## Recommendation", ""]
+        for rec in self.recs:
+            head = _HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
+            out += [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
+            if rec.serve_command:
+                out += [_fence(rec.serve_command), ""]
+            if rec.metrics or rec.baseline_metrics:
+                out += ["| metric | this config | baseline |", "|---|---:|---:|"]
+                for key, name, fmt in _METRIC_ROWS:
+                    out.append(f"| {name} | {_cell(rec.metrics.get(key), fmt)} | "
+                               f"{_cell(rec.baseline_metrics.get(key), fmt)} |")
+                out.append("")
+            if rec.confidence:
+                out += [f"Confidence: {e(rec.confidence)}", ""]
+            if rec.verify_command:
+                out += ["Verify:", "", _fence(rec.verify_command), ""]
+        out += ["## What was tuned, on what", "", "| | |", "|---|---|"]
+        out += [f"| {e(k)} | {e(v)} |" for k, v in self.context_rows()]
+        out.append("")
+        for title, files in self.plot_groups():
+            if files:
+                out += [f"## {title}", ""]
+                out += [f"![{e(p.stem)}]({p.relative_to(self.out_dir).as_posix()})" for p in files]
+                out.append("")
+        if self.notes:
+            out += ["Plots left out:", ""] + [f"- {e(n)}" for n in self.notes] + [""]
+        head, rows = self.trial_rows()
+        out += ["## Trials", "", "Values are medians where a config was measured more than once;"
+                " \u2605 marks a recommended config.", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
+        out.append("")
+        if not self.failed.empty:
+            out += ["## Failures", ""]
+            for _, t in self.failed.iterrows():
+                out += [f"- **Trial {t['trial']}** ({e(t['label'])}), "
+                        f"{e(t['failure_kind'] or 'failed')}: {e(t['reason'])}", ""]
+                if t["log_tail"]:
+                    out += [_fence(str(t["log_tail"]), indent="  "), ""]
+        return "\n".join(out)
+
+    # --- HTML -------------------------------------------------------------------------------
+    def html(self) -> str:
+        e = html.escape
+        body = [f"<h1>{e(self.title())}</h1>", f"<p class='sub'>{e(self.subtitle())}</p>"]
+        if self.incomplete_note():
+            body.append(f"<p class='warn'><b>Incomplete.</b> {e(self.incomplete_note())}</p>")
+        body.append("<h2>Recommendation</h2>")
+        for rec in self.recs:
+            body.append(self._html_rec(rec))
+        body.append("<h2>What was tuned, on what</h2><table class='kv'>")
+        body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.context_rows()]
+        body.append("</table>")
+        for title, files in self.plot_groups():
+            if files:
+                body.append(f"<h2>{e(title)}</h2>")
+                body += [f"<img alt='{e(p.stem)}' src='data:image/png;base64,"
+                         f"{base64.b64encode(p.read_bytes()).decode()}'>" for p in files]
+        if self.notes:
+            body.append("<p class='sub'>Plots left out: " + "; ".join(map(e, self.notes))
+                        + "</p>")
+        head, rows = self.trial_rows()
+        body.append("<h2>Trials</h2><p class='sub'>Values are medians where a config was "
+                    "measured more than once; \u2605 marks a recommended config.</p>"
+                    "<div class='scroll'><table class='trials'><tr>"
+                    + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+        for r in rows:
+            cls = {"FAIL": "fail", "RUNNING": "run", "WAITING": "run"}.get(r[1], "")
+            body.append(f"<tr class='{cls}'>" + "".join(
+                f"<td class='cfg'>{e(c)}</td>" if i == 3 else f"<td>{e(c)}</td>"
+                for i, c in enumerate(r)) + "</tr>")
+        body.append("</table></div>")
+        if not self.failed.empty:
+            body.append("<h2>Failures</h2>")
+            for _, t in self.failed.iterrows():
+                body.append(
+                    f"<details><summary>Trial {t['trial']} ({e(str(t['label']))}): "
+                    f"<b>{e(str(t['failure_kind'] or 'failed'))}</b> \u2014 "
+                    f"{e(str(t['reason']))}</summary><pre>{e(str(t['log_tail'] or '(no log)'))}"
+                    f"</pre></details>")
+        return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+                f"<title>{e(self.title())}</title><style>{_CSS}</style></head><body>"
+                + "\n".join(body) + "</body></html>\n")
+
+    def _html_rec(self, rec: Recommendation) -> str:
+        e = html.escape
+        head = _HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
+        parts = [f"<div class='rec {rec.status}'><h3>Concurrency {rec.concurrency} \u2014 "
+                 f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
+        if rec.serve_command:
+            parts.append(f"<pre class='cmd'>{e(rec.serve_command)}</pre>")
+        if rec.metrics or rec.baseline_metrics:
+            parts.append("<table><tr><th>metric</th><th>this config</th><th>baseline</th></tr>")
+            for key, name, fmt in _METRIC_ROWS:
+                parts.append(f"<tr><td>{e(name)}</td><td>{_cell(rec.metrics.get(key), fmt)}</td>"
+                             f"<td>{_cell(rec.baseline_metrics.get(key), fmt)}</td></tr>")
+            parts.append("</table>")
+        if rec.confidence:
+            parts.append(f"<p><b>Confidence:</b> {e(rec.confidence)}</p>")
+        if rec.verify_command:
+            parts.append(f"<p>Verify:</p><pre class='cmd'>{e(rec.verify_command)}</pre>")
+        return "".join(parts) + "</div>"
+
+
+def _isna(value: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value)) if not isinstance(value, (list, tuple)) else False
+
+
+def _md(text: Any) -> str:
+    """Markdown text cell: HTML-escaped (renderers pass raw HTML through) and pipe-safe."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def _fence(text: str, *, indent: str = "") -> str:
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    return "\n".join(indent + line for line in [ticks, *text.splitlines(), ticks])
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:1.8em;border-bottom:1px solid #ddd}
+.sub{color:#555}.warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.6em 1em}
+.rec{border:1px solid #ddd;border-left:6px solid #888;padding:.4em 1em;margin:1em 0}
+.rec.recommend{border-left-color:#2a9d4b}.rec.speculation_off{border-left-color:#3b6fd8}
+.rec.insufficient_data{border-left-color:#d08a1a}
+pre{background:#f5f5f5;padding:.6em;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .5em;
+text-align:left;font-size:.92em}.trials td{white-space:nowrap}
+.trials td.cfg{white-space:normal;min-width:14em}.scroll{overflow-x:auto}
+tr.fail td{background:#fdecec}tr.run td{background:#fff8e1}
+img{max-width:100%;display:block;margin:1em 0}details{margin:.5em 0}
+summary{cursor:pointer}.kv th{background:#fafafa;width:14em}
+"""

@@ -57,7 +57,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
                   temperature=spec.temperature, ignore_eos=spec.ignore_eos,
                   request_timeout_s=eng.spec.request_timeout_s,
                   level_timeout_s=eng.spec.level_timeout_s)
-    warm_records, _ = _run(eng, warm, c, warmup=True, common=common, bar=False)
+    warm_records, _ = _run(eng, warm, c, warmup=True, common=common, bar=None)
     before = _scrape(eng)
     bar = _bar(n, f"c={c}") if show_bar else None
     records, wall_s = _run(eng, measured, c, warmup=False, common=common, bar=bar)
@@ -122,3 +122,92 @@ def write_json_atomic(path: Path, payload: object) -> None:
 def failure_record(exc: TrialFailed) -> dict:
     return {"reason": str(exc), "kind": exc.kind, "log_tail": exc.log_tail[-4000:],
             "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+# --- fan-out ---------------------------------------------------------------------------------
+def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Workload,
+                    settings: MeasureSettings, trial_dir: str) -> dict:
+    """One trial as plain data: {"result": ...} or {"failure": ...}; runs in a Ray worker too.
+
+    Ray sets CUDA_VISIBLE_DEVICES in the worker; the engine inherits it. We record it so a
+    user can check that each engine got its own GPU.
+    """
+    import os
+
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir))
+    except TrialFailed as e:
+        return {"failure": failure_record(e), "cuda_visible_devices": gpus}
+    return {"result": json.loads(result.model_dump_json()), "cuda_visible_devices": gpus}
+
+
+class InlineExecutor:
+    """Runs each trial in the driver process, one at a time (CPU machines, no GPU to share)."""
+
+    parallel = 1
+
+    def submit(self, key: object, *args: object, num_gpus: float = 0) -> None:
+        self._done = getattr(self, "_done", [])
+        self._done.append((key, measure_outcome(*args)))
+
+    def wait_one(self) -> tuple[object, dict]:
+        return self._done.pop(0)
+
+    def pending(self) -> int:
+        return len(getattr(self, "_done", []))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """One Ray task per trial holding `num_gpus` GPUs; at most `parallel` in flight.
+
+    Ask/tell stays in the driver; a worker that dies is reported as a failure of its trial.
+    """
+
+    def __init__(self, *, address: str | None, parallel: int | None, num_gpus: int | None = None
+                 ) -> None:
+        import ray
+
+        kwargs: dict = {"ignore_reinit_error": True, "log_to_driver": False,
+                        "include_dashboard": False}
+        if address:
+            kwargs["address"] = address
+        elif num_gpus is not None:
+            kwargs["num_gpus"] = num_gpus
+        if not ray.is_initialized():
+            ray.init(**kwargs)
+        total = int(ray.cluster_resources().get("GPU", 0))
+        self.total_gpus = total
+        self.parallel = max(1, min(parallel or max(total, 1), max(total, 1)))
+        self._remote = ray.remote(max_retries=0)(measure_outcome)
+        self._refs: dict = {}
+
+    def submit(self, key: object, *args: object, num_gpus: float = 1) -> None:
+        ref = self._remote.options(num_gpus=num_gpus, num_cpus=1).remote(*args)
+        self._refs[ref] = key
+
+    def pending(self) -> int:
+        return len(self._refs)
+
+    def wait_one(self) -> tuple[object, dict]:
+        import ray
+
+        ready, _ = ray.wait(list(self._refs), num_returns=1)
+        ref = ready[0]
+        key = self._refs.pop(ref)
+        try:
+            return key, ray.get(ref)
+        except ray.exceptions.RayError as e:  # worker died, node lost, task cancelled
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            return key, {"failure": {"reason": f"Ray worker failed: {type(e).__name__}: {reason}",
+                                     "kind": "worker_died", "log_tail": str(e)[-2000:]}}
+
+    def shutdown(self) -> None:
+        import ray
+
+        for ref in list(self._refs):
+            ray.cancel(ref, force=True)
+        self._refs.clear()

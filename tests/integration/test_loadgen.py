@@ -1,0 +1,137 @@
+"""tuner/loadgen.py against the fake engine on loopback, launched by the real Engine class.
+
+The fake engine counts what it served (`fake:max_inflight` in its /metrics), scripts its
+timing exactly, and injects the faults a real server shows: HTTP errors, broken chunks,
+stalls, death mid-stream. Each must become a RequestRecord, never an exception.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from tuner import loadgen
+from tuner.errors import MeasurementFailed
+
+
+def _run(eng, prompts, *, concurrency: int, **kwargs):
+    kwargs.setdefault("request_timeout_s", 10.0)
+    return loadgen.run_requests(eng.url, prompts, concurrency=concurrency,
+                                api_key=kwargs.pop("api_key", eng.api_key),
+                                model=eng.spec.served_model_name, **kwargs)
+
+
+def _reset(eng) -> None:
+    urllib.request.urlopen(urllib.request.Request(eng.url + "/fake/reset_stats", method="POST",
+                                                  data=b""), timeout=5)
+
+
+def test_closed_loop_keeps_exactly_c_in_flight(fake_engine, make_prompts, fake_stats) -> None:
+    done_order: list[int] = []
+    with fake_engine(ttft_ms=20, tpot_ms=2) as eng:
+        _reset(eng)
+        records, wall_s = _run(eng, make_prompts(13, output_len=8), concurrency=3,
+                               on_done=lambda r: done_order.append(r.index))
+        stats = fake_stats(eng.url)
+    # Never more than c at the server, and the loop did fill all c slots.
+    assert stats["fake:max_inflight"] == 3
+    assert stats["fake:requests_total"] == 13
+    assert [r.index for r in records] == list(range(13))
+    assert sorted(done_order) == list(range(13))
+    assert all(r.ok and r.output_tokens == 8 and r.concurrency == 3 for r in records)
+    assert all(not r.warmup for r in records)
+    # 13 requests of about 34 ms, 3 at a time: at least 5 rounds.
+    assert wall_s >= 5 * 0.034
+
+
+def test_fewer_prompts_than_slots(fake_engine, make_prompts, fake_stats) -> None:
+    with fake_engine() as eng:
+        _reset(eng)
+        records, _ = _run(eng, make_prompts(2), concurrency=8, warmup=True)
+        assert fake_stats(eng.url)["fake:max_inflight"] == 2
+    assert len(records) == 2 and all(r.ok and r.warmup for r in records)
+
+
+def test_ttft_tpot_and_usage_match_the_script(fake_engine, make_prompts) -> None:
+    with fake_engine(ttft_ms=60, tpot_ms=8) as eng:
+        records, _ = _run(eng, make_prompts(6, output_len=16), concurrency=2)
+    for r in records:
+        assert r.ok, r.error
+        assert r.output_tokens == 16 and r.prompt_tokens == 5  # from the usage chunk
+        # Scripted 60 ms and 8 ms; a loaded 2-core CI box adds a few ms, never removes any.
+        assert 0.060 <= r.ttft_s < 0.060 + 0.025
+        assert 0.008 <= r.tpot_s < 0.008 * 1.15
+        assert r.e2e_s >= 0.060 + 15 * 0.008
+        assert len(r.chunk_gaps_s) == 15
+
+
+def test_several_tokens_per_chunk_keep_tpot_per_token(fake_engine, make_prompts) -> None:
+    # As under speculation: the first chunk is one token, then 4 tokens per chunk.
+    with fake_engine(ttft_ms=30, tpot_ms=5, tokens_per_chunk=4) as eng:
+        records, _ = _run(eng, make_prompts(3, output_len=21), concurrency=1)
+    for r in records:
+        assert r.ok and r.output_tokens == 21
+        assert len(r.chunk_gaps_s) == 5  # chunks of 1, 4, 4, 4, 4, 4 tokens
+        assert 0.005 <= r.tpot_s < 0.005 * 1.15
+        assert min(r.chunk_gaps_s) > 3 * 0.005  # a chunk gap spans four tokens
+
+
+def test_early_eos_counts_the_tokens_the_server_sent(fake_engine, make_prompts) -> None:
+    with fake_engine(output_tokens=5) as eng:
+        records, _ = _run(eng, make_prompts(2, output_len=50), concurrency=2)
+        eos_ignored, _ = _run(eng, make_prompts(1, output_len=12), concurrency=1,
+                              ignore_eos=True)
+    assert [r.output_tokens for r in records] == [5, 5]
+    assert eos_ignored[0].output_tokens == 12
+
+
+def test_http_errors_become_errored_records(fake_engine, make_prompts) -> None:
+    with fake_engine(http_error_every=2) as eng:
+        records, _ = _run(eng, make_prompts(6), concurrency=1)
+    failed = [r for r in records if not r.ok]
+    assert len(records) == 6 and len(failed) == 3
+    for r in failed:
+        assert r.error.startswith("HTTP 500") and "scripted internal error" in r.error
+        assert r.output_tokens == 0 and r.e2e_s is None and r.tpot_s is None
+
+
+def test_malformed_chunks_become_errored_records(fake_engine, make_prompts) -> None:
+    with fake_engine(malformed_every=3) as eng:
+        records, _ = _run(eng, make_prompts(6), concurrency=2)
+    failed = [r for r in records if not r.ok]
+    assert len(failed) == 2
+    assert all("malformed JSON chunk" in r.error for r in failed)
+    assert all(r.ttft_s is not None for r in failed)  # the first token did arrive
+
+
+def test_wrong_api_key_is_an_errored_record(fake_engine, make_prompts) -> None:
+    with fake_engine() as eng:
+        records, _ = _run(eng, make_prompts(2), concurrency=2, api_key="wrong")
+    assert all(r.error and r.error.startswith("HTTP 401") for r in records)
+
+
+def test_stalled_requests_time_out_per_request(fake_engine, make_prompts) -> None:
+    with fake_engine(stall_requests=True) as eng:
+        records, wall_s = _run(eng, make_prompts(4), concurrency=4, request_timeout_s=0.5)
+    assert len(records) == 4
+    assert all(r.error and "timed out" in r.error for r in records)
+    assert wall_s < 3.0
+
+
+def test_level_timeout_raises_measurement_failed(fake_engine, make_prompts) -> None:
+    with fake_engine(stall_requests=True) as eng:
+        with pytest.raises(MeasurementFailed, match="did not finish within 1 s"):
+            _run(eng, make_prompts(3), concurrency=1, request_timeout_s=30.0,
+                 level_timeout_s=0.6)
+
+
+def test_server_dying_mid_stream_becomes_errored_records(fake_engine, make_prompts) -> None:
+    with fake_engine(die_after_requests=2, tpot_ms=3) as eng:
+        records, _ = _run(eng, make_prompts(5, output_len=20), concurrency=1)
+        assert not eng.alive()
+    assert [r.ok for r in records[:2]] == [True, True]
+    assert all(not r.ok for r in records[2:])
+    # The dying request had its first token; the ones after it could not connect.
+    assert records[2].ttft_s is not None
+    assert all(r.ttft_s is None for r in records[3:])

@@ -1,0 +1,305 @@
+"""tuner.analysis: fronts, speedups and every refusal rule, on hand-checked numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+# tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from study_fakes import (  # noqa: E402
+    add_complete,
+    add_failed,
+    add_running,
+    fake_level,
+    fake_study,
+    ngram,
+    realistic_study,
+    suffix,
+)
+
+from tuner.analysis import (  # noqa: E402
+    Recommendation,
+    knee,
+    pareto_front,
+    recommend,
+    recommendations,
+    speedups,
+    trials_frame,
+)
+
+
+def points(*rows: tuple) -> pd.DataFrame:
+    """(trial, tpot_ms, throughput[, state]) -> a one-level frame as pareto_front sees it."""
+    return pd.DataFrame([{"trial": r[0], "mean_tpot_ms": r[1], "output_throughput": r[2],
+                          "state": r[3] if len(r) > 3 else "COMPLETE", "concurrency": 1}
+                         for r in rows])
+
+
+def front_trials(df: pd.DataFrame) -> list[int]:
+    return list(pareto_front(df)["trial"])
+
+
+# --- Pareto fronts --------------------------------------------------------------------------
+
+
+def test_front_excludes_dominated_points_and_sorts_by_latency():
+    df = points((0, 40, 20), (1, 20, 45), (2, 25, 40), (3, 16, 57), (4, 30, 50))
+    # 3 beats 1 and 2 on both axes; 4 is slower but has more throughput than 1 and 2 only.
+    assert front_trials(df) == [3]
+    df = points((0, 40, 20), (1, 20, 45), (2, 15, 30), (3, 30, 60))
+    assert front_trials(df) == [2, 1, 3]
+
+
+def test_identical_points_are_both_on_the_front():
+    df = points((0, 20, 50), (1, 20, 50), (2, 30, 40))
+    assert front_trials(df) == [0, 1]
+
+
+def test_equal_on_one_axis_better_on_the_other_dominates():
+    df = points((0, 20, 50), (1, 20, 49), (2, 19, 50))
+    assert front_trials(df) == [2]
+
+
+def test_failed_and_unmeasured_rows_are_ignored():
+    df = points((0, 40, 20), (1, 10, 99, "FAIL"), (2, 30, 30), (3, math.nan, math.nan,
+                                                                  "RUNNING"))
+    assert front_trials(df) == [2]
+
+
+def test_single_trial_and_empty_frames():
+    assert front_trials(points((5, 20, 50))) == [5]
+    assert front_trials(points((5, 20, 50, "FAIL"))) == []
+
+
+def test_front_refuses_mixed_levels():
+    df = pd.concat([points((0, 20, 50)), points((1, 30, 60)).assign(concurrency=8)])
+    with pytest.raises(ValueError, match="one concurrency level"):
+        pareto_front(df)
+
+
+def test_knee_of_a_bent_front():
+    # Normalised, the chord runs from (0,0) to (1,1); (0.2, 0.8) is farthest from it.
+    front = points((0, 10, 10), (1, 12, 18), (2, 20, 20))
+    assert front.loc[knee(pareto_front(front)), "trial"] == 1
+    two = points((0, 10, 10), (1, 20, 20))
+    assert two.loc[knee(two), "trial"] == 1  # no bend: the most throughput
+
+
+# --- the frame ------------------------------------------------------------------------------
+
+
+def test_frame_rows_per_level_and_failed_running_rows():
+    df = trials_frame(realistic_study())
+    assert len(df[df["trial"] == 0]) == 2  # baseline measured at c=1 and c=8
+    fail = df[df["state"] == "FAIL"]
+    assert len(fail) == 1 and pd.isna(fail["concurrency"].iloc[0])
+    assert "<script>" in fail["reason"].iloc[0] and fail["failure_kind"].iloc[0] == \
+        "engine_crashed"
+    running = df[df["state"] == "RUNNING"]
+    assert len(running) == 1 and "not finished" in running["reason"].iloc[0]
+    assert running["label"].iloc[0] == "ngram k=6 window 3-6"
+    assert "params_ngram.num_speculative_tokens" in df.columns
+    assert df.attrs["tuner"]["workload"]["name"] == "instructcoder"
+
+
+def test_spread_is_median_and_mad_over_original_and_repeats():
+    df = trials_frame(realistic_study())
+    ng = df[(df["trial"] == 1) & (df["concurrency"] == 1)].iloc[0]
+    # 47.7, 46.9, 48.4 -> median 47.7, deviations 0, 0.8, 0.7 -> MAD 0.7
+    assert ng["n_measurements"] == 3 and ng["n_repeats"] == 2
+    assert ng["output_throughput_median"] == pytest.approx(47.7)
+    assert ng["output_throughput_mad"] == pytest.approx(0.7)
+    single = df[(df["trial"] == 2) & (df["concurrency"] == 1)].iloc[0]
+    assert single["n_repeats"] == 0 and math.isnan(single["output_throughput_mad"])
+    # A copied result is not a new measurement: the duplicate shares trial 1's spread.
+    dup = df[(df["trial"] == 8) & (df["concurrency"] == 1)].iloc[0]
+    assert dup["n_measurements"] == 3 and dup["duplicate_of"] == 1
+
+
+# --- speedups -------------------------------------------------------------------------------
+
+
+def study_with(*configs, concurrencies=(1,), **meta):
+    """configs: (spec or None, {c: (throughput, tpot)}, role)."""
+    study = fake_study(concurrencies=concurrencies, **meta)
+    for spec, by_level, *role in configs:
+        levels = [fake_level(c, output_throughput=t, mean_tpot_ms=p)
+                  for c, (t, p) in by_level.items()]
+        add_complete(study, spec, levels, role=role[0] if role else
+                     ("baseline" if spec is None else "search"))
+    return study
+
+
+def test_speedup_against_the_baseline_at_the_same_concurrency():
+    study = study_with((None, {1: (20.0, 50.0), 8: (100.0, 80.0)}),
+                       (ngram(5), {1: (40.0, 25.0), 8: (110.0, 72.7)}), concurrencies=(1, 8))
+    df = speedups(trials_frame(study))
+    row = df[(df["trial"] == 1) & (df["concurrency"] == 1)].iloc[0]
+    assert row["speedup_throughput"] == pytest.approx(2.0)
+    assert row["speedup_tpot"] == pytest.approx(2.0)
+    row8 = df[(df["trial"] == 1) & (df["concurrency"] == 8)].iloc[0]
+    assert row8["speedup_throughput"] == pytest.approx(1.1)
+    assert row8["speedup_tpot"] == pytest.approx(80.0 / 72.7)
+
+
+def test_speedup_never_mixes_studies_and_needs_a_baseline():
+    a = trials_frame(study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)})))
+    b = trials_frame(study_with((ngram(5), {1: (30.0, 30.0)})))  # no baseline here
+    b["study"] = "other"
+    both = speedups(pd.concat([a, b], ignore_index=True))
+    assert both.loc[both["study"] == "other", "speedup_throughput"].isna().all()
+    assert both.loc[(both["study"] != "other") & (both["trial"] == 1),
+                    "speedup_throughput"].iloc[0] == pytest.approx(2.0)
+
+
+# --- recommendation and refusals ------------------------------------------------------------
+
+
+def test_recommends_the_knee_with_commands():
+    study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
+                       (suffix(8), {1: (50.0, 20.0)}), (ngram(2), {1: (30.0, 33.0)}))
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert isinstance(rec, Recommendation)
+    assert rec.status == "recommend" and rec.trial == 2
+    assert rec.speculative_config == suffix(8)
+    assert rec.speedup_throughput == pytest.approx(2.5)
+    assert rec.serve_command.startswith("vllm serve /models/SmolLM2-135M-Instruct "
+                                        "--speculative-config '")
+    assert json.loads(shlex.split(rec.serve_command)[4]) == suffix(8)
+    assert rec.confidence.startswith("medium")  # single runs, but +150% is not noise
+    with pytest.raises(ValueError):  # frozen
+        rec.status = "speculation_off"
+
+
+def test_verify_command_parses_with_the_cli():
+    from tuner.cli import build_parser, parse_spec_config
+
+    study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
+                       (suffix(8), {1: (50.0, 20.0)}))
+    rec = recommend(trials_frame(study), concurrency=1)
+    argv = shlex.split(rec.verify_command)
+    assert argv[:2] == ["tuner", "bench"]
+    args = build_parser().parse_args(argv[1:])
+    assert parse_spec_config(args.speculative_config) == suffix(8)
+    assert args.concurrency == "1" and args.engine_args == "--enforce-eager"
+    assert args.model == "/models/SmolLM2-135M-Instruct" and args.workload == "instructcoder"
+
+
+def test_refuses_without_a_baseline():
+    study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "insufficient_data" and rec.speculative_config is None
+    assert "No baseline" in rec.reason and "--speculative-config none" in rec.verify_command
+
+
+def test_refuses_when_the_baseline_failed_and_says_why():
+    study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
+    add_failed(study, None, role="baseline", reason="out of memory", kind="engine_crashed")
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "insufficient_data" and "out of memory" in rec.reason
+
+
+def test_refuses_with_too_few_speculative_configs():
+    study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}))
+    add_complete(study, ngram(5), [fake_level(1, output_throughput=40.0, mean_tpot_ms=25.0)],
+                 duplicate_of=1)  # the same config again does not count twice
+    add_running(study, suffix(8))
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "insufficient_data" and "Only 1 speculative config" in rec.reason
+    assert rec.speculative_config is None
+
+
+def test_refuses_a_gain_within_the_measured_spread():
+    study = fake_study()
+    lv = lambda t: [fake_level(1, output_throughput=t, mean_tpot_ms=1000 / t)]  # noqa: E731
+    add_complete(study, None, lv(100.0), role="baseline", repeats=[lv(90.0), lv(110.0)])
+    add_complete(study, ngram(5), lv(104.0))
+    add_complete(study, ngram(3), lv(101.0))
+    rec = recommend(trials_frame(study), concurrency=1)
+    # Gain +4% against a baseline MAD of 10/100 = 10%: noise.
+    assert rec.status == "insufficient_data" and rec.speculative_config is None
+    assert "spread" in rec.reason and rec.label == "ngram k=5 window 2-5"
+    assert rec.spread["relative_throughput_spread"] == pytest.approx(0.10)
+    assert "ngram" in rec.verify_command  # re-measure that config
+
+
+def test_nothing_beats_the_baseline_means_speculation_off():
+    study = study_with((None, {8: (111.0, 66.0)}), (ngram(5), {8: (96.0, 76.0)}),
+                       (ngram(2), {8: (105.0, 70.0)}), concurrencies=(8,))
+    rec = recommend(trials_frame(study), concurrency=8)
+    assert rec.status == "speculation_off" and rec.speculative_config is None
+    assert rec.reason.startswith("Leave speculation off at concurrency 8")
+    assert "ngram k=2 window 2-5" in rec.reason and "0.95x" in rec.reason
+    assert "--speculative-config" not in rec.serve_command
+    assert rec.serve_command.startswith("vllm serve /models/SmolLM2-135M-Instruct")
+    assert "--speculative-config none" in rec.verify_command
+
+
+def test_slos_pick_the_fastest_feasible_config():
+    study = study_with((None, {1: (20.0, 50.0)}), (suffix(8), {1: (50.0, 20.0)}),
+                       (ngram(5), {1: (40.0, 18.0)}))
+    # suffix has more throughput but misses the TPOT SLO.
+    rec = recommend(trials_frame(study), concurrency=1, max_tpot_ms=19.0)
+    assert rec.status == "recommend" and rec.speculative_config == ngram(5)
+    assert "The baseline itself misses mean TPOT <= 19 ms" in rec.reason
+    assert rec.slos == {"max_tpot_ms": 19.0, "max_ttft_ms": None}
+
+
+def test_slos_nobody_meets_and_only_the_baseline_meets():
+    study = study_with((None, {1: (20.0, 50.0)}), (suffix(8), {1: (50.0, 20.0)}),
+                       (ngram(5), {1: (40.0, 18.0)}))
+    df = trials_frame(study)
+    none = recommend(df, concurrency=1, max_tpot_ms=10.0)
+    assert none.status == "insufficient_data" and "No measured config meets" in none.reason
+    # Every fake level has a 108 ms p99 TTFT; with the spec configs' made 150 ms, only the
+    # baseline meets a 120 ms TTFT SLO (p99, as the study constrains it).
+    df.loc[df["method"] != "none", "p99_ttft_ms"] = 150.0
+    off = recommend(df, concurrency=1, max_ttft_ms=120.0)
+    assert off.status == "speculation_off" and "among the configs meeting" in off.reason
+
+
+def test_recommendations_cover_every_level_with_stored_slos():
+    study = realistic_study()
+    recs = recommendations(study)
+    assert [r.concurrency for r in recs] == [1, 8]
+    assert all(r.status == "recommend" for r in recs)
+    assert recs[0].trial == 2 and recs[0].n_repeats == 0
+    constrained = realistic_study(name="slo", max_tpot_ms=17.0)
+    assert recommendations(constrained)[0].slos["max_tpot_ms"] == 17.0
+
+
+def test_a_study_with_only_a_baseline_is_not_a_crash():
+    study = study_with((None, {1: (20.0, 50.0)}))
+    (rec,) = recommendations(study)
+    assert rec.status == "insufficient_data" and "Only 0" in rec.reason
+    assert recommendations(fake_study(name="empty"))[0].status == "insufficient_data"
+
+
+def test_a_baseline_still_running_is_named_as_the_reason():
+    study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
+    add_running(study, None, role="baseline")
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "insufficient_data" and "has not finished yet" in rec.reason
+
+
+def test_repeat_trials_of_one_config_are_pooled_and_the_original_is_chosen():
+    study = fake_study()
+    lv = lambda t: [fake_level(1, output_throughput=t, mean_tpot_ms=1000 / t)]  # noqa: E731
+    add_complete(study, None, lv(20.0), role="baseline")
+    add_complete(study, ngram(5), lv(40.0))
+    add_complete(study, suffix(8), lv(50.0))
+    add_complete(study, suffix(8), lv(46.0), role="repeat")
+    add_complete(study, suffix(8), lv(52.0), role="repeat")
+    df = trials_frame(study)
+    assert list(df.loc[df["trial"] >= 2, "output_throughput_mad"]) == [2.0, 2.0, 2.0]
+    rec = recommend(df, concurrency=1)
+    assert rec.trial == 2 and rec.n_repeats == 2
+    assert rec.spread["output_throughput_mad"] == pytest.approx(2.0)
+    assert rec.confidence.startswith("medium: 3 measurement(s)")

@@ -1,0 +1,164 @@
+"""tuner.report: outputs regenerated from a real Optuna storage in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+# tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from study_fakes import (  # noqa: E402
+    add_complete,
+    add_failed,
+    fake_level,
+    fake_study,
+    ngram,
+    realistic_study,
+)
+
+from tuner.analysis import recommendations  # noqa: E402
+from tuner.report import format_recommendation, write_outputs  # noqa: E402
+
+EVIL = "<script>alert('x')</script>"
+
+
+def journal(path: Path) -> optuna.storages.JournalStorage:
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path / "study.journal")))
+
+
+def reopen(path: Path) -> optuna.Study:
+    """As `tuner report` does: the study name is read from the storage file."""
+    storage = journal(path)
+    (name,) = optuna.get_all_study_names(storage)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    study = realistic_study(storage=journal(tmp), model=f"/models/{EVIL}")
+    add_complete(study, ngram(4, 2, 4), [
+        fake_level(1, output_throughput=45.0, mean_tpot_ms=20.0),
+        fake_level(8, output_throughput=112.0, mean_tpot_ms=65.0)], label=f"{EVIL} ngram")
+    out = tmp / "out"
+    return write_outputs(reopen(tmp), out), out
+
+
+def test_every_output_is_written(outputs):
+    paths, out = outputs
+    for key in ("trials_csv", "recommendation_json", "report_md", "report_html",
+                "plot_pareto_c1", "plot_pareto_c8", "plot_speedup_vs_concurrency",
+                "plot_acceptance_length", "plot_acceptance_per_position"):
+        assert paths[key].exists() and paths[key].stat().st_size > 0, key
+    assert paths["plot_pareto_c1"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]  # atomic writes
+
+
+def test_recommendation_json_has_each_level_and_the_fingerprint(outputs):
+    paths, _ = outputs
+    doc = json.loads(paths["recommendation_json"].read_text())
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 8]
+    assert doc["levels"][0]["status"] == "recommend"
+    assert doc["levels"][0]["speculative_config"]["method"] == "suffix"
+    assert doc["fingerprint"]["vllm"] == "0.32.0" and doc["workload"]["name"] == "instructcoder"
+    assert doc["complete"] is False and doc["trials"]["running"] == 1
+
+
+def test_trials_csv_has_a_row_per_trial_and_level(outputs):
+    paths, _ = outputs
+    df = pd.read_csv(paths["trials_csv"])
+    assert set(df["state"]) == {"COMPLETE", "FAIL", "RUNNING"}
+    assert len(df[df["trial"] == 0]) == 2
+    assert json.loads(df.loc[df["trial"] == 1, "spec_decode_per_position_acceptance_rates"]
+                      .iloc[0])[0] == pytest.approx(0.7)
+    assert "speedup_throughput" in df.columns
+
+
+def test_html_is_self_contained_with_the_recommendation_first(outputs):
+    paths, _ = outputs
+    page = paths["report_html"].read_text()
+    assert page.count("data:image/png;base64,") == 5
+    assert "src='plots/" not in page and "<script" not in page
+    rec_at = page.index("<h2>Recommendation</h2>")
+    assert rec_at < page.index("<h2>What was tuned") < page.index("<h2>Pareto fronts</h2>")
+    assert "Turn on: suffix k=8" in page
+    assert "<pre class='cmd'>vllm serve " in page
+    assert "--speculative-config" in page
+
+
+def test_html_escapes_every_user_string(outputs):
+    paths, _ = outputs
+    page = paths["report_html"].read_text()
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page  # model and label
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # failure reason
+    assert "&lt;b&gt;bad&lt;/b&gt; &amp; worse" in page  # log tail
+    md = paths["report_md"].read_text()
+    assert "<script>" not in md.split("```")[0]  # outside code fences, escaped too
+
+
+def test_failed_and_running_trials_are_reported(outputs):
+    paths, _ = outputs
+    page = paths["report_html"].read_text()
+    assert "<details><summary>Trial 9" in page and "engine_crashed" in page
+    assert "num_speculative_tokens &lt;script&gt;" in page
+    assert "This study is incomplete: trial(s) 10" in page
+    md = paths["report_md"].read_text()
+    assert "**Trial 9**" in md and "Incomplete" in md and "| 10 | RUNNING |" in md
+
+
+def test_markdown_links_the_plots(outputs):
+    paths, _ = outputs
+    md = paths["report_md"].read_text()
+    assert "![pareto_c1](plots/pareto_c1.png)" in md
+    assert md.index("## Recommendation") < md.index("## Pareto fronts")
+
+
+def test_a_study_with_only_a_baseline_renders_without_a_crash(tmp_path):
+    study = fake_study(storage=journal(tmp_path), concurrencies=(1,))
+    add_complete(study, None, [fake_level(1, output_throughput=20.0, mean_tpot_ms=50.0)],
+                 role="baseline")
+    paths = write_outputs(reopen(tmp_path), tmp_path / "out")
+    doc = json.loads(paths["recommendation_json"].read_text())
+    assert doc["levels"][0]["status"] in ("insufficient_data", "speculation_off")
+    page = paths["report_html"].read_text()
+    assert "No recommendation yet" in page and "Plots left out" in page
+    assert "plot_pareto_c1" in paths and "plot_speedup_vs_concurrency" not in paths
+
+
+def test_a_study_with_nothing_measured_yet(tmp_path):
+    study = fake_study(storage=journal(tmp_path))
+    add_failed(study, None, role="baseline", reason="vLLM exited with status 1",
+               log_tail="RuntimeError: no GPU")
+    paths = write_outputs(reopen(tmp_path), tmp_path / "out")
+    page = paths["report_html"].read_text()
+    assert "No baseline" in page and "RuntimeError: no GPU" in page
+    assert not any(k.startswith("plot_") for k in paths)
+
+
+def test_rewriting_replaces_the_outputs(outputs, tmp_path):
+    study = realistic_study()
+    first = write_outputs(study, tmp_path)
+    again = write_outputs(study, tmp_path)
+    assert first.keys() == again.keys()
+    assert first["report_md"].read_text() == again["report_md"].read_text()
+
+
+def test_format_recommendation_for_the_terminal():
+    study = realistic_study()
+    text = format_recommendation(recommendations(study)[0])
+    assert text.startswith("Concurrency 1: Turn on suffix k=8")
+    assert "2.52x baseline" in text and "serve:  vllm serve" in text and "verify: tuner bench" \
+        in text
+    off = fake_study(name="off", concurrencies=(8,))
+    for spec, t in ((None, 111.0), (ngram(5), 96.0), (ngram(2), 100.0)):
+        add_complete(off, spec, [fake_level(8, output_throughput=t, mean_tpot_ms=8000 / t)],
+                     role="baseline" if spec is None else "search")
+    text = format_recommendation(recommendations(off)[0])
+    assert text.startswith("Concurrency 8: Leave speculation off")

@@ -1,0 +1,396 @@
+"""A fake vLLM OpenAI-compatible server whose timing and faults follow a script.
+
+Used by the tests, for fault injection and by the fidelity benchmark; it never generates real
+text. It accepts the command line our engine stage passes to vLLM (unknown flags are ignored),
+serves GET /health, GET /metrics (vLLM's spec-decode counters when a speculative config is given,
+plus `fake:*` gauges), GET /v1/models and POST /v1/completions streamed exactly as vLLM streams
+it. Token i of a request is written at start + ttft + i * tpot against absolute deadlines, so
+the scripted TTFT and TPOT are the true values a client should measure at any concurrency.
+Run it as `python -m tuner.fake_engine --port 8000 --fake-script '{"ttft_ms": 80}'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
+FAKE_VERSION = "0.0.0+fake"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+SPIN_S = 0.0015  # the precise wait's last stretch: timer slop of asyncio plus a VM's wake-up
+
+
+class FakeScript(BaseModel):
+    """What the fake engine does: timing, speculation counters and injected faults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_ms: float = Field(50.0, ge=0)
+    tpot_ms: float = Field(10.0, ge=0)
+    # Tokens per streamed chunk after the first (the first chunk is the prefill's one token),
+    # as speculative decoding emits 1 + accepted tokens per step.
+    tokens_per_chunk: int = Field(1, ge=1)
+    output_tokens: int | None = Field(None, ge=1)  # None: max_tokens; else EOS after this many
+    startup_s: float = Field(0.2, ge=0)
+    # Every draft position is accepted at this rate: acceptance rate = accept_rate exactly,
+    # acceptance length = 1 + k * accept_rate, per-position rates all accept_rate.
+    accept_rate: float = Field(0.6, ge=0, le=1)
+    crash_on_start: str | None = None  # printed like vLLM's last traceback line, then exit 1
+    hang_before_health: bool = False  # alive, never listens (vLLM stuck loading the model)
+    stall_requests: bool = False  # accepts completions, never answers
+    malformed_every: int | None = Field(None, ge=1)  # every Nth request: a broken JSON chunk
+    http_error_every: int | None = Field(None, ge=1)  # every Nth request: HTTP 500
+    die_after_requests: int | None = Field(None, ge=0)  # request N+1 exits the process mid-stream
+    child_process: bool = False  # a second process in the group, as vLLM's EngineCore
+
+
+def load_script(source: str | None) -> FakeScript:
+    """A script from a JSON string, a path to a JSON file, or the defaults when None."""
+    if not source:
+        return FakeScript()
+    text = source if source.lstrip().startswith("{") else Path(source).read_text()
+    return FakeScript.model_validate_json(text)
+
+
+def chunk_ends(num_tokens: int, tokens_per_chunk: int) -> list[int]:
+    """Index of the last token in each chunk: [0], then steps of tokens_per_chunk to n-1."""
+    ends = [0]
+    while ends[-1] < num_tokens - 1:
+        ends.append(min(ends[-1] + tokens_per_chunk, num_tokens - 1))
+    return ends[:num_tokens]
+
+
+@dataclass
+class _State:
+    script: FakeScript
+    model: str
+    api_key: str | None
+    spec_tokens: int  # k of the speculative config; 0 without speculation
+    child: subprocess.Popen | None = None
+    created: float = field(default_factory=time.time)
+    requests: int = 0
+    inflight: int = 0
+    max_inflight: int = 0
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    lag_sum_s: float = 0.0
+    lag_count: int = 0
+    lag_max_s: float = 0.0
+
+
+def _log(message: str, level: str = "INFO") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"(APIServer pid={os.getpid()}) {level} {stamp} [fake_engine.py] {message}",
+          file=sys.stderr, flush=True)
+
+
+def _exit(child: subprocess.Popen | None) -> None:
+    if child is not None:
+        child.terminate()
+        child.wait(timeout=5)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _spec_tokens(spec: dict[str, Any] | None) -> int:
+    """k of the speculative config; exits as vLLM does when it rejects an ngram window."""
+    if not spec:
+        return 0
+    if spec.get("method") in ("ngram", "[ngram]"):
+        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)
+        if lo > hi:
+            # The exact shape of vLLM's output: pydantic wraps the ValueError of the config.
+            print("Traceback (most recent call last):\n"
+                  '  File "vllm/engine/arg_utils.py", line 1, in create_speculative_config\n'
+                  "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                  f"SpeculativeConfig\n  Value error, prompt_lookup_min={lo} must be <= "
+                  f"prompt_lookup_max={hi} [type=value_error, input_value=ArgsKwargs((), "
+                  "{...}), input_type=ArgsKwargs]\n    For further information visit "
+                  "https://errors.pydantic.dev/2.14/v/value_error", file=sys.stderr, flush=True)
+            sys.exit(1)
+    return int(spec.get("num_speculative_tokens") or 1)
+
+
+async def _sleep_until(deadline: float, *, precise: bool) -> None:
+    """Wait until time.monotonic() reaches `deadline`; never return early."""
+    while (wait_s := deadline - time.monotonic()) > 0:
+        if not precise:
+            await asyncio.sleep(wait_s)
+        elif wait_s > SPIN_S:
+            await asyncio.sleep(wait_s - SPIN_S)
+        else:
+            # asyncio rounds its epoll timeout up to whole milliseconds, so a timer fires up
+            # to 1 ms late; the last stretch yields to other requests until the deadline.
+            await asyncio.sleep(0)
+
+
+def _unauthorized(request: Any, state: _State) -> bool:
+    # vLLM guards only the API routes; /health and /metrics stay open.
+    if state.api_key is None or not request.path.startswith("/v1"):
+        return False
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() != "bearer" or token != state.api_key
+
+
+def _error(web: Any, status: int, message: str, kind: str) -> Any:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+async def _completions(request: Any) -> Any:
+    from aiohttp import web
+
+    t0 = time.monotonic()
+    state: _State = request.app["state"]
+    script = state.script
+    if _unauthorized(request, state):
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(web, 400, "request body is not JSON", "BadRequestError")
+    if body.get("model", state.model) != state.model:
+        return _error(web, 404, f"The model `{body.get('model')}` does not exist.",
+                      "NotFoundError")
+    state.requests += 1
+    number = state.requests
+    if script.http_error_every and number % script.http_error_every == 0:
+        return _error(web, 500, "fake engine: scripted internal error", "InternalServerError")
+    max_tokens = int(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
+    n = max_tokens
+    if script.output_tokens is not None and not body.get("ignore_eos"):
+        n = min(script.output_tokens, max_tokens)
+    prompt = body.get("prompt", "")
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
+    words = (str(prompt).split() if isinstance(prompt, str) else []) or ["token"]
+    state.inflight += 1
+    state.max_inflight = max(state.max_inflight, state.inflight)
+    resp = None
+    try:
+        if script.stall_requests:
+            await asyncio.Event().wait()
+        stream = bool(body.get("stream"))
+        resp = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream; charset=utf-8" if stream else "application/json",
+            "x-fake-ttft-ms": str(script.ttft_ms), "x-fake-tpot-ms": str(script.tpot_ms),
+            "x-fake-request-number": str(number),
+            # Arrival on CLOCK_MONOTONIC (a client's perf_counter on Linux): splits a measured
+            # TTFT into request dispatch and server time.
+            "x-fake-t0": repr(t0)})
+        await resp.prepare(request)
+        head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                           "created": int(time.time()), "model": state.model},
+                          separators=(",", ":"))[:-1]
+        ends = chunk_ends(n, script.tokens_per_chunk)
+        finish = "length" if n == max_tokens else "stop"
+        texts: list[str] = []
+        first = 0
+        for i, end in enumerate(ends):
+            # Absolute deadlines: a late wake-up never delays the tokens after it. The first
+            # and last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
+            deadline = t0 + (script.ttft_ms + end * script.tpot_ms) / 1000.0
+            await _sleep_until(deadline, precise=i in (0, len(ends) - 1))
+            if script.die_after_requests is not None and number > script.die_after_requests \
+                    and i >= len(ends) // 2:
+                _log("EngineCore encountered a fatal error (scripted die_after_requests).",
+                     "ERROR")
+                os._exit(1)
+            if script.malformed_every and number % script.malformed_every == 0 and i > 0:
+                await resp.write(b'data: {"choices": [{"text": \n\n')
+                break
+            text = "".join(" " + words[t % len(words)] for t in range(first, end + 1))
+            first = end + 1
+            if i > 0 and state.spec_tokens:
+                state.drafts += 1
+                state.draft_tokens += state.spec_tokens
+                state.accepted += state.spec_tokens * script.accept_rate
+            lag_s = time.monotonic() - deadline
+            state.lag_sum_s += lag_s
+            state.lag_count += 1
+            state.lag_max_s = max(state.lag_max_s, lag_s)
+            if not stream:
+                texts.append(text)
+                continue
+            reason = json.dumps(finish) if i == len(ends) - 1 else "null"
+            await resp.write((f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
+                              f'"logprobs":null,"finish_reason":{reason},"stop_reason":null}}]}}'
+                              "\n\n").encode())
+        else:
+            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
+                     "completion_tokens": n}
+            if not stream:
+                await resp.write(json.dumps({**json.loads(head + "}"), "choices": [
+                    {"index": 0, "text": "".join(texts), "logprobs": None,
+                     "finish_reason": finish, "stop_reason": None}], "usage": usage}).encode())
+            else:
+                tail = ""
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    tail = (f'data: {head},"choices":[],"usage":'
+                            f'{json.dumps(usage, separators=(",", ":"))}}}\n\n')
+                await resp.write((tail + "data: [DONE]\n\n").encode())
+        await resp.write_eof()
+        return resp
+    except ConnectionResetError:
+        # The client went away (its own timeout, or a chunk it rejected); nobody reads this.
+        return resp if resp is not None else web.Response(status=499)
+    finally:
+        state.inflight -= 1
+
+
+async def _health(request: Any) -> Any:
+    from aiohttp import web
+
+    return web.Response(status=200)
+
+
+async def _models(request: Any) -> Any:
+    from aiohttp import web
+
+    state: _State = request.app["state"]
+    if _unauthorized(request, state):
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    return web.json_response({"object": "list", "data": [
+        {"id": state.model, "object": "model", "created": int(state.created),
+         "owned_by": "vllm", "root": state.model, "max_model_len": 4096}]})
+
+
+async def _metrics(request: Any) -> Any:
+    from aiohttp import web
+
+    s: _State = request.app["state"]
+    labels = f'model_name="{s.model}",engine="0"'
+    out = ["# TYPE vllm:num_requests_running gauge",
+           f"vllm:num_requests_running{{{labels}}} {float(s.inflight)}"]
+    if s.spec_tokens:
+        for name, value in (("num_drafts", s.drafts), ("num_draft_tokens", s.draft_tokens),
+                            ("num_accepted_tokens", s.accepted)):
+            out += [f"# TYPE vllm:spec_decode_{name} counter",
+                    f"vllm:spec_decode_{name}_total{{{labels}}} {float(value)}",
+                    f"vllm:spec_decode_{name}_created{{{labels}}} {s.created}"]
+        out.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+        for pos in range(s.spec_tokens):
+            out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},'
+                       f'position="{pos}"}} {s.drafts * s.script.accept_rate}')
+    # Not vLLM's: what the tests and the fidelity benchmark check the client against.
+    out += [f"fake:inflight {s.inflight}", f"fake:max_inflight {s.max_inflight}",
+            f"fake:requests_total {s.requests}", f"fake:emit_lag_seconds_sum {s.lag_sum_s}",
+            f"fake:emit_lag_seconds_count {s.lag_count}",
+            f"fake:emit_lag_seconds_max {s.lag_max_s}"]
+    return web.Response(text="\n".join(out) + "\n", content_type="text/plain")
+
+
+async def _reset_stats(request: Any) -> Any:
+    """Start a fresh window for max in-flight and emission lag (one per measured level)."""
+    from aiohttp import web
+
+    s: _State = request.app["state"]
+    s.max_inflight, s.lag_sum_s, s.lag_count, s.lag_max_s = s.inflight, 0.0, 0, 0.0
+    return web.Response(status=204)
+
+
+async def _script(request: Any) -> Any:
+    from aiohttp import web
+
+    return web.json_response(request.app["state"].script.model_dump())
+
+
+async def _serve(state: _State, host: str, port: int) -> None:
+    from aiohttp import web
+
+    app = web.Application()
+    app["state"] = state
+    app.add_routes([web.get("/health", _health), web.get("/metrics", _metrics),
+                    web.get("/v1/models", _models), web.post("/v1/completions", _completions),
+                    web.post("/fake/reset_stats", _reset_stats), web.get("/fake/script", _script)])
+    # A short shutdown timeout: a stalled request must not hold up the engine's teardown.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    # The lines vLLM (uvicorn) prints once it listens; tests read the pid and URL from them.
+    _log(f"Starting vLLM server on http://{host}:{port}")
+    print(f"INFO:     Started server process [{os.getpid()}]", file=sys.stderr)
+    print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    _log("Shutting down FastAPI HTTP server.")
+    await runner.cleanup()
+    _exit(state.child)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tuner.fake_engine", description=__doc__)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--speculative-config", type=json.loads, default=None)
+    p.add_argument("--fake-script", default=None,
+                   help=f"JSON string or file (default: ${SCRIPT_ENV}, else built-in timing)")
+    p.add_argument("--fake-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="event loop of the server (benchmarks/fidelity.py compares them)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, ignored = _parser().parse_known_args(argv)
+    try:
+        script = load_script(args.fake_script or os.environ.get(SCRIPT_ENV))
+    except (OSError, ValidationError, ValueError) as e:
+        print(f"fake_engine: bad script: {e}", file=sys.stderr)
+        sys.exit(2)
+    _log(f"vLLM API server version {FAKE_VERSION}")
+    _log(f"args: model={args.model!r} ignored={ignored!r} script={script.model_dump_json()}")
+    spec_tokens = _spec_tokens(args.speculative_config)
+    if args.speculative_config:
+        _log(f"SpeculativeConfig(method={args.speculative_config.get('method')!r}, "
+             f"num_spec_tokens={spec_tokens})")
+    if script.crash_on_start:
+        _log("EngineCore failed to start.", "ERROR")
+        message = script.crash_on_start
+        last = message if "Error:" in message else f"RuntimeError: {message}"
+        print(f"Traceback (most recent call last):\n  File \"fake_engine.py\", line 1, in main\n"
+              f"{last}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    child = None
+    if script.child_process:
+        # Same process group, so only a group kill reaches it if we die first.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e9)"],
+                                 stdin=subprocess.DEVNULL)
+    # Until the server runs: exit at once on SIGTERM, reaping the child as vLLM reaps its
+    # EngineCore (an orphan would linger as a zombie in the group).
+    signal.signal(signal.SIGTERM, lambda *_: _exit(child))
+    if script.hang_before_health:
+        while True:
+            time.sleep(3600)
+    time.sleep(script.startup_s)
+    state = _State(script=script, model=args.served_model_name or args.model,
+                   api_key=args.api_key, spec_tokens=spec_tokens, child=child)
+    if args.fake_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(_serve(state, args.host, args.port))
+    else:
+        asyncio.run(_serve(state, args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

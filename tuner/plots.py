@@ -1,0 +1,355 @@
+"""Plots stage: seaborn figures drawn from the analysis frames, saved as PNG files.
+
+Every figure is drawn from a frame computed by tuner.analysis (never from raw storage), has
+units on its axes, is drawn on its own Agg canvas rather than through pyplot (nothing global
+to close or leak, and a notebook's backend is left alone), and is written atomically. A plot
+whose data is missing writes nothing, returns [] and appends a note saying why to `notes`.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tuner.analysis import Recommendation, pareto_front, speedups, with_medians
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Fixed colours per method, so one method looks the same in every figure of a report.
+_METHOD_ORDER = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp", "ngram_gpu",
+                 "medusa", "mlp_speculator")
+BASELINE_COLOR = "#3b3b3b"
+DPI = 130
+
+
+def pareto_plots(
+    df: pd.DataFrame, out_dir: Path, *, workload: str = "",
+    recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
+) -> list[Path]:
+    """One file per concurrency level: completed trials by method, the front as a step line,
+    the baseline and the recommended config marked and labelled."""
+    import seaborn as sns
+
+    data = _measured(with_medians(df))
+    if data.empty:
+        _note(notes, "Pareto fronts: no completed trial to plot yet.")
+        return []
+    recs = {r.concurrency: r for r in recommendations}
+    palette = method_palette(data["method"])
+    paths = []
+    for c in sorted(data["concurrency"].unique()):
+        lv = data[data["concurrency"] == c]
+        front = pareto_front(lv)
+        with sns.axes_style("whitegrid"):
+            fig = _figure(8.6, 5.2)
+            ax = fig.add_subplot()
+            sns.scatterplot(data=lv, x="mean_tpot_ms", y="output_throughput", hue="method",
+                            palette=palette, s=55, alpha=0.85, edgecolor="white", ax=ax,
+                            zorder=3)
+            base = lv[(lv["method"] == "none") & (lv["role"] == "baseline")]
+            if not base.empty:
+                b = base.sort_values("trial").iloc[0]
+                ax.scatter([b["mean_tpot_ms"]], [b["output_throughput"]], s=200, marker="s",
+                           facecolor="none", edgecolor=BASELINE_COLOR, lw=1.8, zorder=4,
+                           label="baseline (no speculation)")
+                _annotate(ax, b["mean_tpot_ms"], b["output_throughput"],
+                          f"baseline\n{b['output_throughput']:.1f} tok/s", (-14, -8), "right",
+                          "top")
+            rec = recs.get(int(c))
+            if rec is not None and rec.status == "recommend" and rec.trial is not None:
+                row = lv[lv["trial"] == rec.trial]
+                if not row.empty:
+                    r = row.iloc[0]
+                    ax.scatter([r["mean_tpot_ms"]], [r["output_throughput"]], s=320,
+                               marker="*", facecolor="gold", edgecolor="black", lw=0.8,
+                               zorder=5, label="recommended")
+                    speed = (f" ({rec.speedup_throughput:.2f}x baseline)"
+                             if rec.speedup_throughput else "")
+                    # The upper right (slow yet fast) stays empty at a fixed concurrency, so
+                    # the long label goes there, under the front's top line (at 0.885 of the
+                    # height with these margins), and points at the star.
+                    ax.annotate(f"recommended{speed}\n{_wrap(rec.label or '', 34)}",
+                                (r["mean_tpot_ms"], r["output_throughput"]),
+                                xytext=(0.97, 0.84), textcoords="axes fraction", ha="right",
+                                va="top", fontsize="small", zorder=6,
+                                bbox={"boxstyle": "round,pad=0.3", "fc": "#fffbe6",
+                                      "ec": "0.6"},
+                                arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.9,
+                                            "shrinkB": 9})
+            ax.margins(x=0.15, y=0.15)
+            _draw_front(ax, front)
+            ax.set_xlabel("mean TPOT (ms)  \u2190 better")
+            ax.set_ylabel("output throughput (tok/s)  \u2192 better")
+            ax.set_title(_title("Throughput vs per-token latency", workload, int(c),
+                                n=lv["config_key"].nunique()))
+            _legend_outside(ax, title="method")
+            paths.append(_save(fig, Path(out_dir) / f"pareto_c{int(c)}.png"))
+    return paths
+
+
+def speedup_plot(
+    df: pd.DataFrame, out_dir: Path, *, workload: str = "", top_n: int = 4,
+    recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
+) -> list[Path]:
+    """Throughput speedup over the baseline against concurrency for the leading configs."""
+    import seaborn as sns
+
+    sp = _measured(speedups(df))
+    spec = sp[(sp["method"] != "none") & sp["speedup_throughput"].notna()]
+    if spec.empty:
+        _note(notes, "Speedup vs concurrency: needs a baseline and at least one completed "
+                     "speculative trial at the same concurrency.")
+        return []
+    leaders = _leaders(spec, top_n=top_n, recommendations=recommendations)
+    data = spec[spec["config_key"].isin(leaders)].drop_duplicates(["config_key", "concurrency"])
+    data = data.assign(config=data["label"].map(lambda s: _wrap(s, 30)))
+    order = [data.loc[data["config_key"] == k, "config"].iloc[0] for k in leaders]
+    levels = sorted(sp["concurrency"].unique())
+    with sns.axes_style("whitegrid"):
+        fig = _figure(8.6, 4.8)
+        ax = fig.add_subplot()
+        ax.axhline(1.0, color=BASELINE_COLOR, ls="--", lw=1.3, label="baseline (no speculation)")
+        sns.lineplot(data=data, x="concurrency", y="speedup_throughput", hue="config",
+                     hue_order=order, style="config", style_order=order, markers=True,
+                     dashes=False, markersize=8, lw=1.8, ax=ax, palette="colorblind")
+        if len(levels) > 1 and max(levels) / min(levels) >= 4:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(int(c)) for c in levels])
+        ax.minorticks_off()
+        lo, hi = data["speedup_throughput"].min(), data["speedup_throughput"].max()
+        ax.set_ylim(min(0.9, lo - 0.1), max(1.1, hi + 0.15))
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("output throughput vs baseline (\u00d7)")
+        ax.set_title(_title(f"Where speculation pays: top {len(leaders)} configs", workload))
+        _legend_outside(ax, title="config")
+        return [_save(fig, Path(out_dir) / "speedup_vs_concurrency.png")]
+
+
+def acceptance_plot(
+    df: pd.DataFrame, out_dir: Path, *, workload: str = "", notes: list[str] | None = None,
+) -> list[Path]:
+    """Mean acceptance length against num_speculative_tokens, by method."""
+    import seaborn as sns
+
+    data = _measured(df)
+    data = data[(data["method"] != "none") & data["num_speculative_tokens"].notna()
+                & data["spec_decode_acceptance_length"].notna()]
+    if data.empty:
+        _note(notes, "Acceptance length vs k: no completed speculative trial reported "
+                     "acceptance (num_speculative_tokens and vLLM's spec-decode counters).")
+        return []
+    data = data.assign(k=pd.to_numeric(data["num_speculative_tokens"]),
+                       level=data["concurrency"].map(lambda c: f"c={int(c)}"))
+    ks = sorted(data["k"].unique())
+    with sns.axes_style("whitegrid"):
+        fig = _figure(8.6, 4.8)
+        ax = fig.add_subplot()
+        ax.plot([0, max(ks)], [1, max(ks) + 1], color="0.6", ls=":", lw=1.2,
+                label="upper bound (k + 1)")
+        palette = method_palette(data["method"])
+        sns.lineplot(data=data, x="k", y="spec_decode_acceptance_length", hue="method",
+                     palette=palette, errorbar=None, lw=1.2, alpha=0.6, ax=ax, legend=False)
+        sns.scatterplot(data=data, x="k", y="spec_decode_acceptance_length", hue="method",
+                        palette=palette, style="level", s=60, ax=ax, zorder=3)
+        ax.set_xlim(0.5, max(ks) + 0.5)
+        ax.set_ylim(1.0, max(data["spec_decode_acceptance_length"].max() * 1.15, 2.0))
+        ax.set_xticks(ks if len(ks) <= 16 else ks[:: max(1, len(ks) // 12)])
+        ax.set_xlabel("num_speculative_tokens k (draft tokens per step)")
+        ax.set_ylabel("mean acceptance length (tokens/step)")
+        ax.set_title(_title("Acceptance length vs draft length", workload))
+        _legend_outside(ax)
+        return [_save(fig, Path(out_dir) / "acceptance_length.png")]
+
+
+def per_position_plot(
+    df: pd.DataFrame, out_dir: Path, *, workload: str = "", top_n: int = 4,
+    recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
+) -> list[Path]:
+    """Acceptance rate at each draft position for the leading configs, one panel per level."""
+    import seaborn as sns
+
+    sp = _measured(speedups(df))
+    col = "spec_decode_per_position_acceptance_rates"
+    has = sp[col].map(lambda v: isinstance(v, (list, tuple)) and len(v) > 0)
+    spec = sp[(sp["method"] != "none") & has]
+    if spec.empty:
+        _note(notes, "Per-position acceptance: no completed trial reported per-position "
+                     "acceptance counts.")
+        return []
+    ranked = spec.assign(speedup_throughput=spec["speedup_throughput"].fillna(0))
+    leaders = _leaders(ranked, top_n=top_n, recommendations=recommendations)
+    rows = []
+    for _, r in spec[spec["config_key"].isin(leaders)].drop_duplicates(
+            ["config_key", "concurrency"]).iterrows():
+        for pos, rate in enumerate(r[col], start=1):
+            rows.append({"config": _wrap(r["label"], 30), "key": r["config_key"],
+                         "concurrency": int(r["concurrency"]), "position": pos,
+                         "rate_pct": 100.0 * float(rate)})
+    long = pd.DataFrame(rows)
+    order = [long.loc[long["key"] == k, "config"].iloc[0] for k in leaders
+             if (long["key"] == k).any()]
+    levels = sorted(long["concurrency"].unique())[:4]
+    with sns.axes_style("whitegrid"):
+        fig = _figure(max(4.6 * len(levels), 7.0), 5.4)
+        axes = fig.subplots(1, len(levels), sharey=True, squeeze=False)[0]
+        for ax, c in zip(axes, levels, strict=True):
+            sns.lineplot(data=long[long["concurrency"] == c], x="position", y="rate_pct",
+                         hue="config", hue_order=order, style="config", style_order=order,
+                         markers=True, dashes=False, palette="colorblind", ax=ax,
+                         legend=ax is axes[-1])
+            ax.set_title(f"concurrency {c}")
+            ax.set_xlabel("draft position")
+            ax.set_ylim(0, 100)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        axes[0].set_ylabel("acceptance rate at position (%)")
+        fig.suptitle(_title("Per-position acceptance of the leading configs", workload))
+        # Below the panels, not beside them: the figure stays narrow enough to read in a page.
+        handles, labels = axes[-1].get_legend_handles_labels()
+        if axes[-1].get_legend() is not None:
+            axes[-1].get_legend().remove()
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 2),
+                   frameon=False, fontsize="small")
+        return [_save(fig, Path(out_dir) / "acceptance_per_position.png")]
+
+
+def draw_all(
+    df: pd.DataFrame, out_dir: Path, *, workload: str = "",
+    recommendations: Sequence[Recommendation] = (),
+) -> tuple[dict[str, list[Path]], list[str]]:
+    """Every figure of a report: {plot name: paths} and the notes for plots left out."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    kw: dict[str, Any] = {"workload": workload, "notes": notes}
+    drawn = {
+        "pareto": pareto_plots(df, out_dir, recommendations=recommendations, **kw),
+        "speedup": speedup_plot(df, out_dir, recommendations=recommendations, **kw),
+        "acceptance": acceptance_plot(df, out_dir, **kw),
+        "per_position": per_position_plot(df, out_dir, recommendations=recommendations, **kw),
+    }
+    return drawn, notes
+
+
+def method_palette(methods: Iterable[str]) -> dict[str, Any]:
+    """A colour per method, the same in every figure; the baseline is dark grey."""
+    import seaborn as sns
+
+    colors = sns.color_palette("colorblind", 10)
+    present = set(methods)
+    known = [m for m in _METHOD_ORDER if m in present]
+    others = sorted(present - set(_METHOD_ORDER) - {"none"})
+    palette = {m: colors[i % 10] for i, m in enumerate(known + others)}
+    if "none" in present:
+        palette["none"] = BASELINE_COLOR
+    return palette
+
+
+# --- shared drawing bits ------------------------------------------------------------------
+
+
+def _measured(df: pd.DataFrame) -> pd.DataFrame:
+    """Completed rows with a level, without copied duplicates (they would sit on the original)."""
+    ok = df[(df["state"] == "COMPLETE") & df["concurrency"].notna()
+            & df["output_throughput"].notna()]
+    return ok[ok["duplicate_of"].isna()] if "duplicate_of" in ok else ok
+
+
+def _leaders(spec: pd.DataFrame, *, top_n: int,
+             recommendations: Sequence[Recommendation]) -> list[str]:
+    """Config keys: the recommended ones first, then by best speedup over any level."""
+    keys: list[str] = []
+    for rec in recommendations:
+        if rec.status == "recommend" and rec.trial is not None:
+            hit = spec.loc[spec["trial"] == rec.trial, "config_key"]
+            if not hit.empty and hit.iloc[0] not in keys:
+                keys.append(hit.iloc[0])
+    best = spec.groupby("config_key")["speedup_throughput"].max().sort_values(ascending=False)
+    for key in best.index:
+        if len(keys) >= max(top_n, 1):
+            break
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def _figure(width_in: float, height_in: float) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """Write the PNG beside its final name, then rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        fig.clear()  # drops the artists now; the canvas is private, nothing global to close
+    return path
+
+
+def _draw_front(ax: Any, front: pd.DataFrame) -> None:
+    """The front as an attainment staircase run out to the axes, so even a one-point front
+    shows the region it dominates (below and to the right)."""
+    if front.empty:
+        return
+    ax.autoscale_view()
+    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+    xs = [front["mean_tpot_ms"].iloc[0], *front["mean_tpot_ms"], x_hi]
+    ys = [y_lo, *front["output_throughput"], front["output_throughput"].iloc[-1]]
+    ax.step(xs, ys, where="post", color="0.35", lw=1.2, ls="--", zorder=2,
+            label="Pareto front")
+    ax.fill_between(xs, ys, y_lo, step="post", color="0.5", alpha=0.07, zorder=1, lw=0)
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_lo, y_hi)
+
+
+def _legend_outside(ax: Any, *, title: str | None = None) -> None:
+    """Legend to the right of the axes, so it never covers a point."""
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if handles:
+        ax.legend(handles, labels, title=title, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  borderaxespad=0.0, frameon=False, fontsize="small", title_fontsize="small")
+
+
+def _annotate(ax: Any, x: float, y: float, text: str, offset: tuple[int, int], ha: str,
+              va: str) -> None:
+    ax.annotate(text, (x, y), xytext=offset, textcoords="offset points", ha=ha, va=va,
+                fontsize="small", zorder=6,
+                bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "0.7", "alpha": 0.9},
+                arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.8})
+
+
+def _title(what: str, workload: str, concurrency: int | None = None,
+           n: int | None = None) -> str:
+    parts = [what]
+    if workload:
+        parts.append(f"workload {workload}")
+    if concurrency is not None:
+        parts.append(f"concurrency {concurrency}")
+    if n is not None:
+        parts.append(f"{n} config" + ("" if n == 1 else "s"))
+    return " \u2014 ".join(parts[:1]) + ("\n" + ", ".join(parts[1:]) if parts[1:] else "")
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(str(text), width)) or str(text)
+
+
+def _note(notes: list[str] | None, text: str) -> None:
+    if notes is not None:
+        notes.append(text)
