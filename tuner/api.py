@@ -301,8 +301,9 @@ class _SearchLoop:
         from tuner.errors import TrialFailed
 
         trial.set_user_attr("wall_s", round(wall_s, 1))
-        if outcome.get("cuda_visible_devices") is not None:
-            trial.set_user_attr("cuda_visible_devices", outcome["cuda_visible_devices"])
+        for key in ("cuda_visible_devices", "host", "ran_from", "ran_to"):
+            if outcome.get(key) is not None:
+                trial.set_user_attr(key, outcome[key])
         total = st.counted_trials(self.study) + 1
         if "failure" in outcome:
             f = outcome["failure"]

@@ -134,12 +134,13 @@ def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Work
     """
     import os
 
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+             "host": os.uname().nodename, "ran_from": time.time()}
     try:
         result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir))
     except TrialFailed as e:
-        return {"failure": failure_record(e), "cuda_visible_devices": gpus}
-    return {"result": json.loads(result.model_dump_json()), "cuda_visible_devices": gpus}
+        return {"failure": failure_record(e), **where, "ran_to": time.time()}
+    return {"result": json.loads(result.model_dump_json()), **where, "ran_to": time.time()}
 
 
 class InlineExecutor:

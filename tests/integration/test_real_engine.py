@@ -1,0 +1,114 @@
+"""The real vLLM CPU engine with the embedded SmolLM2 model (marked `engine`; about a minute
+per launch on 2 cores). These are the measurements everything else stands on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tuner import api
+from tuner.errors import EngineCrashed
+from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+
+pytestmark = pytest.mark.engine
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 5}
+
+
+def _vllm_or_skip():
+    pytest.importorskip("vllm", reason="the vLLM CPU build is not installed (scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def engine_spec():
+    _vllm_or_skip()
+    return api.resolve_engine(model=None, ready_timeout_s=600)
+
+
+def _bench(engine_spec, tmp_path_factory, spec):
+    out = tmp_path_factory.mktemp("bench")
+    wl = WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64)
+    result = api.bench(workload=wl, engine=engine_spec, config=TrialConfig(speculative_config=spec),
+                       settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out,
+                       say=lambda _m: None)
+    return result, out
+
+
+@pytest.fixture(scope="module")
+def ngram_run(engine_spec, tmp_path_factory):
+    return _bench(engine_spec, tmp_path_factory, NGRAM)
+
+
+@pytest.fixture(scope="module")
+def baseline_run(engine_spec, tmp_path_factory):
+    return _bench(engine_spec, tmp_path_factory, None)
+
+
+def test_ngram_acceptance_counters_are_populated(ngram_run):
+    result, _ = ngram_run
+    for lv in result.levels:
+        assert lv.completed == lv.num_requests >= 4
+        assert lv.spec_decode_num_drafts > 0
+        assert 0 < lv.spec_decode_num_accepted_tokens <= lv.spec_decode_num_draft_tokens
+        assert 1.0 < lv.spec_decode_acceptance_length <= 1 + 5
+        assert len(lv.spec_decode_per_position_acceptance_rates) == 5
+        # Per-position rates cannot grow with the position (a token needs its predecessors).
+        rates = lv.spec_decode_per_position_acceptance_rates
+        assert all(a >= b - 1e-9 for a, b in zip(rates, rates[1:]))
+
+
+def test_baseline_has_zero_acceptance(baseline_run):
+    result, _ = baseline_run
+    for lv in result.levels:
+        assert lv.spec_decode_num_drafts == 0 and lv.spec_decode_acceptance_rate is None
+
+
+def test_token_counts_match_the_per_request_records(ngram_run, baseline_run):
+    for result, out in (ngram_run, baseline_run):
+        records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+        for lv in result.levels:
+            measured = [r for r in records if r["concurrency"] == lv.concurrency
+                        and not r["warmup"]]
+            assert len(measured) == lv.num_requests
+            assert sum(r["output_tokens"] for r in measured) == lv.total_output_tokens
+            assert all(1 <= r["output_tokens"] <= 64 for r in measured)
+            assert lv.output_throughput == pytest.approx(lv.total_output_tokens / lv.duration)
+        stored = json.loads((out / "result.json").read_text())
+        assert stored["levels"][0]["output_throughput"] == result.levels[0].output_throughput
+
+
+def test_no_engine_process_survives_the_run(ngram_run, baseline_run):
+    for _, out in (ngram_run, baseline_run):
+        log = (out / "engine.log").read_text()
+        pids = {int(p) for p in __import__("re").findall(r"pid=(\d+)\)", log)}
+        assert pids, "engine.log names vLLM's processes"
+        for pid in pids:
+            assert not os.path.exists(f"/proc/{pid}") or \
+                open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_rejected_config_reports_vllms_own_reason(engine_spec, tmp_path):
+    bad = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+           "prompt_lookup_max": 2}
+    wl = WorkloadSpec(name="instructcoder", num_prompts=1, output_len=8)
+    with pytest.raises(EngineCrashed) as e:
+        api.bench(workload=wl, engine=engine_spec, config=TrialConfig(speculative_config=bad),
+                  settings=MeasureSettings(), out_dir=tmp_path, say=lambda _m: None)
+    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in str(e.value)
+
+
+def test_bench_cli_prints_a_table(engine_spec, tmp_path):
+    """The README's main path end to end through the console script's module."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tuner", "bench", "--workload", "instructcoder", "--num-prompts",
+         "2", "--output-len", "32", "--concurrency", "1", "--speculative-config",
+         json.dumps(NGRAM), "--output-dir", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "out tok/s" in r.stdout and "ngram k=5 window 2-5" in r.stdout
+    assert (tmp_path / "b" / "result.json").exists()
