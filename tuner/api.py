@@ -6,6 +6,8 @@ workload -> search space -> trial config -> engine -> load -> metrics -> storage
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shlex
 import time
@@ -379,3 +381,185 @@ def trial_line(result: BenchResult, baseline: dict | None) -> str:
         parts.append(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s{speed} "
                      f"TPOT {lv.mean_tpot_ms:.1f} ms{acc}")
     return " | ".join(parts)
+
+
+def policy(
+    *, study_dir: Path, storage_url: str | None = None, study_name: str | None = None,
+    ladder: tuple[int, ...] | None = None, max_concurrency: int | None = None,
+    repeats: int = 2, leaders: int = 2, k_values: tuple[int, ...] | None = None,
+    num_prompts: int | None = None, output_len: int | None = None,
+    max_batch: int | None = None, say=print,
+) -> dict:
+    """Measure the study's leading configs on a concurrency ladder, find where speculation
+    stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder."""
+    from tuner import analysis, campaign, plots, runner
+    from tuner import policy as rules
+    from tuner import study as st
+    from tuner.errors import ConfigError as _CE
+
+    study = st.open_existing(study_dir, storage_url, study_name)
+    meta = study.user_attrs.get(st.ATTR) or {}
+    engine = EngineSpec.model_validate(meta["engine_spec"])
+    wspec = WorkloadSpec.model_validate(meta["workload"])
+    updates = {k: v for k, v in (("num_prompts", num_prompts), ("output_len", output_len)) if v}
+    wl = workloads.load(wspec.model_copy(update=updates), tokenizer=tokenizer_of(engine))
+    if ladder is None:
+        top = max_concurrency or 16
+        ladder = tuple(2 ** i for i in range(0, int(math.log2(top)) + 1))
+        if ladder[-1] != top:
+            ladder += (top,)
+    picks = _leaders(analysis.trials_frame(study), leaders)
+    if not picks:
+        raise _CE(f"Study '{study.study_name}' has no completed speculative trial yet; run "
+                  f"`tuner optimize` first (the policy starts from its leading configs).")
+    chosen = picks[0]
+    k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
+    ks = sorted(set(k_values or (k_best, max(1, round(k_best / 2)))), reverse=True)
+    runs: list[tuple[str, TrialConfig]] = [("baseline", TrialConfig())]
+    runs += [("leader", c) for c in picks]
+    for k in ks:
+        cfg = TrialConfig(speculative_config={**chosen.speculative_config,
+                                              "num_speculative_tokens": k},
+                          engine_args=chosen.engine_args)
+        if cfg.key() not in {r.key() for _, r in runs}:
+            runs.append(("k_variant", cfg))
+    say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, ladder))}, "
+        f"{repeats} repeat(s), {len(runs)} configs ({', '.join(c.label() for _, c in runs)})")
+    measured = campaign.measure(study=study, engine=engine, workload=wl, ladder=ladder,
+                                runs=runs, repeats=repeats, phase="ladder", out_dir=study_dir,
+                                say=say)
+    base_key = TrialConfig().key()
+    base = campaign.throughput_series(measured, base_key)
+    if not base:
+        raise _CE("The baseline could not be measured on the ladder (see the failures in "
+                  f"{study_dir}/policy); no policy without it.")
+    configs = [c for _, c in runs if c.method != "none"]
+    stats = {c.key(): rules.level_stats(campaign.throughput_series(measured, c.key()), base)
+             for c in configs}
+    per_k = {int(c.speculative_config["num_speculative_tokens"]): stats[c.key()]
+             for c in configs if c.method == chosen.method
+             and c.speculative_config_without_k() == chosen.speculative_config_without_k()
+             and stats[c.key()]}
+    picked = rules.choose_k(per_k)
+    mb = max_batch or _max_num_seqs(engine) or rules.MAX_BATCH
+    schedule = rules.bands(picked, per_k, max_batch=mb)
+    spec = rules.policy_config(chosen.speculative_config, schedule)
+    problems = rules.validate_schedule(schedule, num_speculative_tokens=max(
+        [k for *_, k in schedule] + [1]))
+    doc: dict = {
+        "study": study.study_name, "ladder": list(ladder), "repeats": repeats,
+        "method": chosen.method, "chosen": chosen.label(),
+        "configs": [{"label": c.label(), "role": role, "speculative_config":
+                     c.speculative_config, "stats": stats.get(c.key(), {}),
+                     "break_even": rules.break_even(stats[c.key()]) if stats.get(c.key())
+                     else None} for role, c in runs if c.method != "none"],
+        "baseline": {str(c): v for c, v in base.items()},
+        "k_by_level": picked, "schedule": [list(b) for b in schedule],
+        "schedule_problems": problems, "speculative_config": spec,
+        "serve_command": None, "verification": None, "fallback_bands": None,
+    }
+    if spec is None:
+        doc["verdict"] = ("Speculation does not pay beyond the noise at any measured level: "
+                          "leave it off.")
+    else:
+        policy_cfg = TrialConfig(speculative_config=spec, engine_args=chosen.engine_args)
+        doc["serve_command"] = _serve(engine, policy_cfg)
+        static = TrialConfig(speculative_config={**chosen.speculative_config,
+                                                 "num_speculative_tokens": k_best},
+                             engine_args=chosen.engine_args)
+        verify = campaign.measure(
+            study=study, engine=engine, workload=wl, ladder=ladder,
+            runs=[("baseline", TrialConfig()), ("static", static), ("policy", policy_cfg)],
+            repeats=repeats, phase="verify", out_dir=study_dir, say=say)
+        doc["verification"] = _verification(verify, policy_cfg, static, rules)
+        doc["verdict"] = doc["verification"]["verdict"]
+        if doc["verification"].get("engine_rejected") or not doc["verification"].get("honoured",
+                                                                                      True):
+            doc["fallback_bands"] = rules.band_table(schedule, chosen.label())
+    runner.write_json_atomic(study_dir / "policy.json", doc)
+    plots.policy_plot(doc, study_dir / "plots")
+    return doc
+
+
+def _verification(runs: list[dict], policy_cfg: TrialConfig, static: TrialConfig, rules) -> dict:
+    from tuner import campaign
+
+    base = campaign.throughput_series(runs, TrialConfig().key())
+    failures = [r["failure"] for r in runs if r["key"] == policy_cfg.key() and r.get("failure")]
+    pol = campaign.throughput_series(runs, policy_cfg.key())
+    if not pol:
+        reason = failures[0]["reason"] if failures else "no successful run"
+        return {"engine_rejected": True, "reason": reason,
+                "verdict": f"The installed vLLM did not run the schedule ({reason}); use the "
+                           f"band table below in a router instead."}
+    st_pol = rules.level_stats(pol, base)
+    st_static = rules.level_stats(campaign.throughput_series(runs, static.key()), base)
+    drafts = campaign.drafts_series(runs, policy_cfg.key())
+    sched = policy_cfg.speculative_config.get("num_speculative_tokens_per_batch_size") or []
+    # Honoured: where the table says K=0, the engine drafted (almost) nothing.
+    honoured = True
+    for c, values in drafts.items():
+        k = next((k for s, e, k in sched if s <= c <= e), None)
+        if k == 0 and values and min(values) > 0.05 * max(max(v for vs in drafts.values()
+                                                               for v in vs), 1):
+            honoured = False
+    rows = []
+    worse = []
+    for c in sorted(st_pol):
+        p, s = st_pol[c], st_static.get(c)
+        if rules.loses(p):
+            worse.append(c)
+        rows.append({"concurrency": c, "policy_speedup": p["speedup"], "policy_noise": p["noise"],
+                     "static_speedup": s["speedup"] if s else None,
+                     "policy_drafts": statistics_median(drafts.get(c, [])),
+                     "below_baseline_beyond_noise": rules.loses(p)})
+    low = rows[0]
+    verdict = (f"Verified on the ladder: the policy is never below the baseline beyond the noise"
+               if not worse else
+               f"The policy fell below the baseline beyond the noise at concurrency "
+               f"{', '.join(map(str, worse))}")
+    verdict += (f"; at concurrency {low['concurrency']} it keeps "
+                f"{low['policy_speedup']:.2f}x against the static config's "
+                f"{(low['static_speedup'] or float('nan')):.2f}x.")
+    if not honoured:
+        verdict += (" The engine kept drafting where the table says K=0: it ignored the "
+                    "schedule; use the band table in a router.")
+    return {"engine_rejected": False, "honoured": honoured, "rows": rows, "worse_at": worse,
+            "verdict": verdict}
+
+
+def statistics_median(values: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def _serve(engine: EngineSpec, config: TrialConfig) -> str:
+    from tuner.engine import serve_command
+
+    return serve_command(engine, config)
+
+
+def _max_num_seqs(engine: EngineSpec) -> int | None:
+    args = list(engine.extra_args)
+    if "--max-num-seqs" in args and args.index("--max-num-seqs") + 1 < len(args):
+        return int(args[args.index("--max-num-seqs") + 1])
+    return None
+
+
+def _leaders(df, n: int) -> list[TrialConfig]:
+    """Best completed config per method at the lowest level (medians over repeats)."""
+    from tuner import analysis
+
+    ok = analysis.with_medians(df)
+    ok = ok[(ok["state"] == "COMPLETE") & (ok["method"] != "none")]
+    if ok.empty:
+        return []
+    low = ok[ok["concurrency"] == ok["concurrency"].min()]
+    best = low.sort_values("output_throughput", ascending=False).drop_duplicates("method")
+    out = []
+    for _, row in best.head(n).iterrows():
+        spec = json.loads(row["spec_json"]) if row["spec_json"] else None
+        eng = json.loads(row["engine_args_json"]) if row.get("engine_args_json") else {}
+        out.append(TrialConfig(speculative_config=spec, engine_args=eng or {}))
+    return out

@@ -91,6 +91,39 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-slot", type=int, default=4)
 
 
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("load-aware policy")
+    g.add_argument("--ladder", help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of "
+                   "two up to --max-concurrency)")
+    g.add_argument("--max-concurrency", type=int, default=16)
+    g.add_argument("--policy-repeats", type=int, default=2)
+    g.add_argument("--leaders", type=int, default=2, help="leading configs (best per method)")
+    g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
+    g.add_argument("--policy-num-prompts", type=int)
+    g.add_argument("--policy-output-len", type=int)
+
+
+def _policy_kwargs(args: argparse.Namespace) -> dict:
+    ladder = parse_concurrency(args.ladder) if args.ladder else None
+    if ladder and ladder != tuple(sorted(ladder)):
+        raise ConfigError(f"--ladder '{args.ladder}' must rise, e.g. 1,2,4,8.")
+    ks = None
+    if args.k_values:
+        try:
+            ks = tuple(int(k) for k in args.k_values.split(","))
+        except ValueError:
+            raise ConfigError(f"--k-values '{args.k_values}': integers separated by commas, "
+                              f"e.g. 5,2.") from None
+        if any(k < 1 for k in ks):
+            raise ConfigError(f"--k-values '{args.k_values}': every K must be at least 1.")
+    for flag in ("max_concurrency", "policy_repeats", "leaders"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1.")
+    return dict(ladder=ladder, max_concurrency=args.max_concurrency,
+                repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
+                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Measure and tune speculative "
                                      "decoding for vLLM.")
@@ -129,11 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus-per-trial", type=float)
     g.add_argument("--logical-gpus", type=int, help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
     g.add_argument("--no-report", action="store_true")
+    g.add_argument("--policy", action="store_true",
+                   help="after the search, run the load-aware policy step (see tuner policy)")
+    _add_policy(o)
 
     r = sub.add_parser("report", help="re-render outputs of a study from its storage")
     r.add_argument("study_dir", type=Path)
     r.add_argument("--storage")
     r.add_argument("--study-name")
+
+    pl = sub.add_parser("policy", help="load-aware policy: break-even concurrency and the "
+                        "num_speculative_tokens_per_batch_size schedule, verified")
+    pl.add_argument("study_dir", type=Path)
+    _add_policy(pl)
+    pl.add_argument("--storage")
+    pl.add_argument("--study-name")
 
     rc = sub.add_parser("recommend", help="print the recommended config for one level")
     rc.add_argument("study_dir", type=Path)
@@ -240,8 +283,25 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
         logical_gpus=args.logical_gpus, say=say)
+    if args.policy:
+        api.policy(study_dir=out, storage_url=args.storage, study_name=name, say=say,
+                   **_policy_kwargs(args))
     if not args.no_report:
         _print_report(study, out, args.quiet)
+    return 0
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from tuner import api, report
+    from tuner import study as st
+
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    kwargs = _policy_kwargs(args)
+    doc = api.policy(study_dir=args.study_dir, storage_url=args.storage,
+                     study_name=args.study_name, say=say, **kwargs)
+    print(report.format_policy(doc))
+    study = st.open_existing(args.study_dir, args.storage, args.study_name)
+    report.write_outputs(study, args.study_dir)
     return 0
 
 
@@ -290,7 +350,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
-            "recommend": cmd_recommend}
+            "recommend": cmd_recommend, "policy": cmd_policy}
 
 
 def main(argv: list[str] | None = None) -> int:

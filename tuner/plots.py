@@ -353,3 +353,66 @@ def _wrap(text: str, width: int) -> str:
 def _note(notes: list[str] | None, text: str) -> None:
     if notes is not None:
         notes.append(text)
+
+
+def policy_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """Speedup against concurrency from a policy document: static configs from the ladder
+    phase and the policy from its verification runs; the baseline is 1.0 by definition."""
+    rows = []
+    for cfg in doc.get("configs", []):
+        for c, st in (cfg.get("stats") or {}).items():
+            rows.append({"series": cfg["label"], "concurrency": int(c),
+                         "speedup": st["speedup"], "noise": st["noise"]})
+    ver = doc.get("verification") or {}
+    for r in ver.get("rows", []):
+        rows.append({"series": "policy (per-batch-size K)", "concurrency": int(r["concurrency"]),
+                     "speedup": r["policy_speedup"], "noise": r["policy_noise"]})
+    for c in doc.get("ladder", []):
+        rows.append({"series": "baseline (no speculation)", "concurrency": int(c),
+                     "speedup": 1.0, "noise": 0.0})
+    return pd.DataFrame(rows)
+
+
+def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None = None
+                ) -> list[Path]:
+    """Speedup over the baseline against concurrency for the baseline, the static configs and
+    the policy, with a band for the noise and each config's break-even point marked."""
+    import seaborn as sns
+
+    df = policy_frame(doc)
+    if df.empty:
+        _note(notes, "Policy: no ladder measurements yet.")
+        return []
+    with sns.axes_style("whitegrid"):
+        fig = _figure(8.6, 5.0)
+        ax = fig.add_subplot()
+        series = list(dict.fromkeys(df["series"]))
+        palette = dict(zip(series, sns.color_palette("tab10", len(series))))
+        palette["baseline (no speculation)"] = BASELINE_COLOR
+        for name in series:
+            part = df[df["series"] == name].sort_values("concurrency")
+            style = {"lw": 2.6, "marker": "D"} if name.startswith("policy") else \
+                {"lw": 1.4, "marker": "o", "ls": "--" if name.startswith("baseline") else "-"}
+            ax.plot(part["concurrency"], part["speedup"], label=name, color=palette[name],
+                    **style)
+            if not name.startswith("baseline"):
+                ax.fill_between(part["concurrency"], part["speedup"] * (1 - part["noise"]),
+                                part["speedup"] * (1 + part["noise"]), color=palette[name],
+                                alpha=0.12, lw=0)
+        for cfg in doc.get("configs", []):
+            be = cfg.get("break_even") or {}
+            if be.get("status") == "crosses" and be.get("concurrency"):
+                ax.axvline(be["concurrency"], color=palette.get(cfg["label"], "0.5"), lw=1,
+                           ls=":")
+                ax.annotate(f"break-even ~{be['concurrency']:.1f}", (be["concurrency"], 1.0),
+                            xytext=(4, 18), textcoords="offset points", fontsize="small",
+                            color=palette.get(cfg["label"], "0.3"), rotation=90, va="bottom")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(doc.get("ladder", []))
+        ax.set_xticklabels([str(c) for c in doc.get("ladder", [])])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("output throughput speedup over baseline (x)")
+        ax.set_title(_title("Where speculation stops paying", str(doc.get("workload", "")))
+                     .strip())
+        _legend_outside(ax)
+        return [_save(fig, out_dir / "policy_speedup.png")]

@@ -83,6 +83,11 @@ class TrialConfig(Frozen):
     def method(self) -> str:
         return "none" if not self.speculative_config else str(self.speculative_config["method"])
 
+    def speculative_config_without_k(self) -> dict[str, Any]:
+        """The config minus K and any K schedule: configs equal here differ only in K."""
+        return {k: v for k, v in (self.speculative_config or {}).items()
+                if k not in ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")}
+
     def spec_json(self) -> str:
         return json.dumps(self.speculative_config, sort_keys=True, separators=(",", ":"))
 

@@ -79,8 +79,12 @@ def write_outputs(study: optuna.Study, out_dir: Path) -> dict[str, Path]:
     workload = str((meta.get("workload") or {}).get("name") or "")
     drawn, notes = plots.draw_all(df, out_dir / "plots", workload=workload,
                                   recommendations=recs)
+    policy = _load_policy(out_dir)
+    if policy:
+        drawn["policy"] = plots.policy_plot(policy, out_dir / "plots", notes=notes)
     doc = _Doc(study_name=study.study_name, meta=meta, df=df, recs=recs, plots=drawn,
                notes=notes, out_dir=out_dir)
+    doc.policy = policy
     paths = {
         "trials_csv": _write_atomic(out_dir / "trials.csv", _csv_text(df)),
         "recommendation_json": _write_atomic(
@@ -174,6 +178,7 @@ class _Doc:
         self.device = str(fp.get("device") or (meta.get("engine_spec") or {}).get("device") or "?")
         self.levels = sorted({int(c) for c in df["concurrency"].dropna()})
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
+        self.policy: dict[str, Any] | None = None
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -184,7 +189,8 @@ class _Doc:
                 "objectives": m.get("objectives"),
                 "target_concurrency": m.get("target_concurrency"),
                 "constraints": m.get("constraints"),
-                "levels": [r.model_dump(mode="json") for r in self.recs]}
+                "levels": [r.model_dump(mode="json") for r in self.recs],
+                "policy": _policy_summary(self.policy)}
 
     def title(self) -> str:
         return f"Speculative decoding for {self.model} on {self.workload}"
@@ -253,6 +259,7 @@ class _Doc:
 
     def plot_groups(self) -> list[tuple[str, list[Path]]]:
         return [("Pareto fronts", self.plots.get("pareto", [])),
+                ("Load-aware policy: speedup against concurrency", self.plots.get("policy", [])),
                 ("Speedup against concurrency", self.plots.get("speedup", [])),
                 ("Acceptance", self.plots.get("acceptance", []) + self.plots.get(
                     "per_position", []))]
@@ -279,6 +286,7 @@ class _Doc:
                 out += [f"Confidence: {e(rec.confidence)}", ""]
             if rec.verify_command:
                 out += ["Verify:", "", _fence(rec.verify_command), ""]
+        out += policy_markdown(self.policy, self.out_dir)
         out += ["## What was tuned, on what", "", "| | |", "|---|---|"]
         out += [f"| {e(k)} | {e(v)} |" for k, v in self.context_rows()]
         out.append("")
@@ -313,6 +321,7 @@ class _Doc:
         body.append("<h2>Recommendation</h2>")
         for rec in self.recs:
             body.append(self._html_rec(rec))
+        body.append(policy_html(self.policy))
         body.append("<h2>What was tuned, on what</h2><table class='kv'>")
         body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.context_rows()]
         body.append("</table>")
@@ -401,3 +410,118 @@ tr.fail td{background:#fdecec}tr.run td{background:#fff8e1}
 img{max-width:100%;display:block;margin:1em 0}details{margin:.5em 0}
 summary{cursor:pointer}.kv th{background:#fafafa;width:14em}
 """
+
+
+# --- load-aware policy ----------------------------------------------------------------------
+def _load_policy(out_dir: Path) -> dict[str, Any] | None:
+    path = Path(out_dir) / "policy.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _policy_summary(policy: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not policy:
+        return None
+    keys = ("verdict", "method", "chosen", "ladder", "repeats", "schedule", "speculative_config",
+            "serve_command", "fallback_bands", "schedule_problems")
+    out = {k: policy.get(k) for k in keys}
+    out["break_even"] = {c["label"]: c.get("break_even") for c in policy.get("configs", [])}
+    ver = policy.get("verification") or {}
+    out["verification"] = ver.get("rows")
+    return out
+
+
+def _policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    configs = policy.get("configs", [])
+    ver = {int(r["concurrency"]): r for r in (policy.get("verification") or {}).get("rows", [])}
+    head = ["concurrency"] + [c["label"] for c in configs] + (["policy"] if ver else [])
+    rows = []
+    for c in policy.get("ladder", []):
+        row = [str(c)]
+        for cfg in configs:
+            st = (cfg.get("stats") or {}).get(str(c)) or (cfg.get("stats") or {}).get(c)
+            row.append("-" if not st else f"{st['speedup']:.2f}x \u00b1{st['noise']:.0%}")
+        if ver:
+            r = ver.get(int(c))
+            row.append("-" if not r else f"{r['policy_speedup']:.2f}x \u00b1{r['policy_noise']:.0%}"
+                       + (" (below baseline)" if r["below_baseline_beyond_noise"] else ""))
+        rows.append(row)
+    return head, rows
+
+
+def _break_even_text(cfg: dict[str, Any]) -> str:
+    be = cfg.get("break_even") or {}
+    if be.get("status") == "always_pays":
+        return f"pays at every measured level (up to {be.get('last_paying')})"
+    if be.get("status") == "never_pays":
+        return "does not pay beyond the noise even at the lowest level"
+    if be.get("status") == "crosses":
+        return (f"break-even at concurrency ~{be['concurrency']:.1f} (pays at "
+                f"{be['last_paying']}, not at {be['first_not_paying']})")
+    return "not measured"
+
+
+def format_policy(policy: dict[str, Any]) -> str:
+    """Terminal lines: verdict, break-evens, the schedule and the serve command."""
+    lines = ["Load-aware policy: " + str(policy.get("verdict", ""))]
+    for cfg in policy.get("configs", []):
+        lines.append(f"  {cfg['label']}: {_break_even_text(cfg)}")
+    lines.append(f"  K by measured concurrency: {policy.get('k_by_level')}")
+    lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
+    if policy.get("serve_command"):
+        lines.append(f"  serve:  {policy['serve_command']}")
+    for band in policy.get("fallback_bands") or []:
+        lines.append(f"  router band: {band}")
+    head, rows = _policy_rows(policy)
+    lines.append("  speedup over baseline (median, noise):")
+    lines.append("    " + " | ".join(head))
+    lines += ["    " + " | ".join(r) for r in rows]
+    return "\n".join(lines)
+
+
+def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
+    if not policy:
+        return []
+    e = _md
+    out = ["## Load-aware policy", "", e(str(policy.get("verdict", ""))), ""]
+    out += [f"- {e(c['label'])}: {e(_break_even_text(c))}" for c in policy.get("configs", [])]
+    out.append("")
+    if policy.get("speculative_config"):
+        out += ["`--speculative-config` with the per-batch-size schedule:", "",
+                _fence(json.dumps(policy["speculative_config"])), ""]
+    if policy.get("serve_command"):
+        out += [_fence(policy["serve_command"]), ""]
+    if policy.get("fallback_bands"):
+        out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy["fallback_bands"]]
+        out.append("")
+    head, rows = _policy_rows(policy)
+    out += ["| " + " | ".join(e(h) for h in head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
+    out.append("")
+    return out
+
+
+def policy_html(policy: dict[str, Any] | None) -> str:
+    if not policy:
+        return ""
+    e = html.escape
+    parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(str(policy.get('verdict', '')))}</b></p>",
+             "<ul>"]
+    parts += [f"<li>{e(c['label'])}: {e(_break_even_text(c))}</li>"
+              for c in policy.get("configs", [])]
+    parts.append("</ul>")
+    if policy.get("speculative_config"):
+        parts.append("<p>--speculative-config with the per-batch-size schedule:</p><pre>"
+                     + e(json.dumps(policy["speculative_config"])) + "</pre>")
+    if policy.get("serve_command"):
+        parts.append(f"<pre>{e(policy['serve_command'])}</pre>")
+    if policy.get("fallback_bands"):
+        parts.append("<p>Band table for a router:</p><ul>" + "".join(
+            f"<li>{e(b)}</li>" for b in policy["fallback_bands"]) + "</ul>")
+    head, rows = _policy_rows(policy)
+    parts.append("<table class='trials'><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
+                 + "</tr>" + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
+                                     for r in rows) + "</table>")
+    return "\n".join(parts)

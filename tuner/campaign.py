@@ -1,0 +1,104 @@
+"""Campaign stage: measure a fixed list of configs on a concurrency ladder, with repeats.
+
+Used by the load-aware policy step. Runs are interleaved (baseline, A, B, ..., then the next
+repeat) so slow drift of a shared machine hits every config alike. Each run is one engine
+launch measured at every ladder level and is stored as a trial of a companion Optuna study
+(`<study>.policy`) in the same storage, so a killed campaign resumes where it stopped and
+reports regenerate from storage. A run that fails is recorded with its reason, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.records import BenchResult, EngineSpec, MeasureSettings, TrialConfig, Workload
+
+
+def companion(study: Any) -> Any:
+    import optuna
+
+    return optuna.create_study(study_name=f"{study.study_name}.policy",
+                               storage=study._storage, direction="maximize",
+                               load_if_exists=True)
+
+
+def measure(
+    *, study: Any, engine: EngineSpec, workload: Workload, ladder: Sequence[int],
+    runs: Sequence[tuple[str, TrialConfig]], repeats: int, phase: str, out_dir: Path,
+    say: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Measure each (role, config) `repeats` times on the ladder; returns every stored run of
+    this phase as {role, label, key, repeat, config, result | failure}."""
+    from optuna.trial import TrialState
+
+    from tuner import runner
+
+    comp = companion(study)
+    settings = MeasureSettings(concurrencies=tuple(ladder))
+    for t in comp.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        comp._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    done = {(t.user_attrs.get("phase"), t.user_attrs.get("key"), t.user_attrs.get("repeat"))
+            for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    total = len(runs) * repeats
+    n = 0
+    for rep in range(repeats):
+        for role, config in runs:
+            n += 1
+            if (phase, config.key(), rep) in done:
+                continue
+            trial = comp.ask()
+            for k, v in {"phase": phase, "role": role, "key": config.key(), "repeat": rep,
+                         "label": config.label(), "ladder": list(ladder),
+                         "config": json.loads(config.model_dump_json())}.items():
+                trial.set_user_attr(k, v)
+            outcome = runner.measure_outcome(engine, config, workload, settings,
+                                             str(out_dir / "policy" / f"run{trial.number}"))
+            if "failure" in outcome:
+                trial.set_user_attr("failure", outcome["failure"])
+                comp.tell(trial, state=TrialState.FAIL)
+                say(f"  [{phase} {n}/{total}] {config.label()}: FAIL "
+                    f"({outcome['failure']['kind']}) {outcome['failure']['reason'][:200]}")
+                continue
+            result = BenchResult.model_validate(outcome["result"])
+            trial.set_user_attr("result", outcome["result"])
+            comp.tell(trial, result.levels[0].output_throughput)
+            say(f"  [{phase} {n}/{total}] {config.label()}: " + " | ".join(
+                f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s" for lv in result.levels))
+    return stored_runs(study, phase)
+
+
+def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
+    from optuna.trial import TrialState
+
+    import optuna
+
+    try:
+        comp = optuna.load_study(study_name=f"{study.study_name}.policy", storage=study._storage)
+    except KeyError:
+        return []
+    out = []
+    for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if phase is not None and t.user_attrs.get("phase") != phase:
+            continue
+        out.append({k: t.user_attrs.get(k) for k in ("phase", "role", "label", "key", "repeat",
+                                                      "config", "result", "failure")})
+    return out
+
+
+def throughput_series(runs: Sequence[dict[str, Any]], key: str, metric: str = "output_throughput"
+                      ) -> dict[int, list[float]]:
+    """{concurrency: [value per successful run]} for one config key."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        if r["key"] != key or not r.get("result"):
+            continue
+        for lv in r["result"]["levels"]:
+            out.setdefault(int(lv["concurrency"]), []).append(float(lv[metric]))
+    return out
+
+
+def drafts_series(runs: Sequence[dict[str, Any]], key: str) -> dict[int, list[float]]:
+    return throughput_series(runs, key, "spec_decode_num_drafts")
