@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import os
 import platform
+import random
+import statistics
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -49,7 +54,38 @@ def _post(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=10)
 
 
-def measure_level(eng: Engine, c: int, *, output_tokens: int) -> tuple[LevelMetrics, dict]:
+@contextlib.contextmanager
+def _dispatch_trace(dispatch_s: list[float]) -> Iterator[None]:
+    """Record, per request, server arrival minus client start (the request's dispatch time).
+
+    loadgen builds its own ClientSession; one with a TraceConfig stands in for it. The
+    server stamps its arrival on CLOCK_MONOTONIC (x-fake-t0), the clock of perf_counter.
+    """
+    async def on_start(_session, ctx, _params) -> None:
+        ctx.t_start = time.perf_counter()
+
+    async def on_headers(_session, ctx, params) -> None:
+        t0 = params.response.headers.get("x-fake-t0")
+        if t0 is not None:
+            dispatch_s.append(float(t0) - ctx.t_start)
+
+    original = aiohttp.ClientSession
+
+    def traced_session(*args, **kwargs) -> aiohttp.ClientSession:
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(on_start)
+        trace.on_request_end.append(on_headers)
+        return original(*args, trace_configs=[trace], **kwargs)
+
+    aiohttp.ClientSession = traced_session
+    try:
+        yield
+    finally:
+        aiohttp.ClientSession = original
+
+
+def measure_level(eng: Engine, c: int, *, output_tokens: int, spread: float,
+                  trace: bool) -> tuple[LevelMetrics, dict, list[float]]:
     """One level as a trial runs it: c short warm-up requests, then max(16, 3c) measured."""
     n = max(16, 3 * c)
     common = dict(concurrency=c, api_key=eng.api_key, model=eng.spec.served_model_name,
@@ -57,15 +93,23 @@ def measure_level(eng: Engine, c: int, *, output_tokens: int) -> tuple[LevelMetr
     warm = [Prompt(prompt=PROMPT, prompt_len=32, output_len=4)] * c
     loadgen.run_requests(eng.url, warm, warmup=True, **common)
     _post(eng.url + "/fake/reset_stats")
-    prompts = [Prompt(prompt=PROMPT, prompt_len=32, output_len=output_tokens)] * n
-    records, wall_s = loadgen.run_requests(eng.url, prompts, **common)
+    # Equal lengths keep a closed loop's requests in lockstep (c start together, forever);
+    # a spread of lengths lets them drift apart as real requests do. TTFT/TPOT stay true.
+    rng = random.Random(c)
+    lo, hi = round(output_tokens * (1 - spread)), round(output_tokens * (1 + spread))
+    prompts = [Prompt(prompt=PROMPT, prompt_len=32, output_len=rng.randint(lo, hi))
+               for _ in range(n)]
+    dispatch_s: list[float] = []
+    with _dispatch_trace(dispatch_s) if trace else contextlib.nullcontext():
+        records, wall_s = loadgen.run_requests(eng.url, prompts, **common)
     level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
                                   warmup_requests=c, counts=SpecDecodeCounts())
-    return level, _fake_stats(eng.url)
+    return level, _fake_stats(eng.url), dispatch_s
 
 
 def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_per_chunk: int,
-                 concurrencies: list[int], server_loop: str, log_dir: Path) -> list[dict]:
+                 concurrencies: list[int], server_loop: str, log_dir: Path, spread: float,
+                 trace: bool) -> list[dict]:
     script = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "tokens_per_chunk": tokens_per_chunk,
               "startup_s": 0.0}
     spec = EngineSpec(
@@ -82,7 +126,8 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
         with urllib.request.urlopen(eng.url + "/fake/script", timeout=10) as r:
             truth = json.load(r)  # the true values are the server's own script
         for c in concurrencies:
-            level, stats = measure_level(eng, c, output_tokens=output_tokens)
+            level, stats, dispatch_s = measure_level(eng, c, output_tokens=output_tokens,
+                                                     spread=spread, trace=trace)
             lag_n = max(stats["fake:emit_lag_seconds_count"], 1.0)
             rows.append({
                 "tokens_per_chunk": tokens_per_chunk, "concurrency": c,
@@ -95,6 +140,8 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
                 "server_lag_mean_ms": 1000 * stats["fake:emit_lag_seconds_sum"] / lag_n,
                 "server_lag_max_ms": 1000 * stats["fake:emit_lag_seconds_max"],
                 "max_inflight": int(stats["fake:max_inflight"]),
+                "dispatch_mean_ms": (1000 * statistics.fmean(dispatch_s) if dispatch_s
+                                     else math.nan),
                 "output_throughput": level.output_throughput,
             })
             _print_row(rows[-1])
@@ -103,7 +150,7 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
 
 HEADER = (f"{'chunk':>5} {'c':>4} {'reqs':>4} {'fail':>4} | {'true TTFT':>9} {'mean TTFT':>9} "
           f"{'err %':>6} | {'true TPOT':>9} {'mean TPOT':>9} {'err %':>6} | "
-          f"{'srv lag mean/max ms':>19} {'inflight':>8}")
+          f"{'srv lag mean/max ms':>19} {'dispatch':>8} {'inflight':>8}")
 
 
 def _print_row(r: dict) -> None:
@@ -111,7 +158,7 @@ def _print_row(r: dict) -> None:
           f"{r['true_ttft_ms']:>9.2f} {r['mean_ttft_ms']:>9.2f} {r['ttft_err_pct']:>+6.2f} | "
           f"{r['true_tpot_ms']:>9.2f} {r['mean_tpot_ms']:>9.3f} {r['tpot_err_pct']:>+6.2f} | "
           f"{r['server_lag_mean_ms']:>8.2f} / {r['server_lag_max_ms']:>8.2f} "
-          f"{r['max_inflight']:>8}", flush=True)
+          f"{r['dispatch_mean_ms']:>8.2f} {r['max_inflight']:>8}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="one scenario each; 3 mimics speculation (several tokens per chunk)")
     p.add_argument("--client-loop", choices=("asyncio", "uvloop"), default="asyncio")
     p.add_argument("--server-loop", choices=("asyncio", "uvloop"), default="asyncio")
+    p.add_argument("--output-spread", type=float, default=0.0,
+                   help="output lengths uniform in N*(1 +- spread); 0: all exactly N")
+    p.add_argument("--no-trace", action="store_true",
+                   help="do not time dispatch (server arrival - client start) per request")
     p.add_argument("--target-pct", type=float, default=2.0)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
@@ -135,15 +186,20 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     print("Measurement fidelity (a): fake engine with scripted timing, measured by "
           "tuner.loadgen + tuner.metrics")
-    print(f"  script: TTFT {args.ttft_ms} ms, TPOT {args.tpot_ms} ms, {args.output_tokens} output "
-          f"tokens, tokens per chunk {args.tokens_per_chunk}; requests per level max(16, 3c) "
-          f"after c warm-up requests")
+    lengths = (f"{args.output_tokens} output tokens" if not args.output_spread else
+               f"output tokens uniform in {args.output_tokens} +- {args.output_spread:.0%}")
+    print(f"  script: TTFT {args.ttft_ms} ms, TPOT {args.tpot_ms} ms, {lengths}, tokens per "
+          f"chunk {args.tokens_per_chunk}; requests per level max(16, 3c) after c warm-up "
+          f"requests")
     print(f"  machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
           f"Linux {platform.release()}, Python {platform.python_version()}, aiohttp "
           f"{aiohttp.__version__}; client loop {args.client_loop}, server loop "
           f"{args.server_loop}, server in its own process; load average "
           f"{os.getloadavg()[0]:.2f} at start")
-    print(f"  error % = measured mean / true - 1; target |error| <= {args.target_pct} %\n")
+    print(f"  error % = measured mean / true - 1; target |error| <= {args.target_pct} %. srv lag:"
+          f" how late the fake wrote chunks vs its deadlines; dispatch: mean server arrival -\n"
+          f"  client start of a request (client send + server accept/parse, both counted in the "
+          f"measured TTFT, not in the scripted one)\n")
     print(HEADER)
     t0 = time.monotonic()
     rows: list[dict] = []
@@ -152,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_scenario(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms,
                                  output_tokens=args.output_tokens, tokens_per_chunk=tpc,
                                  concurrencies=concurrencies, server_loop=args.server_loop,
-                                 log_dir=Path(tmp))
+                                 log_dir=Path(tmp), spread=args.output_spread,
+                                 trace=not args.no_trace)
     worst_ttft = max(rows, key=lambda r: abs(r["ttft_err_pct"]))
     worst_tpot = max(rows, key=lambda r: abs(r["tpot_err_pct"]))
     failed = sum(r["failed"] for r in rows)

@@ -153,7 +153,8 @@ def optimize(
     sampler: str = "tpe", seed: int | None = 0, objectives: list[str],
     target_concurrency: int, constraints: dict, storage_url: str | None = None,
     ray_address: str | None = None, parallel: int | None = None, repeats: int = 1,
-    gpus_per_trial: float | None = None, logical_gpus: int | None = None, say=print,
+    gpus_per_trial: float | None = None, logical_gpus: int | None = None,
+    acceptance_rates: list[float] | None = None, say=print,
 ):
     """Search the space with Optuna; every trial is one engine launch measured at all levels."""
     from tuner import space as spaces
@@ -170,6 +171,7 @@ def optimize(
              "engine_spec": engine.model_dump(), "settings": settings.model_dump(),
              "space": sp.name, "objectives": objectives,
              "target_concurrency": target_concurrency, "constraints": constraints,
+             "acceptance_profile": acceptance_rates,
              "fingerprint": fingerprint(engine, workload, wl.digest)}
     constrained = any(v is not None for v in constraints.values())
     study = st.create(out_dir=out_dir, name=study_name, objectives=objectives,
@@ -188,7 +190,8 @@ def optimize(
         say(f"Resuming study '{study_name}': {done_before} of {n_trials} trials already done.")
     loop = _SearchLoop(study=study, space=sp, engine=engine, workload=wl, settings=settings,
                        out_dir=out_dir, objectives=objectives, target=target_concurrency,
-                       constraints=constraints, executor=executor, gpus=gpus, say=say)
+                       constraints=constraints, executor=executor, gpus=gpus, say=say,
+                       rates=acceptance_rates)
     try:
         loop.run(n_trials=n_trials, timeout_s=timeout_s)
         if repeats > 1:
@@ -244,10 +247,15 @@ class _SearchLoop:
     """Ask/tell in the driver; trials run on the executor (inline or Ray)."""
 
     def __init__(self, *, study, space, engine, workload, settings, out_dir, objectives, target,
-                 constraints, executor, gpus, say) -> None:
+                 constraints, executor, gpus, say, rates=None) -> None:
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.launched = 0
+
+    def suggest(self, trial) -> TrialConfig:
+        from tuner.space import with_acceptance_profile
+
+        return with_acceptance_profile(self.space.suggest(trial), self.rates)
 
     def _baseline(self):
         from tuner import study as st
@@ -268,7 +276,7 @@ class _SearchLoop:
             timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
             while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
                 trial = self.study.ask()
-                config = self.space.suggest(trial)
+                config = self.suggest(trial)
                 role = trial.user_attrs.get("role") or "search"
                 st.label_trial(trial, config, "baseline" if config.method == "none" else
                                ("search" if role == "retry" else role))
@@ -347,7 +355,7 @@ class _SearchLoop:
                 self.study.enqueue_trial(t.params, user_attrs={"role": "repeat",
                                                               "repeat_of": t.number})
                 trial = self.study.ask()
-                config = self.space.suggest(trial)
+                config = self.suggest(trial)
                 from tuner import study as st
 
                 st.label_trial(trial, config, "repeat")

@@ -82,6 +82,10 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to /health")
     g.add_argument("--request-timeout", type=float, default=300.0)
     g.add_argument("--level-timeout", type=float, default=3600.0)
+    g.add_argument("--acceptance-profile", metavar="RESULT_JSON",
+                   help="use vLLM's synthetic rejection sampling with the per-position "
+                   "acceptance measured by `tuner bench` on a real model (for dummy weights); "
+                   "results are labelled SYNTHETIC")
 
 
 def _add_measure(p: argparse.ArgumentParser) -> None:
@@ -236,7 +240,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner.errors import TrialFailed
     from tuner.records import TrialConfig
 
+    from tuner.space import load_acceptance_profile, with_acceptance_profile
+
     config = TrialConfig(speculative_config=parse_spec_config(args.speculative_config))
+    if args.acceptance_profile:
+        config = with_acceptance_profile(config, load_acceptance_profile(args.acceptance_profile))
     workload, settings, engine = _common_records(args)
     out = args.output_dir or Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}"
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
@@ -256,6 +264,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from tuner import api
+    from tuner.space import load_acceptance_profile
 
     workload, settings, engine = _common_records(args)
     if args.n_trials < 1:
@@ -282,7 +291,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
-        logical_gpus=args.logical_gpus, say=say)
+        logical_gpus=args.logical_gpus, say=say,
+        acceptance_rates=(load_acceptance_profile(args.acceptance_profile)
+                          if args.acceptance_profile else None))
     if args.policy:
         api.policy(study_dir=out, storage_url=args.storage, study_name=name, say=say,
                    **_policy_kwargs(args))

@@ -28,15 +28,15 @@ TEARDOWN_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 # Lines in engine.log that say which engine path a trial took (issue: a fair baseline needs it).
 _ENGINE_PATH_PATTERNS = {
-    # Older vLLM: "vLLM API server version X"; 0.32 prints only a banner and the EngineCore's
-    # "Initializing a V1 LLM engine (vX) with config".
-    "vllm_version": re.compile(r"(?:vLLM API server version |Initializing a V1 LLM engine \(v)"
-                               r"([\w.+-]*\w)"),
-    "attention_backend": re.compile(r"Using ([\w]+) (?:attention )?backend", re.I),
-    "model_runner": re.compile(r"(Model ?Runner ?V2|model runner v2)", re.I),
-    "async_scheduling": re.compile(r"[Aa]sync(?:hronous)? scheduling (?:is )?(enabled|disabled)"),
-    "cuda_graphs": re.compile(r"(Capturing CUDA graphs?|Graph capturing finished)"),
-    "speculative": re.compile(r"(Speculative decoding is enabled|SpeculativeConfig\(.*?\))"),
+    "vllm_version": re.compile(r"(?:vLLM API server version |LLM engine \(v)([\w.+-]+)"),
+    "model_runner": re.compile(r"using the (V\d) model runner|(V\d) [Mm]odel [Rr]unner is (?:used|enabled)"
+                               r"|Using (V\d) [Mm]odel [Rr]unner"),
+    "async_scheduling": re.compile(r"async_scheduling=(\w+)|Async scheduling (?:is|will be) "
+                                   r"(disabled|enabled)"),
+    "enforce_eager": re.compile(r"enforce_eager=(\w+)"),
+    "cudagraph_mode": re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)"),
+    "attention_backend": re.compile(r"Using (\w+) (?:attention )?backend"),
+    "dtype": re.compile(r"dtype=torch\.(\w+)"),
 }
 
 
@@ -216,6 +216,12 @@ def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    # SIGKILL is asynchronous: a killed process still runs its exit (freeing GiBs of KV cache,
+    # or GPU memory) and an orphan stays in the group as a zombie until init reaps it. Return
+    # only once the group is empty, so the next trial never starts beside this one's remains.
+    deadline = time.monotonic() + 10.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _die_with_parent() -> None:
@@ -244,8 +250,9 @@ def _engine_details(log_path: Path) -> dict:
     for name, pattern in _ENGINE_PATH_PATTERNS.items():
         m = pattern.search(text)
         if m:
+            value = next((g for g in m.groups() if g), "")[:200]
             if name == "vllm_version":
-                version = m.group(1)
+                version = value
             else:
-                details[name] = m.group(1)[:200]
+                details[name] = value
     return {"vllm_version": version, "details": details}

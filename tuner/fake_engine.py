@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
@@ -138,7 +139,7 @@ async def _sleep_until(deadline: float, *, precise: bool) -> None:
             await asyncio.sleep(0)
 
 
-def _unauthorized(request: Any, state: _State) -> bool:
+def _unauthorized(request: web.Request, state: _State) -> bool:
     # vLLM guards only the API routes; /health and /metrics stay open.
     if state.api_key is None or not request.path.startswith("/v1"):
         return False
@@ -146,15 +147,13 @@ def _unauthorized(request: Any, state: _State) -> bool:
     return scheme.lower() != "bearer" or token != state.api_key
 
 
-def _error(web: Any, status: int, message: str, kind: str) -> Any:
+def _error(status: int, message: str, kind: str) -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     return web.json_response(body, status=status)
 
 
-async def _completions(request: Any) -> Any:
-    from aiohttp import web
-
-    t0 = time.monotonic()
+async def _completions(request: web.Request) -> web.StreamResponse:
+    t0 = time.monotonic()  # the scripted TTFT counts from here
     state: _State = request.app["state"]
     script = state.script
     if _unauthorized(request, state):
@@ -162,104 +161,101 @@ async def _completions(request: Any) -> Any:
     try:
         body = await request.json()
     except ValueError:
-        return _error(web, 400, "request body is not JSON", "BadRequestError")
+        return _error(400, "request body is not JSON", "BadRequestError")
     if body.get("model", state.model) != state.model:
-        return _error(web, 404, f"The model `{body.get('model')}` does not exist.",
-                      "NotFoundError")
+        return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
     state.requests += 1
     number = state.requests
     if script.http_error_every and number % script.http_error_every == 0:
-        return _error(web, 500, "fake engine: scripted internal error", "InternalServerError")
+        return _error(500, "fake engine: scripted internal error", "InternalServerError")
+    state.inflight += 1
+    state.max_inflight = max(state.max_inflight, state.inflight)
+    resp = web.StreamResponse(headers={
+        "Content-Type": ("text/event-stream; charset=utf-8" if body.get("stream")
+                         else "application/json"),
+        # The truth a benchmark compares with, and the arrival on CLOCK_MONOTONIC (a client's
+        # perf_counter on Linux), which splits a measured TTFT into dispatch and server time.
+        "x-fake-ttft-ms": str(script.ttft_ms), "x-fake-tpot-ms": str(script.tpot_ms),
+        "x-fake-request-number": str(number), "x-fake-t0": repr(t0)})
+    try:
+        if script.stall_requests:
+            await asyncio.Event().wait()
+        await resp.prepare(request)
+        await _stream(resp, state, body, t0=t0, number=number)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away (its own timeout, or a chunk it rejected)
+    finally:
+        state.inflight -= 1
+    return resp
+
+
+async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any], *,
+                  t0: float, number: int) -> None:
+    """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
+    script = state.script
     max_tokens = int(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
     n = max_tokens
     if script.output_tokens is not None and not body.get("ignore_eos"):
         n = min(script.output_tokens, max_tokens)
     prompt = body.get("prompt", "")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
-    words = (str(prompt).split() if isinstance(prompt, str) else []) or ["token"]
-    state.inflight += 1
-    state.max_inflight = max(state.max_inflight, state.inflight)
-    resp = None
-    try:
-        if script.stall_requests:
-            await asyncio.Event().wait()
-        stream = bool(body.get("stream"))
-        resp = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream; charset=utf-8" if stream else "application/json",
-            "x-fake-ttft-ms": str(script.ttft_ms), "x-fake-tpot-ms": str(script.tpot_ms),
-            "x-fake-request-number": str(number),
-            # Arrival on CLOCK_MONOTONIC (a client's perf_counter on Linux): splits a measured
-            # TTFT into request dispatch and server time.
-            "x-fake-t0": repr(t0)})
-        await resp.prepare(request)
-        head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                           "created": int(time.time()), "model": state.model},
-                          separators=(",", ":"))[:-1]
-        ends = chunk_ends(n, script.tokens_per_chunk)
-        finish = "length" if n == max_tokens else "stop"
-        texts: list[str] = []
-        first = 0
-        for i, end in enumerate(ends):
-            # Absolute deadlines: a late wake-up never delays the tokens after it. The first
-            # and last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
-            deadline = t0 + (script.ttft_ms + end * script.tpot_ms) / 1000.0
-            await _sleep_until(deadline, precise=i in (0, len(ends) - 1))
-            if script.die_after_requests is not None and number > script.die_after_requests \
-                    and i >= len(ends) // 2:
-                _log("EngineCore encountered a fatal error (scripted die_after_requests).",
-                     "ERROR")
-                os._exit(1)
-            if script.malformed_every and number % script.malformed_every == 0 and i > 0:
-                await resp.write(b'data: {"choices": [{"text": \n\n')
-                break
-            text = "".join(" " + words[t % len(words)] for t in range(first, end + 1))
-            first = end + 1
-            if i > 0 and state.spec_tokens:
-                state.drafts += 1
-                state.draft_tokens += state.spec_tokens
-                state.accepted += state.spec_tokens * script.accept_rate
-            lag_s = time.monotonic() - deadline
-            state.lag_sum_s += lag_s
-            state.lag_count += 1
-            state.lag_max_s = max(state.lag_max_s, lag_s)
-            if not stream:
-                texts.append(text)
-                continue
+    words = (prompt.split() if isinstance(prompt, str) else []) or ["token"]
+    stream = bool(body.get("stream"))
+    head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                       "created": int(time.time()), "model": state.model},
+                      separators=(",", ":"))[:-1]  # open: each chunk appends its fields
+    ends = chunk_ends(n, script.tokens_per_chunk)
+    finish = "length" if n == max_tokens else "stop"
+    texts: list[str] = []
+    for i, end in enumerate(ends):
+        # Absolute deadlines: a late wake-up never delays the tokens after it. The first and
+        # last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
+        deadline = t0 + (script.ttft_ms + end * script.tpot_ms) / 1000.0
+        await _sleep_until(deadline, precise=i in (0, len(ends) - 1))
+        if (script.die_after_requests is not None and number > script.die_after_requests
+                and i >= len(ends) // 2):
+            _log("EngineCore encountered a fatal error (scripted die_after_requests).", "ERROR")
+            os._exit(1)
+        if script.malformed_every and number % script.malformed_every == 0 and i > 0:
+            await resp.write(b'data: {"choices": [{"text": \n\n')
+            return
+        start = ends[i - 1] + 1 if i else 0
+        text = "".join(" " + words[t % len(words)] for t in range(start, end + 1))
+        if i > 0 and state.spec_tokens:
+            state.drafts += 1
+            state.draft_tokens += state.spec_tokens
+            state.accepted += state.spec_tokens * script.accept_rate
+        lag_s = time.monotonic() - deadline
+        state.lag_sum_s += lag_s
+        state.lag_count += 1
+        state.lag_max_s = max(state.lag_max_s, lag_s)
+        if stream:
             reason = json.dumps(finish) if i == len(ends) - 1 else "null"
             await resp.write((f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
                               f'"logprobs":null,"finish_reason":{reason},"stop_reason":null}}]}}'
                               "\n\n").encode())
         else:
-            usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
-                     "completion_tokens": n}
-            if not stream:
-                await resp.write(json.dumps({**json.loads(head + "}"), "choices": [
-                    {"index": 0, "text": "".join(texts), "logprobs": None,
-                     "finish_reason": finish, "stop_reason": None}], "usage": usage}).encode())
-            else:
-                tail = ""
-                if (body.get("stream_options") or {}).get("include_usage"):
-                    tail = (f'data: {head},"choices":[],"usage":'
-                            f'{json.dumps(usage, separators=(",", ":"))}}}\n\n')
-                await resp.write((tail + "data: [DONE]\n\n").encode())
-        await resp.write_eof()
-        return resp
-    except ConnectionResetError:
-        # The client went away (its own timeout, or a chunk it rejected); nobody reads this.
-        return resp if resp is not None else web.Response(status=499)
-    finally:
-        state.inflight -= 1
+            texts.append(text)
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
+             "completion_tokens": n}
+    if not stream:
+        choice = {"index": 0, "text": "".join(texts), "logprobs": None, "finish_reason": finish,
+                  "stop_reason": None}
+        await resp.write(f'{head},"choices":[{json.dumps(choice)}],"usage":'
+                         f'{json.dumps(usage)}}}'.encode())
+        return
+    tail = ""
+    if (body.get("stream_options") or {}).get("include_usage"):
+        tail = f'data: {head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
+    await resp.write((tail + "data: [DONE]\n\n").encode())
 
 
-async def _health(request: Any) -> Any:
-    from aiohttp import web
-
+async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def _models(request: Any) -> Any:
-    from aiohttp import web
-
+async def _models(request: web.Request) -> web.Response:
     state: _State = request.app["state"]
     if _unauthorized(request, state):
         return web.json_response({"error": "Unauthorized"}, status=401)
@@ -268,9 +264,7 @@ async def _models(request: Any) -> Any:
          "owned_by": "vllm", "root": state.model, "max_model_len": 4096}]})
 
 
-async def _metrics(request: Any) -> Any:
-    from aiohttp import web
-
+async def _metrics(request: web.Request) -> web.Response:
     s: _State = request.app["state"]
     labels = f'model_name="{s.model}",engine="0"'
     out = ["# TYPE vllm:num_requests_running gauge",
@@ -293,24 +287,18 @@ async def _metrics(request: Any) -> Any:
     return web.Response(text="\n".join(out) + "\n", content_type="text/plain")
 
 
-async def _reset_stats(request: Any) -> Any:
+async def _reset_stats(request: web.Request) -> web.Response:
     """Start a fresh window for max in-flight and emission lag (one per measured level)."""
-    from aiohttp import web
-
     s: _State = request.app["state"]
     s.max_inflight, s.lag_sum_s, s.lag_count, s.lag_max_s = s.inflight, 0.0, 0, 0.0
     return web.Response(status=204)
 
 
-async def _script(request: Any) -> Any:
-    from aiohttp import web
-
+async def _script(request: web.Request) -> web.Response:
     return web.json_response(request.app["state"].script.model_dump())
 
 
 async def _serve(state: _State, host: str, port: int) -> None:
-    from aiohttp import web
-
     app = web.Application()
     app["state"] = state
     app.add_routes([web.get("/health", _health), web.get("/metrics", _metrics),
@@ -370,14 +358,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Traceback (most recent call last):\n  File \"fake_engine.py\", line 1, in main\n"
               f"{last}", file=sys.stderr, flush=True)
         sys.exit(1)
-    child = None
+    # Until the server runs: exit at once on SIGTERM, reaping the child as vLLM reaps its
+    # EngineCore (an orphan would linger as a zombie in the group). Set before the child
+    # exists, so no SIGTERM can orphan it.
+    children: list[subprocess.Popen] = []
+    signal.signal(signal.SIGTERM, lambda *_: _exit(children[0] if children else None))
     if script.child_process:
         # Same process group, so only a group kill reaches it if we die first.
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e9)"],
-                                 stdin=subprocess.DEVNULL)
-    # Until the server runs: exit at once on SIGTERM, reaping the child as vLLM reaps its
-    # EngineCore (an orphan would linger as a zombie in the group).
-    signal.signal(signal.SIGTERM, lambda *_: _exit(child))
+        children.append(subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(1e9)"], stdin=subprocess.DEVNULL))
+    child = children[0] if children else None
     if script.hang_before_health:
         while True:
             time.sleep(3600)

@@ -108,12 +108,22 @@ class TrialConfig(Frozen):
             if "prompt_lookup_min" in s or "prompt_lookup_max" in s:
                 parts.append(f"window {s.get('prompt_lookup_min', '?')}-{s.get('prompt_lookup_max', '?')}")
             for name in sorted(s):
+                if name in ("rejection_sample_method", "synthetic_acceptance_rates",
+                            "synthetic_acceptance_length", "num_speculative_tokens_per_batch_size"):
+                    continue
                 if name not in ("method", "num_speculative_tokens", "prompt_lookup_min",
                                 "prompt_lookup_max"):
                     value = s[name]
                     if isinstance(value, str) and len(value) > 24:
                         value = "..." + value[-20:]
                     parts.append(f"{name.replace('suffix_decoding_', '')}={value}")
+            if s.get("num_speculative_tokens_per_batch_size"):
+                text_k = ",".join(f"{a}-{b}:{k}" for a, b, k in
+                                  s["num_speculative_tokens_per_batch_size"])
+                parts.append(f"K by batch [{text_k}]")
+            if s.get("rejection_sample_method") == "synthetic":
+                # Results of synthetic acceptance are labelled as such everywhere they appear.
+                parts.append("[SYNTHETIC acceptance]")
             text = " ".join(parts)
         if self.engine_args:
             text += " [" + " ".join(f"{k}={v}" for k, v in sorted(self.engine_args.items())) + "]"

@@ -158,6 +158,43 @@ def _domain(p: Param, values: dict[str, Any], where: str) -> list[Any]:
     return [round(low + i * p.step, 10) for i in range(n + 1)]
 
 
+def with_acceptance_profile(config: TrialConfig, rates: list[float] | None) -> TrialConfig:
+    """Use vLLM's synthetic rejection sampling with a measured per-position acceptance profile
+    (for dummy-weight models, whose own acceptance is meaningless). Positions beyond the
+    profile repeat its last rate; vLLM wants the rates non-increasing."""
+    if not rates or not config.speculative_config:
+        return config
+    k = int(config.speculative_config.get("num_speculative_tokens", len(rates)))
+    profile = [min(rates[: i + 1]) for i in range(len(rates))]
+    profile = (profile + [profile[-1]] * k)[:k]
+    spec = {**config.speculative_config, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rates": [round(r, 4) for r in profile]}
+    return config.model_copy(update={"speculative_config": spec})
+
+
+def load_acceptance_profile(path: str) -> list[float]:
+    """Per-position acceptance rates from a `tuner bench` result.json (its first level that
+    has them), or a JSON list of rates."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--acceptance-profile '{path}': cannot read JSON ({e}). Pass the "
+                          f"result.json of a `tuner bench` run with a real model.") from None
+    if isinstance(data, list):
+        rates = data
+    else:
+        rates = next((lv.get("spec_decode_per_position_acceptance_rates") for lv in
+                      data.get("levels", []) if lv.get("spec_decode_per_position_acceptance_rates")),
+                     None)
+    if not rates or not all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in rates):
+        raise ConfigError(f"--acceptance-profile '{path}': no per-position acceptance rates in "
+                          f"[0, 1] found. Use the result.json of `tuner bench` with a "
+                          f"speculative config on a real model, or a JSON list like [0.7, 0.5].")
+    return [float(r) for r in rates]
+
+
 def build_config(method: str, values: dict[str, Any], engine: dict[str, Any]) -> TrialConfig:
     spec = None if method == "none" else {"method": method, **values}
     return TrialConfig(speculative_config=spec, engine_args=engine)

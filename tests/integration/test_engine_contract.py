@@ -183,7 +183,7 @@ def test_rejected_speculative_config_carries_vllms_message(kind: str, tmp_path: 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_hang_before_health_is_start_timeout(kind: str, tmp_path: Path, fake_spec) -> None:
     spec = engine_spec(kind, fake_spec, hang_before_health=True, ready_timeout_s=1.0)
-    eng = Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
+    eng = _GroupNotingEngine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
     t0 = time.monotonic()
     with pytest.raises(EngineStartTimeout, match=r"did not answer /health within 1 s") as info:
         with eng:
@@ -191,14 +191,20 @@ def test_hang_before_health_is_start_timeout(kind: str, tmp_path: Path, fake_spe
     assert time.monotonic() - t0 < 5.0
     assert info.value.kind == "engine_start_timeout"
     assert eng.proc is None
-    # The engine is its group's leader: its pid, from its log, is the group id.
-    pgid = _engine_pid(tmp_path / "engine.log")
-    assert _live_members(pgid) == []
-    _assert_group_gone(pgid)  # the fake reaps its child: no zombie either
+    assert _live_members(eng.pgids[0]) == []  # the hung engine and its child
+    _assert_group_gone(eng.pgids[0], within_s=5.0)
 
 
-def _engine_pid(log_path: Path) -> int:
-    return int(re.search(r"\(APIServer pid=(\d+)\)", log_path.read_text()).group(1))
+class _GroupNotingEngine(Engine):
+    """Engine that remembers the process group it tears down (the leader's pid)."""
+
+    pgids: list[int]
+
+    def stop(self) -> None:
+        self.pgids = getattr(self, "pgids", [])
+        if self.proc is not None:
+            self.pgids.append(self.proc.pid)
+        super().stop()
 
 
 @pytest.mark.parametrize("kind", ENGINES)
@@ -242,3 +248,29 @@ def _sigkill_when_measuring(log_path: Path, killed: list[int], fake_stats) -> No
             os.kill(pid, signal.SIGKILL)
             return
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_spec_decode_counters_appear_with_speculation_only(kind: str, tmp_path: Path,
+                                                           fake_spec) -> None:
+    if kind != "fake":
+        pytest.skip("only the cheap items (start, key, teardown) run on the real engine")
+    from tuner import metrics
+
+    ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    prompt = [Prompt(prompt="a b c a b c", prompt_len=6, output_len=10)]
+    for config, expect_drafts in ((TrialConfig(), False), (ngram, True)):
+        spec = engine_spec(kind, fake_spec, tokens_per_chunk=3, accept_rate=0.5)
+        with Engine(spec, config, log_path=tmp_path / f"{config.method}.log") as eng:
+            before = metrics.scrape(eng.url, eng.api_key)
+            loadgen.run_requests(eng.url, prompt * 2, concurrency=2, api_key=eng.api_key,
+                                 model=eng.spec.served_model_name)
+            d = metrics.delta(before, metrics.scrape(eng.url, eng.api_key))
+        if not expect_drafts:
+            assert d.num_drafts == 0 and d.accepted_per_pos == ()
+            continue
+        assert d.num_drafts == 6  # 10 tokens: chunks of 1, 3, 3, 3 -> 3 decode steps each
+        assert d.num_draft_tokens == 18
+        assert d.num_accepted_tokens / d.num_draft_tokens == pytest.approx(0.5)
+        assert len(d.accepted_per_pos) == 3

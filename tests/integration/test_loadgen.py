@@ -7,6 +7,8 @@ stalls, death mid-stream. Each must become a RequestRecord, never an exception.
 
 from __future__ import annotations
 
+import statistics
+import time
 import urllib.request
 
 import pytest
@@ -29,7 +31,8 @@ def _reset(eng) -> None:
 
 def test_closed_loop_keeps_exactly_c_in_flight(fake_engine, make_prompts, fake_stats) -> None:
     done_order: list[int] = []
-    with fake_engine(ttft_ms=20, tpot_ms=2) as eng:
+    # Requests long enough (about 0.14 s) that a loaded machine still overlaps all three.
+    with fake_engine(ttft_ms=100, tpot_ms=5) as eng:
         _reset(eng)
         records, wall_s = _run(eng, make_prompts(13, output_len=8), concurrency=3,
                                on_done=lambda r: done_order.append(r.index))
@@ -41,12 +44,12 @@ def test_closed_loop_keeps_exactly_c_in_flight(fake_engine, make_prompts, fake_s
     assert sorted(done_order) == list(range(13))
     assert all(r.ok and r.output_tokens == 8 and r.concurrency == 3 for r in records)
     assert all(not r.warmup for r in records)
-    # 13 requests of about 34 ms, 3 at a time: at least 5 rounds.
-    assert wall_s >= 5 * 0.034
+    # 13 requests of at least 135 ms, 3 at a time: at least 5 rounds.
+    assert wall_s >= 5 * 0.135
 
 
 def test_fewer_prompts_than_slots(fake_engine, make_prompts, fake_stats) -> None:
-    with fake_engine() as eng:
+    with fake_engine(ttft_ms=200) as eng:
         _reset(eng)
         records, _ = _run(eng, make_prompts(2), concurrency=8, warmup=True)
         assert fake_stats(eng.url)["fake:max_inflight"] == 2
@@ -59,11 +62,13 @@ def test_ttft_tpot_and_usage_match_the_script(fake_engine, make_prompts) -> None
     for r in records:
         assert r.ok, r.error
         assert r.output_tokens == 16 and r.prompt_tokens == 5  # from the usage chunk
-        # Scripted 60 ms and 8 ms; a loaded 2-core CI box adds a few ms, never removes any.
-        assert 0.060 <= r.ttft_s < 0.060 + 0.025
-        assert 0.008 <= r.tpot_s < 0.008 * 1.15
-        assert r.e2e_s >= 0.060 + 15 * 0.008
+        # The server never writes early, so nothing is ever measured short.
+        assert r.ttft_s >= 0.060 and r.e2e_s >= 0.060 + 15 * 0.008
         assert len(r.chunk_gaps_s) == 15
+    # A busy machine delays a chunk now and then (and TPOT is a difference of two such
+    # delays), so compare medians with the script: 60 ms and 8 ms.
+    assert 0.060 <= statistics.median(r.ttft_s for r in records) < 0.060 + 0.030
+    assert statistics.median(r.tpot_s for r in records) == pytest.approx(0.008, rel=0.05)
 
 
 def test_several_tokens_per_chunk_keep_tpot_per_token(fake_engine, make_prompts) -> None:
@@ -73,8 +78,10 @@ def test_several_tokens_per_chunk_keep_tpot_per_token(fake_engine, make_prompts)
     for r in records:
         assert r.ok and r.output_tokens == 21
         assert len(r.chunk_gaps_s) == 5  # chunks of 1, 4, 4, 4, 4, 4 tokens
-        assert 0.005 <= r.tpot_s < 0.005 * 1.15
-        assert min(r.chunk_gaps_s) > 3 * 0.005  # a chunk gap spans four tokens
+    # TPOT is per token; a chunk gap (ITL) spans four of them.
+    assert statistics.median(r.tpot_s for r in records) == pytest.approx(0.005, rel=0.05)
+    gaps = [g for r in records for g in r.chunk_gaps_s]
+    assert statistics.median(gaps) == pytest.approx(4 * 0.005, rel=0.2)
 
 
 def test_early_eos_counts_the_tokens_the_server_sent(fake_engine, make_prompts) -> None:
@@ -129,6 +136,9 @@ def test_level_timeout_raises_measurement_failed(fake_engine, make_prompts) -> N
 def test_server_dying_mid_stream_becomes_errored_records(fake_engine, make_prompts) -> None:
     with fake_engine(die_after_requests=2, tpot_ms=3) as eng:
         records, _ = _run(eng, make_prompts(5, output_len=20), concurrency=1)
+        deadline = time.monotonic() + 5  # its sockets close a moment before it is reapable
+        while eng.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert not eng.alive()
     assert [r.ok for r in records[:2]] == [True, True]
     assert all(not r.ok for r in records[2:])

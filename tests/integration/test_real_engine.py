@@ -112,3 +112,46 @@ def test_bench_cli_prints_a_table(engine_spec, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "out tok/s" in r.stdout and "ngram k=5 window 2-5" in r.stdout
     assert (tmp_path / "b" / "result.json").exists()
+
+
+def test_recommended_json_verbatim_starts_a_real_server(engine_spec, tmp_path):
+    """recommendation.json's --speculative-config, passed verbatim to vLLM, is accepted."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    from study_fakes import realistic_study  # noqa: E402
+
+    from tuner import report
+    from tuner.engine import Engine
+
+    study = realistic_study(with_failures=False)
+    report.write_outputs(study, tmp_path / "study")
+    rec = json.loads((tmp_path / "study" / "recommendation.json").read_text())
+    specs = [lv["speculative_config"] for lv in rec["levels"] if lv["speculative_config"]]
+    assert specs, rec["levels"]
+    # The serve command carries the same JSON, verbatim.
+    assert json.dumps(specs[0], sort_keys=True, separators=(",", ":")) in \
+        next(lv["serve_command"] for lv in rec["levels"] if lv["speculative_config"])
+    with Engine(engine_spec, TrialConfig(speculative_config=specs[0]),
+                log_path=tmp_path / "engine.log") as eng:
+        assert eng.alive()
+    assert "SpeculativeConfig" in (tmp_path / "engine.log").read_text() or \
+        specs[0]["method"] in (tmp_path / "engine.log").read_text()
+
+
+def test_per_batch_size_schedule_is_honoured_by_the_real_engine(engine_spec, tmp_path):
+    """Our emitted schedule format, once against the real engine: K=5 at batch 1, off above."""
+    from tuner import policy as rules
+    from tuner import runner, workloads
+
+    per_k = {5: {1: {"speedup": 2.0, "noise": 0.03}, 2: {"speedup": 0.9, "noise": 0.03}}}
+    schedule = rules.bands(rules.choose_k(per_k), per_k, max_batch=256)
+    spec = rules.policy_config(NGRAM, schedule)
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 256, 0]]
+    wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=4, output_len=48),
+                        tokenizer=engine_spec.model)
+    result = runner.measure(engine_spec, TrialConfig(speculative_config=spec), wl,
+                            MeasureSettings(concurrencies=(1, 4), num_requests=8),
+                            trial_dir=tmp_path)
+    c1, c4 = result.levels
+    assert c1.spec_decode_num_drafts > 20
+    # From 2 in flight the table says K=0; drafts only while the last request drains alone.
+    assert c4.spec_decode_num_drafts < 0.25 * c1.spec_decode_num_drafts

@@ -1,0 +1,63 @@
+"""Which engine settings should the embedded CPU default use?
+
+Launches the real vLLM CPU engine with the embedded SmolLM2 model once per variant (a fresh
+compile cache each time, as a new user has), records seconds to /health, then measures
+steady-state output throughput and mean TPOT at concurrency 1 (baseline, no speculation) on
+the same prompts. Variants run back to back in one process; the machine is shared, so read
+the ratios, not the absolute figures.
+
+    .venv/bin/python benchmarks/cpu_engine_modes.py [--variants eager,compiled,fp32,bind01]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from tuner import api, runner, workloads
+from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+
+VARIANTS = {
+    # name: (drop these default args, add these args, extra env)
+    "eager": ((), (), {}),
+    "compiled": (("--enforce-eager",), (), {}),
+    "fp32": ((), ("--dtype", "float32"), {}),
+    "bind01": ((), (), {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
+    "fp32_bind01": ((), ("--dtype", "float32"), {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="eager,compiled")
+    ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument("--output-len", type=int, default=96)
+    args = ap.parse_args()
+    base = api.resolve_engine(model=None)
+    wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
+                                     output_len=args.output_len), tokenizer=base.model)
+    rows = []
+    for name in args.variants.split(","):
+        drop, add, env = VARIANTS[name]
+        with tempfile.TemporaryDirectory() as cache:
+            spec = base.model_copy(update={
+                "extra_args": tuple(a for a in base.extra_args if a not in drop) + add,
+                "env": {**base.env, "VLLM_CACHE_ROOT": cache, **env}})
+            res = runner.measure(spec, TrialConfig(), wl, MeasureSettings(concurrencies=(1,)),
+                                 trial_dir=Path(tempfile.mkdtemp()) / name)
+        lv = res.levels[0]
+        rows.append((name, res.engine.start_s, lv.output_throughput, lv.mean_tpot_ms))
+        print(f"{name}: start {res.engine.start_s:.0f} s, {lv.output_throughput:.1f} tok/s, "
+              f"TPOT {lv.mean_tpot_ms:.1f} ms", flush=True)
+    print(f"# {os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}; SmolLM2-135M, "
+          f"vLLM CPU build, instructcoder {args.num_prompts} prompts x {args.output_len} max "
+          f"tokens, c=1, baseline")
+    print(f"{'variant':12} {'start s':>8} {'tok/s':>8} {'TPOT ms':>8}")
+    for name, start, tput, tpot in rows:
+        print(f"{name:12} {start:8.0f} {tput:8.1f} {tpot:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

