@@ -154,7 +154,8 @@ def optimize(
     target_concurrency: int, constraints: dict, storage_url: str | None = None,
     ray_address: str | None = None, parallel: int | None = None, repeats: int = 1,
     gpus_per_trial: float | None = None, logical_gpus: int | None = None,
-    acceptance_rates: list[float] | None = None, say=print,
+    acceptance_rates: list[float] | None = None, aligned_baseline: TrialConfig | None = None,
+    say=print,
 ):
     """Search the space with Optuna; every trial is one engine launch measured at all levels."""
     from tuner import space as spaces
@@ -181,6 +182,14 @@ def optimize(
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
     _enqueue_start(study, sp, sampler, retry)
+    if aligned_baseline is not None and not any(
+            t.user_attrs.get("role") == "aligned_baseline" for t in study.get_trials(deepcopy=False)
+            if t.state.is_finished() or t.state.name == "WAITING"):
+        # The same engine path as the speculative trials (e.g. no async scheduling, V1 runner),
+        # so speculation's own effect can be told from the engine-path change it forces.
+        study.enqueue_trial({"method": "none"}, user_attrs={
+            "role": "aligned_baseline", "config_override": json.loads(
+                aligned_baseline.model_dump_json())})
     executor = _executor(engine, ray_address=ray_address, parallel=parallel,
                          logical_gpus=logical_gpus)
     gpus = gpus_per_trial if gpus_per_trial is not None else (
@@ -276,10 +285,13 @@ class _SearchLoop:
             timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
             while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
                 trial = self.study.ask()
-                config = self.suggest(trial)
+                override = trial.user_attrs.get("config_override")
+                config = TrialConfig.model_validate(override) if override else \
+                    self.suggest(trial)
                 role = trial.user_attrs.get("role") or "search"
-                st.label_trial(trial, config, "baseline" if config.method == "none" else
-                               ("search" if role == "retry" else role))
+                if config.method == "none" and role != "aligned_baseline":
+                    role = "baseline"
+                st.label_trial(trial, config, "search" if role == "retry" else role)
                 dup = st.completed(self.study).get(config.key())
                 if dup is not None:
                     self._answer_duplicate(trial, dup)

@@ -165,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--parallel", type=int, help="max trials at once (default: GPU count)")
     g.add_argument("--gpus-per-trial", type=float)
     g.add_argument("--logical-gpus", type=int, help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
+    g.add_argument("--aligned-baseline", metavar="ENGINE_ARGS", nargs="?", const="",
+                   help="also measure a baseline on the speculative engine path: vLLM args "
+                   "(default none) plus --aligned-baseline-env, e.g. '--no-async-scheduling'")
+    g.add_argument("--aligned-baseline-env", action="append", default=[],
+                   metavar="NAME=VALUE", help="e.g. VLLM_USE_V2_MODEL_RUNNER=0")
     g.add_argument("--no-report", action="store_true")
     g.add_argument("--policy", action="store_true",
                    help="after the search, run the load-aware policy step (see tuner policy)")
@@ -274,6 +279,26 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 1:
         raise ConfigError(f"--parallel must be at least 1, got {args.parallel}.")
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    aligned = None
+    if args.aligned_baseline is not None or args.aligned_baseline_env:
+        import shlex
+
+        from tuner.records import TrialConfig
+
+        flags = shlex.split(args.aligned_baseline or "")
+        eng_args: dict = {}
+        for i, f in enumerate(flags):
+            if not f.startswith("--"):
+                continue
+            nxt = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+            eng_args[f[2:].replace("-", "_")] = nxt if nxt is not None else True
+        env = {}
+        for item in args.aligned_baseline_env:
+            k, sep, v = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--aligned-baseline-env '{item}': expected NAME=VALUE.")
+            env[k] = v
+        aligned = TrialConfig(engine_args=eng_args, engine_env=env)
     target = args.target_concurrency or settings.concurrencies[0]
     name = args.study_name or f"{workload.name}-{Path(engine.model).name}"
     if not all(ch.isalnum() or ch in "-_." for ch in name):
@@ -293,7 +318,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
         logical_gpus=args.logical_gpus, say=say,
         acceptance_rates=(load_acceptance_profile(args.acceptance_profile)
-                          if args.acceptance_profile else None))
+                          if args.acceptance_profile else None), aligned_baseline=aligned)
     if args.policy:
         api.policy(study_dir=out, storage_url=args.storage, study_name=name, say=say,
                    **_policy_kwargs(args))

@@ -146,7 +146,7 @@ class Engine:
         self.port = free_port(self.spec.host)
         argv = build_argv(self.spec, self.config, port=self.port, api_key=self.api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env}
+        env = {**os.environ, **self.spec.env, **self.config.engine_env}
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())

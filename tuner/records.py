@@ -78,6 +78,7 @@ class TrialConfig(Frozen):
 
     speculative_config: dict[str, Any] | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    engine_env: dict[str, str] = Field(default_factory=dict)  # e.g. an aligned baseline's
 
     @property
     def method(self) -> str:
@@ -93,9 +94,10 @@ class TrialConfig(Frozen):
 
     def key(self) -> str:
         """Canonical identity used to answer duplicate configs from storage."""
-        return json.dumps(
-            {"spec": self.speculative_config, "engine": self.engine_args}, sort_keys=True
-        )
+        ident: dict[str, Any] = {"spec": self.speculative_config, "engine": self.engine_args}
+        if self.engine_env:
+            ident["env"] = self.engine_env
+        return json.dumps(ident, sort_keys=True)
 
     def label(self) -> str:
         s = self.speculative_config
@@ -125,8 +127,9 @@ class TrialConfig(Frozen):
                 # Results of synthetic acceptance are labelled as such everywhere they appear.
                 parts.append("[SYNTHETIC acceptance]")
             text = " ".join(parts)
-        if self.engine_args:
-            text += " [" + " ".join(f"{k}={v}" for k, v in sorted(self.engine_args.items())) + "]"
+        knobs = {**self.engine_args, **self.engine_env}
+        if knobs:
+            text += " [" + " ".join(f"{k}={v}" for k, v in sorted(knobs.items())) + "]"
         return text
 
 
