@@ -221,7 +221,17 @@ def engine_tp(engine: EngineSpec) -> int:
 def _executor(engine: EngineSpec, *, ray_address, parallel, logical_gpus):
     from tuner import runner
 
-    if ray_address or logical_gpus or engine.device == "cuda" or (parallel or 1) > 1:
+    want_ray = ray_address or logical_gpus or (parallel or 1) > 1
+    if want_ray or engine.device == "cuda":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            if want_ray:
+                raise ConfigError("Ray is not installed, and --ray-address/--parallel need it. "
+                                  "`pip install ray` (or the offline bundle's ray wheel)."
+                                  ) from None
+            # One GPU and no Ray: trials run one at a time in the driver, as on a CPU.
+            return runner.InlineExecutor()
         return runner.RayExecutor(address=ray_address, parallel=parallel, num_gpus=logical_gpus)
     return runner.InlineExecutor()
 
