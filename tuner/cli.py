@@ -40,13 +40,17 @@ def parse_spec_config(text: str | None) -> dict | None:
         raise ConfigError(f"--speculative-config is not valid JSON: {e.msg} at character "
                           f"{e.pos} (near {near!r}). Example: "
                           f"'{{\"method\":\"ngram\",\"num_speculative_tokens\":5}}'.") from None
+    except RecursionError:
+        raise ConfigError("--speculative-config is nested too deeply to be a speculative config. "
+                          "Example: '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'."
+                          ) from None
     if value is None:
         return None
     if not isinstance(value, dict):
         raise ConfigError(f"--speculative-config must be a JSON object, got "
                           f"{type(value).__name__}. Example: '{{\"method\":\"ngram\"}}'.")
     method = value.get("method")
-    if method not in METHODS or method == "none":
+    if not isinstance(method, str) or method not in METHODS or method == "none":
         raise ConfigError(f"--speculative-config: unknown method {method!r}. Valid: "
                           f"{', '.join(m for m in METHODS if m != 'none')}; or 'none' for the "
                           f"baseline.")

@@ -203,6 +203,10 @@ def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pgid, sig)
+            if sig == signal.SIGTERM:
+                # A stopped process (SIGSTOP, a debugger) keeps SIGTERM pending until it runs
+                # again; without SIGCONT the whole grace period passes for nothing.
+                os.killpg(pgid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
         try:

@@ -223,9 +223,15 @@ def load(name_or_path: str) -> SearchSpace:
         raise ConfigError(f"Search space file '{path}' does not exist. Check the path, or use "
                           f"a built-in space: {', '.join(available())}.")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]}). "
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the search space ({e}). Pass a UTF-8 YAML file, "
+                          f"or a built-in space: {', '.join(available())}.") from None
+    try:
+        raw = yaml.safe_load(text)
+    except Exception as e:  # PyYAML raises ValueError, RecursionError... for bad scalars/nesting
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{path}: not valid YAML ({first}). "
                           f"Fix the file; see search_spaces/ngram.yaml for the format.") from None
     return parse(raw, source=str(path))
 
@@ -236,8 +242,8 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
                           f"{type(raw).__name__}.")
     unknown = set(raw) - {"name", "description", "methods", "engine", "start_points"}
     if unknown:
-        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}. Valid: name, "
-                          f"description, methods, engine, start_points.")
+        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown, key=str)}. "
+                          f"Valid: name, description, methods, engine, start_points.")
     methods_raw = raw.get("methods")
     if not isinstance(methods_raw, dict) or not methods_raw:
         raise ConfigError(f"{source}: `methods` must be a non-empty mapping of method name to "
@@ -261,8 +267,11 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
                               f"); give the draft/head checkpoint path.")
     engine = _parse_params(raw.get("engine") or {}, f"{source}: engine")
     starts = raw.get("start_points") or []
-    if not isinstance(starts, list) or not all(isinstance(s, dict) for s in starts):
-        raise ConfigError(f"{source}: start_points must be a list of mappings.")
+    if not isinstance(starts, list) or not all(isinstance(s, dict) and all(
+            isinstance(k, str) for k in s) for s in starts):
+        raise ConfigError(f"{source}: start_points must be a list of mappings with string keys "
+                          f"(speculative-config keys, e.g. `- {{method: ngram, "
+                          f"num_speculative_tokens: 3}}`).")
     name = raw.get("name") or Path(source).stem
     return SearchSpace(name=str(name), description=str(raw.get("description", "")),
                        methods=methods, engine=engine, start_points=tuple(starts), source=source)
@@ -298,6 +307,9 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
         else:
             if p.low is None or p.high is None:
                 raise ConfigError(f"{path}: type {p.type} needs both `low` and `high`.")
+            if not all(math.isfinite(v) for v in (p.low, p.high, p.step or 1.0)):
+                raise ConfigError(f"{path}: bounds and step must be finite numbers, got low "
+                                  f"{p.low}, high {p.high}, step {p.step}.")
             if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
                 raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
             if p.low > p.high:

@@ -85,6 +85,8 @@ def read_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: "
                               f"{e.msg}.") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: JSON nested too deeply to hold prompts.") from None
         if not isinstance(rows, list):
             raise ConfigError(f"{path}: expected a JSON array of objects, got "
                               f"{type(rows).__name__}.")
@@ -98,6 +100,9 @@ def read_rows(path: Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg} at column "
                                   f"{e.colno}). Each line must be one JSON object.") from None
+            except RecursionError:
+                raise ConfigError(f"{path}: line {n} is JSON nested too deeply to hold a "
+                                  f"prompt. Each line must be one flat JSON object.") from None
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
@@ -210,8 +215,15 @@ def _custom(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
         text = _field(row, "prompt", path, n)
         if not isinstance(text, str) or not text:
             raise ConfigError(f"{path}: record {n}: 'prompt' must be a non-empty string.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{path}: record {n}: 'prompt' holds an unpaired surrogate escape "
+                              f"(\\ud800-\\udfff), which is not text; fix that escape in the "
+                              f"file.") from None
         out_len = row.get("output_tokens")
-        if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
+        if out_len is not None and (not isinstance(out_len, int) or isinstance(out_len, bool)
+                                    or out_len < 1):
             raise ConfigError(f"{path}: record {n}: 'output_tokens' must be a positive integer, "
                               f"got {out_len!r}.")
         items.append((text, out_len if spec.output_len is None else None))
