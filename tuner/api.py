@@ -72,7 +72,8 @@ def bench(
     """Measure one speculative config at every requested concurrency in one engine launch."""
     from tuner import runner
 
-    wl = workloads.load(workload, tokenizer=tokenizer_of(engine))
+    wl = workloads.load(workload, tokenizer=tokenizer_of(engine),
+                        pool=settings.pool_size(workload.num_prompts))
     out_dir.mkdir(parents=True, exist_ok=True)
     say(f"Benchmarking {config.label()} on {Path(engine.model).name}, workload {workload.name} "
         f"({len(wl.prompts)} prompts), concurrency {','.join(map(str, settings.concurrencies))}")
@@ -169,7 +170,8 @@ def optimize(
         raise ConfigError(f"--target-concurrency {target_concurrency} is not among --concurrency "
                           f"{','.join(map(str, settings.concurrencies))}; add it there.")
     check_methods(sp, engine)
-    wl = workloads.load(workload, tokenizer=tokenizer_of(engine))
+    wl = workloads.load(workload, tokenizer=tokenizer_of(engine),
+                        pool=settings.pool_size(workload.num_prompts))
     attrs = {"workload": workload.model_dump(), "workload_digest": wl.digest,
              "engine_spec": engine.model_dump(), "settings": settings.model_dump(),
              "space": sp.name, "objectives": objectives,
@@ -434,12 +436,15 @@ def policy(
     engine = EngineSpec.model_validate(meta["engine_spec"])
     wspec = WorkloadSpec.model_validate(meta["workload"])
     updates = {k: v for k, v in (("num_prompts", num_prompts), ("output_len", output_len)) if v}
-    wl = workloads.load(wspec.model_copy(update=updates), tokenizer=tokenizer_of(engine))
+    wspec = wspec.model_copy(update=updates)
     if ladder is None:
         top = max_concurrency or 16
         ladder = tuple(2 ** i for i in range(0, int(math.log2(top)) + 1))
         if ladder[-1] != top:
             ladder += (top,)
+    ladder_settings = MeasureSettings(concurrencies=tuple(ladder))
+    wl = workloads.load(wspec, tokenizer=tokenizer_of(engine),
+                        pool=ladder_settings.pool_size(wspec.num_prompts))
     picks = _leaders(analysis.trials_frame(study), leaders)
     if not picks:
         raise _CE(f"Study '{study.study_name}' has no completed speculative trial yet; run "

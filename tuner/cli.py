@@ -393,8 +393,17 @@ COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
             "recommend": cmd_recommend, "policy": cmd_policy}
 
 
+def _sigterm_as_exit(signum: int, _frame: object) -> None:
+    # `timeout`, systemd and schedulers stop us with SIGTERM: unwind like Ctrl-C so every
+    # engine context manager reaps its process group and finished trials stay stored.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_as_exit)
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:

@@ -54,6 +54,24 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+_ROOT_CAUSE = re.compile(r"(OutOfMemoryError|CUDA out of memory|Free memory on device|"
+                         r"ValueError: |ModuleNotFoundError|ImportError|NotImplementedError|"
+                         r"AssertionError|address already in use)", re.I)
+
+
+def root_cause(log_path: Path) -> str | None:
+    """vLLM's engine core dies first and the API server then reports only "Engine core
+    initialization failed. See root cause above": find that root cause in the whole log."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if _ROOT_CAUSE.search(line) and "Traceback" not in line:
+            return line.strip()[-400:]
+    return None
+
+
 def vllm_reason(tail: str) -> str:
     """The most telling line of a failed start: vLLM's own validation error when present."""
     lines = tail.splitlines()
@@ -161,9 +179,12 @@ class Engine:
             if code is not None:
                 elapsed = time.monotonic() - t0
                 tail = log_tail(self.log_path)
+                reason = vllm_reason(tail)
+                if "root cause" in reason.lower() or "initialization failed" in reason.lower():
+                    reason = root_cause(self.log_path) or reason
                 raise EngineCrashed(
                     f"vLLM exited with status {code} after {elapsed:.0f} s, before /health "
-                    f"answered: {vllm_reason(tail)}", log_tail=tail)
+                    f"answered: {reason}", log_tail=tail)
             if self._healthy():
                 break
             if time.monotonic() > deadline:

@@ -205,6 +205,9 @@ class LevelMetrics(Frozen):
     spec_decode_acceptance_length: float | None = None
     spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()
     errors: tuple[str, ...] = ()
+    # Requests whose prompt was already sent to this engine (pool exhausted). Suffix decoding
+    # learns from earlier outputs, so reused prompts would inflate its acceptance.
+    reused_prompts: int = 0
 
 
 class EngineInfo(Frozen):
@@ -233,6 +236,10 @@ class MeasureSettings(Frozen):
     num_requests: int | None = None  # measured requests per level; None: see requests_for()
     requests_per_slot: int = 4
     warmup_output_len: int = 16
+
+    def pool_size(self, num_prompts: int) -> int:
+        """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
+        return sum(self.requests_for(c, num_prompts) + c for c in self.concurrencies)
 
     def requests_for(self, concurrency: int, num_prompts: int) -> int:
         """Enough requests that each of the c slots serves several, and every prompt once."""

@@ -32,10 +32,11 @@ def measure(
     levels: list[LevelMetrics] = []
     records_path = trial_dir / "requests.jsonl"
     records_path.unlink(missing_ok=True)
+    pool = _PromptPool(workload.prompts)
     with Engine(engine_spec, config, log_path=trial_dir / "engine.log") as eng:
         say(f"engine ready in {eng.info.start_s:.0f} s")
         for c in settings.concurrencies:
-            level = _measure_level(eng, workload, settings, c, records_path, show_bar)
+            level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool)
             say(f"c={c}: {level.output_throughput:.1f} tok/s, mean TPOT "
                 f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok")
             levels.append(level)
@@ -43,16 +44,31 @@ def measure(
     return BenchResult(config=config, engine=info, levels=tuple(levels))
 
 
+class _PromptPool:
+    """Hands out prompts in order and never twice while the pool lasts: an engine that learns
+    from earlier requests (suffix decoding, prefix caching) must not see a prompt again."""
+
+    def __init__(self, prompts: tuple[Prompt, ...]) -> None:
+        self.prompts, self.cursor = prompts, 0
+
+    def take(self, k: int) -> tuple[list[Prompt], int]:
+        n = len(self.prompts)
+        out = [self.prompts[(self.cursor + i) % n] for i in range(k)]
+        reused = max(0, min(k, self.cursor + k - n))
+        self.cursor += k
+        return out, reused
+
+
 def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c: int,
-                   records_path: Path, show_bar: bool) -> LevelMetrics:
-    spec, prompts = workload.spec, workload.prompts
-    n = settings.requests_for(c, len(prompts))
-    measured = [prompts[i % len(prompts)] for i in range(n)]
-    # Warm-up: one short request per slot, from the end of the list, excluded from figures.
+                   records_path: Path, show_bar: bool, pool: _PromptPool) -> LevelMetrics:
+    spec = workload.spec
+    n = settings.requests_for(c, spec.num_prompts)
+    # Warm-up: one short request per slot, excluded from figures.
+    warm_prompts, _ = pool.take(c)
     warm = [Prompt(prompt=p.prompt, prompt_len=p.prompt_len,
                    output_len=min(p.output_len, settings.warmup_output_len))
-            for p in reversed(prompts[-c:] if c <= len(prompts) else
-                              [prompts[i % len(prompts)] for i in range(c)])]
+            for p in warm_prompts]
+    measured, reused = pool.take(n)
     common = dict(api_key=eng.api_key, model=eng.spec.served_model_name,
                   temperature=spec.temperature, ignore_eos=spec.ignore_eos,
                   request_timeout_s=eng.spec.request_timeout_s,
@@ -69,6 +85,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
             f.write(r.model_dump_json() + "\n")
     level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
                                   warmup_requests=len(warm), counts=metrics.delta(before, after))
+    level = level.model_copy(update={"reused_prompts": reused})
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
             f"c={c}: {level.failed} of {level.num_requests} requests failed "

@@ -34,8 +34,10 @@ def names() -> list[str]:
     return list(_BUILDERS)
 
 
-def load(spec: WorkloadSpec, *, tokenizer: str | Path) -> Workload:
-    """Build the prompts of `spec` with the target model's tokenizer."""
+def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None) -> Workload:
+    """Build the prompts of `spec` with the target model's tokenizer. `pool` asks for more
+    prompts than spec.num_prompts (as many as the data has), so each level of a trial gets
+    fresh ones; the spec keeps the number the user asked for."""
     if spec.name not in _BUILDERS:
         raise ConfigError(
             f"Unknown workload '{spec.name}'. Available: {', '.join(names())}. "
@@ -43,7 +45,8 @@ def load(spec: WorkloadSpec, *, tokenizer: str | Path) -> Workload:
     if spec.num_prompts < 1:
         raise ConfigError(f"--num-prompts must be at least 1, got {spec.num_prompts}.")
     tok = load_tokenizer(tokenizer)
-    prompts = _BUILDERS[spec.name](spec, tok)
+    build_spec = spec.model_copy(update={"num_prompts": max(pool or 0, spec.num_prompts)})
+    prompts = _BUILDERS[spec.name](build_spec, tok)
     if not prompts:
         raise ConfigError(
             f"Workload '{spec.name}' produced no prompts (filters: max input tokens "

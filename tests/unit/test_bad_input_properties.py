@@ -1,0 +1,227 @@
+"""Bad input at the loaders, generated: whatever a user hands us, only a ConfigError with a
+message comes out (the CLI turns it into one line and exit status 2). Any other exception is a
+bug in the loader.
+
+Loaders: search spaces (tuner.space.parse and .load), dataset files (tuner.workloads.read_rows
+and .load of a custom workload with the packaged tokenizer), --speculative-config
+(tuner.cli.parse_spec_config) and --concurrency (tuner.cli.parse_concurrency). The last test
+prints how many inputs each property tried and how they ended.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner import cli, space, workloads
+from tuner.errors import ConfigError
+from tuner.records import WorkloadSpec
+
+PROPERTY = settings(max_examples=200, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+TRIED: dict[str, Counter] = defaultdict(Counter)
+_DIR = Path(tempfile.mkdtemp(prefix="bad-input-"))
+
+
+def only_config_error(name: str, load, *args, **kwargs):
+    """Call a loader; a ConfigError must carry a message, anything else escapes (a bug)."""
+    try:
+        value = load(*args, **kwargs)
+    except ConfigError as e:
+        TRIED[name]["ConfigError"] += 1
+        assert str(e).strip(), f"{name}: a ConfigError without a message"
+        return None
+    TRIED[name]["accepted"] += 1
+    return value
+
+
+def _file(name: str, content: str | bytes) -> Path:
+    path = _DIR / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8", errors="surrogatepass")
+    return path
+
+
+# --- strategies ---------------------------------------------------------------------------
+# Any text, lone surrogates included (JSON can spell them as \udXXX escapes).
+any_text = st.text(st.characters(blacklist_categories=()), max_size=40)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                    st.integers().map(lambda i: i * 10**30), st.floats(), any_text)
+json_like = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(any_text, inner, max_size=4)), max_leaves=12)
+# Python values YAML can produce: keys may be numbers, None or tuples too.
+yaml_keys = st.one_of(any_text, st.integers(), st.none(), st.booleans(), st.floats())
+yaml_like = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(yaml_keys, inner, max_size=4)), max_leaves=12)
+deep = st.integers(500, 50_000).flatmap(
+    lambda n: st.sampled_from(["[" * n, "{\"a\":" * n + "1" + "}" * n, "- " * n + "x"]))
+
+PARAM_KEYS = ["type", "low", "high", "step", "log", "values", "at_most", "at_least", "bogus"]
+param_values = st.one_of(scalars, st.sampled_from(["int", "float", "choice", "k", "lo"]),
+                         st.lists(scalars, max_size=3))
+param_spec = st.one_of(
+    scalars, st.lists(scalars, max_size=3),
+    st.dictionaries(st.sampled_from(PARAM_KEYS), param_values, max_size=6),
+    st.fixed_dictionaries({"type": st.sampled_from(["int", "float"]),
+                           "low": st.one_of(st.integers(-5, 10), st.floats()),
+                           "high": st.one_of(st.integers(-5, 10), st.floats())},
+                          optional={"step": st.floats(), "log": st.booleans(),
+                                    "at_most": st.sampled_from(["k", "lo", "x"]),
+                                    "at_least": st.sampled_from(["k", "lo", "x"])}))
+params = st.dictionaries(st.one_of(st.sampled_from(["k", "lo", "model"]), yaml_keys),
+                         param_spec, max_size=4)
+method_names = st.one_of(st.sampled_from([*space.METHODS, "magic"]), yaml_keys)
+space_like = st.one_of(
+    yaml_like,
+    st.fixed_dictionaries({"methods": st.one_of(
+        st.dictionaries(method_names, st.one_of(st.none(), params, scalars), max_size=3),
+        yaml_like)}, optional={
+        "name": yaml_like, "description": yaml_like, "engine": st.one_of(params, yaml_like),
+        "start_points": st.one_of(st.lists(st.one_of(
+            st.dictionaries(yaml_keys, scalars, max_size=3), scalars), max_size=3), yaml_like),
+        "extra": scalars}))
+
+
+def _yaml_text(value) -> str:
+    try:
+        return yaml.safe_dump(value, allow_unicode=True)
+    except yaml.YAMLError:
+        return repr(value)
+
+
+# Close to a real space (search_spaces/ngram.yaml), so the checks past the first get reached.
+small_int = st.integers(-2, 12)
+bound = st.one_of(small_int, small_int, small_int, st.floats(-2, 12),
+                  st.sampled_from([float("nan"), float("inf"), "3"]))
+near_valid_space = st.fixed_dictionaries({"methods": st.fixed_dictionaries({
+    "ngram": st.fixed_dictionaries({
+        "num_speculative_tokens": st.fixed_dictionaries(
+            {"type": st.sampled_from(["int", "float", "choice", "intt"]), "low": bound,
+             "high": bound}, optional={"step": bound, "log": st.booleans(),
+                                       "values": st.lists(scalars, max_size=3)}),
+        "prompt_lookup_max": st.one_of(bound, st.fixed_dictionaries(
+            {"type": st.just("int"), "low": bound, "high": bound})),
+        "prompt_lookup_min": st.fixed_dictionaries(
+            {"type": st.just("int"), "low": bound, "high": bound},
+            optional={"at_most": st.sampled_from(["prompt_lookup_max", "k",
+                                                  "num_speculative_tokens"])}),
+    })}, optional={"suffix": st.one_of(st.none(), params)})},
+    optional={"engine": params, "start_points": st.lists(
+        st.dictionaries(st.sampled_from(["method", "num_speculative_tokens"]), scalars),
+        max_size=2)})
+
+space_text = st.one_of(
+    any_text, deep, space_like.map(_yaml_text), near_valid_space.map(_yaml_text),
+    st.tuples(space_like.map(_yaml_text), st.integers(0, 200), any_text).map(
+        lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:]),  # a valid file with something typed in
+    st.sampled_from(["a: 2020-13-01", "methods: {ngram: {k: !!float abc}}", "a: !!timestamp x",
+                     "!!python/object:os.system x", "? [a]\n: 1", "methods: *x", "\t- a"]))
+
+rows = st.one_of(
+    json_like,
+    st.fixed_dictionaries({"prompt": st.one_of(any_text, scalars, json_like)}, optional={
+        "output_tokens": st.one_of(scalars, st.integers(-3, 10**25)), "id": scalars}),
+    st.fixed_dictionaries({"prompt": st.text(min_size=1, max_size=60)},  # mostly fine rows
+                          optional={"output_tokens": st.integers(1, 64)}))
+jsonl_text = st.one_of(
+    any_text, deep,
+    st.lists(rows, max_size=5).map(lambda rs: "\n".join(json.dumps(r) for r in rs)),
+    st.lists(st.one_of(rows.map(json.dumps), any_text), max_size=5).map("\n".join))
+
+
+# --- properties ---------------------------------------------------------------------------
+@PROPERTY
+@given(st.one_of(space_like, near_valid_space))
+def test_space_parse_raises_only_config_error(raw):
+    sp = only_config_error("space.parse", space.parse, raw, source="<hypothesis>")
+    if sp is not None:
+        assert "none" in sp.methods
+
+
+@PROPERTY
+@given(st.one_of(space_text, st.binary(max_size=200)))
+def test_space_load_raises_only_config_error(content):
+    path = _file("space.yaml", content)
+    only_config_error("space.load", space.load, str(path))
+
+
+@PROPERTY
+@given(st.one_of(jsonl_text, st.binary(max_size=200)), st.sampled_from([".jsonl", ".json"]))
+def test_read_rows_raises_only_config_error(content, suffix):
+    path = _file("rows" + suffix, content)
+    out = only_config_error("workloads.read_rows", workloads.read_rows, path)
+    if out is not None:
+        assert all(isinstance(r, dict) for r in out)
+
+
+@pytest.fixture(scope="module")
+def cached_tokenizer():
+    """The packaged tokenizer, loaded once: loading it per example would dominate the run."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(workloads, "load_tokenizer",
+                   functools.lru_cache(maxsize=None)(workloads.load_tokenizer))
+        yield
+
+
+@PROPERTY
+@given(jsonl_text, st.integers(1, 4), st.one_of(st.none(), st.integers(1, 64)))
+def test_custom_workload_raises_only_config_error(cached_tokenizer, content, n, output_len):
+    path = _file("custom.jsonl", content)
+    spec = WorkloadSpec(name="custom", dataset_path=str(path), num_prompts=n,
+                        output_len=output_len)
+    wl = only_config_error("workloads.load(custom)", workloads.load, spec,
+                           tokenizer=workloads.EMBEDDED_TOKENIZER)
+    if wl is not None:
+        assert 1 <= len(wl.prompts) <= n
+        assert all(p.prompt and p.prompt_len > 0 and p.output_len >= 1 for p in wl.prompts)
+
+
+spec_texts = st.one_of(
+    any_text, deep, json_like.map(json.dumps),
+    st.dictionaries(st.sampled_from(["method", "num_speculative_tokens", "model"]),
+                    st.one_of(json_like, st.sampled_from(list(space.METHODS))),
+                    max_size=3).map(json.dumps),
+    st.sampled_from(["none", " NULL ", "off", "", "null", "{}", "[]", "NaN", "1e999"]))
+
+
+@PROPERTY
+@given(spec_texts)
+def test_parse_spec_config_raises_only_config_error(text):
+    value = only_config_error("cli.parse_spec_config", cli.parse_spec_config, text)
+    if value is not None:
+        assert value["method"] in space.METHODS and value["method"] != "none"
+
+
+concurrency_texts = st.one_of(
+    any_text, st.lists(st.one_of(st.integers(-5, 10**6), st.integers(), any_text,
+                                 st.just(" 8 "), st.just("")), max_size=6).map(
+        lambda xs: ",".join(map(str, xs))))
+
+
+@PROPERTY
+@given(concurrency_texts)
+def test_parse_concurrency_raises_only_config_error(text):
+    levels = only_config_error("cli.parse_concurrency", cli.parse_concurrency, text)
+    if levels is not None:
+        assert levels and all(isinstance(c, int) and c >= 1 for c in levels)
+        assert len(set(levels)) == len(levels)
+
+
+def test_zz_report_what_was_tried():
+    """Runs last in this file: how many inputs each property tried, and how they ended."""
+    if not TRIED:
+        pytest.skip("no property ran in this session")
+    lines = [f"{name}: {sum(c.values())} tried ({c['ConfigError']} ConfigError, "
+             f"{c['accepted']} accepted)" for name, c in sorted(TRIED.items())]
+    print("\nbad-input properties:\n  " + "\n  ".join(lines))
+    assert all(sum(c.values()) > 0 for c in TRIED.values())
