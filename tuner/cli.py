@@ -109,6 +109,8 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
     g.add_argument("--policy-num-prompts", type=int)
     g.add_argument("--policy-output-len", type=int)
+    g.add_argument("--side-by-side", action="store_true",
+                   help="re-measure baseline and static config interleaved with the policy")
 
 
 def _policy_kwargs(args: argparse.Namespace) -> dict:
@@ -129,7 +131,8 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1.")
     return dict(ladder=ladder, max_concurrency=args.max_concurrency,
                 repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
-                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len)
+                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
+                side_by_side=args.side_by_side)
 
 
 def build_parser() -> argparse.ArgumentParser:

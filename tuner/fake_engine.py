@@ -55,6 +55,12 @@ class FakeScript(BaseModel):
     http_error_every: int | None = Field(None, ge=1)  # every Nth request: HTTP 500
     die_after_requests: int | None = Field(None, ge=0)  # request N+1 exits the process mid-stream
     child_process: bool = False  # a second process in the group, as vLLM's EngineCore
+    # A load model for policy tests (both 0 = TPOT is exactly tpot_ms, as fidelity needs):
+    # every other request in flight stretches a step by load_per_seq, and each draft token of
+    # each sequence in the batch adds verify_cost_per_token to it; a step yields
+    # 1 + K * accept_rate tokens. So speculation pays at low load and stops paying above it.
+    load_per_seq: float = Field(0.0, ge=0)
+    verify_cost_per_token: float = Field(0.0, ge=0)
 
 
 def load_script(source: str | None) -> FakeScript:
@@ -79,6 +85,7 @@ class _State:
     model: str
     api_key: str | None
     spec_tokens: int  # k of the speculative config; 0 without speculation
+    schedule: list | None = None  # num_speculative_tokens_per_batch_size, honoured like vLLM
     child: subprocess.Popen | None = None
     created: float = field(default_factory=time.time)
     requests: int = 0
@@ -104,6 +111,25 @@ def _exit(child: subprocess.Popen | None) -> None:
         child.wait(timeout=5)
     sys.stderr.flush()
     os._exit(0)
+
+
+def _k_for_batch(state: _State, batch: int) -> int:
+    if not state.spec_tokens or not state.schedule:
+        return state.spec_tokens
+    for start, end, k in state.schedule:
+        if start <= batch <= end:
+            return min(int(k), state.spec_tokens)
+    return min(int(state.schedule[-1][2]), state.spec_tokens)
+
+
+def _effective_tpot_ms(script: FakeScript, k: int, inflight: int) -> float:
+    if not (script.load_per_seq or script.verify_cost_per_token):
+        return script.tpot_ms
+    step = script.tpot_ms * (1 + script.load_per_seq * max(inflight - 1, 0))
+    if k:
+        step *= 1 + script.verify_cost_per_token * k * max(inflight, 1)
+        return step / (1 + k * script.accept_rate)
+    return step
 
 
 def _spec_tokens(spec: dict[str, Any] | None) -> int:
@@ -205,13 +231,24 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                        "created": int(time.time()), "model": state.model},
                       separators=(",", ":"))[:-1]  # open: each chunk appends its fields
+    k_now = _k_for_batch(state, state.inflight)
+    tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
     ends = chunk_ends(n, script.tokens_per_chunk)
     finish = "length" if n == max_tokens else "stop"
     texts: list[str] = []
     for i, end in enumerate(ends):
         # Absolute deadlines: a late wake-up never delays the tokens after it. The first and
         # last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
-        deadline = t0 + (script.ttft_ms + end * script.tpot_ms) / 1000.0
+        if script.load_per_seq or script.verify_cost_per_token:
+            # The load model decides K and the step time per step from the batch now, as
+            # vLLM's scheduler does, rather than once per request.
+            if i > 0:
+                k_now = _k_for_batch(state, state.inflight)
+                tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
+            prev = deadline if i > 0 else t0 + script.ttft_ms / 1000.0
+            deadline = prev + ((end - ends[i - 1]) * tpot_ms / 1000.0 if i > 0 else 0.0)
+        else:
+            deadline = t0 + (script.ttft_ms + end * tpot_ms) / 1000.0
         await _sleep_until(deadline, precise=i in (0, len(ends) - 1))
         if (script.die_after_requests is not None and number > script.die_after_requests
                 and i >= len(ends) // 2):
@@ -222,10 +259,10 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
             return
         start = ends[i - 1] + 1 if i else 0
         text = "".join(" " + words[t % len(words)] for t in range(start, end + 1))
-        if i > 0 and state.spec_tokens:
+        if i > 0 and k_now:
             state.drafts += 1
-            state.draft_tokens += state.spec_tokens
-            state.accepted += state.spec_tokens * script.accept_rate
+            state.draft_tokens += k_now
+            state.accepted += k_now * script.accept_rate
         lag_s = time.monotonic() - deadline
         state.lag_sum_s += lag_s
         state.lag_count += 1
@@ -373,7 +410,9 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(3600)
     time.sleep(script.startup_s)
     state = _State(script=script, model=args.served_model_name or args.model,
-                   api_key=args.api_key, spec_tokens=spec_tokens, child=child)
+                   api_key=args.api_key, spec_tokens=spec_tokens, child=child,
+                   schedule=(args.speculative_config or {}).get(
+                       "num_speculative_tokens_per_batch_size"))
     if args.fake_loop == "uvloop":
         import uvloop
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tuner import cli, space, workloads
@@ -142,6 +142,9 @@ jsonl_text = st.one_of(
 # --- properties ---------------------------------------------------------------------------
 @PROPERTY
 @given(st.one_of(space_like, near_valid_space))
+@example({"methods": {"ngram": {}}, "start_points": [{1: 2}]})  # non-string start-point key
+@example({"methods": {"ngram": {}}, 1: None, None: 2})  # unsortable unknown keys
+@example({"methods": {"ngram": {"k": {"type": "int", "low": float("nan"), "high": 3}}}})
 def test_space_parse_raises_only_config_error(raw):
     sp = only_config_error("space.parse", space.parse, raw, source="<hypothesis>")
     if sp is not None:
@@ -175,6 +178,8 @@ def cached_tokenizer():
 
 @PROPERTY
 @given(jsonl_text, st.integers(1, 4), st.one_of(st.none(), st.integers(1, 64)))
+@example('{"prompt": "\\ud800 lone surrogate"}', 1, None)  # crashed the tokenizer
+@example('{"prompt": "a", "output_tokens": true}', 1, None)  # a bool is no token count
 def test_custom_workload_raises_only_config_error(cached_tokenizer, content, n, output_len):
     path = _file("custom.jsonl", content)
     spec = WorkloadSpec(name="custom", dataset_path=str(path), num_prompts=n,
@@ -196,6 +201,7 @@ spec_texts = st.one_of(
 
 @PROPERTY
 @given(spec_texts)
+@example('{"method": []}')  # unhashable: `in METHODS` raised TypeError
 def test_parse_spec_config_raises_only_config_error(text):
     value = only_config_error("cli.parse_spec_config", cli.parse_spec_config, text)
     if value is not None:
