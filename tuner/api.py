@@ -422,7 +422,8 @@ def policy(
     ladder: tuple[int, ...] | None = None, max_concurrency: int | None = None,
     repeats: int = 2, leaders: int = 2, k_values: tuple[int, ...] | None = None,
     num_prompts: int | None = None, output_len: int | None = None,
-    max_batch: int | None = None, side_by_side: bool = False, say=print,
+    max_batch: int | None = None, side_by_side: bool = False, requests_per_slot: int = 4,
+    say=print,
 ) -> dict:
     """Measure the study's leading configs on a concurrency ladder, find where speculation
     stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder."""
@@ -442,7 +443,8 @@ def policy(
         ladder = tuple(2 ** i for i in range(0, int(math.log2(top)) + 1))
         if ladder[-1] != top:
             ladder += (top,)
-    ladder_settings = MeasureSettings(concurrencies=tuple(ladder))
+    ladder_settings = MeasureSettings(concurrencies=tuple(ladder),
+                                      requests_per_slot=requests_per_slot)
     wl = workloads.load(wspec, tokenizer=tokenizer_of(engine),
                         pool=ladder_settings.pool_size(wspec.num_prompts))
     picks = _leaders(analysis.trials_frame(study), leaders)
@@ -464,7 +466,7 @@ def policy(
         f"{repeats} repeat(s), {len(runs)} configs ({', '.join(c.label() for _, c in runs)})")
     measured = campaign.measure(study=study, engine=engine, workload=wl, ladder=ladder,
                                 runs=runs, repeats=repeats, phase="ladder", out_dir=study_dir,
-                                say=say)
+                                requests_per_slot=requests_per_slot, say=say)
     base_key = TrialConfig().key()
     base = campaign.throughput_series(measured, base_key)
     if not base:
@@ -485,6 +487,8 @@ def policy(
         [k for *_, k in schedule] + [1]))
     doc: dict = {
         "study": study.study_name, "ladder": list(ladder), "repeats": repeats,
+        "workload": wspec.name, "num_prompts": wspec.num_prompts,
+        "output_len": wspec.output_len, "requests_per_slot": requests_per_slot,
         "method": chosen.method, "chosen": chosen.label(),
         "configs": [{"label": c.label(), "role": role, "speculative_config":
                      c.speculative_config, "stats": stats.get(c.key(), {}),
@@ -511,7 +515,8 @@ def policy(
             verify_runs = [("baseline", TrialConfig()), ("static", static)] + verify_runs
         verify = campaign.measure(
             study=study, engine=engine, workload=wl, ladder=ladder, runs=verify_runs,
-            repeats=repeats, phase="verify", out_dir=study_dir, say=say)
+            repeats=repeats, phase="verify", out_dir=study_dir,
+            requests_per_slot=requests_per_slot, say=say)
         reference = verify if side_by_side else measured + verify
         doc["verification"] = _verification(reference, policy_cfg, static, rules)
         doc["verification"]["side_by_side"] = side_by_side

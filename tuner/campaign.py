@@ -28,7 +28,7 @@ def companion(study: Any) -> Any:
 def measure(
     *, study: Any, engine: EngineSpec, workload: Workload, ladder: Sequence[int],
     runs: Sequence[tuple[str, TrialConfig]], repeats: int, phase: str, out_dir: Path,
-    say: Callable[[str], None] = print,
+    requests_per_slot: int = 4, say: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Measure each (role, config) `repeats` times on the ladder; returns every stored run of
     this phase as {role, label, key, repeat, config, result | failure}."""
@@ -37,7 +37,7 @@ def measure(
     from tuner import runner
 
     comp = companion(study)
-    settings = MeasureSettings(concurrencies=tuple(ladder))
+    settings = MeasureSettings(concurrencies=tuple(ladder), requests_per_slot=requests_per_slot)
     for t in comp.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         comp._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     done = {(t.user_attrs.get("phase"), t.user_attrs.get("key"), t.user_attrs.get("repeat"))

@@ -109,6 +109,7 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
     g.add_argument("--policy-num-prompts", type=int)
     g.add_argument("--policy-output-len", type=int)
+    g.add_argument("--policy-requests-per-slot", type=int, default=4)
     g.add_argument("--side-by-side", action="store_true",
                    help="re-measure baseline and static config interleaved with the policy")
 
@@ -132,7 +133,8 @@ def _policy_kwargs(args: argparse.Namespace) -> dict:
     return dict(ladder=ladder, max_concurrency=args.max_concurrency,
                 repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
                 num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
-                side_by_side=args.side_by_side)
+                side_by_side=args.side_by_side,
+                requests_per_slot=args.policy_requests_per_slot)
 
 
 def build_parser() -> argparse.ArgumentParser:
