@@ -222,8 +222,9 @@ def crash_at_start(d: Drill, real: bool) -> Outcome:
     out = runner.measure_outcome(spec, TrialConfig(speculative_config=BAD_WINDOW), wl,
                                  MeasureSettings(), str(d.dir("crash")))
     kind, reason = _failure(out)
-    tail = reason.split("answered: ", 1)[-1]
-    return Outcome(f"{kind}: {_short(tail, 120)}",
+    m = re.search(r"after (\d+ s), before /health answered: (?:.*?Value error, )?(.*)$", reason)
+    said = f"exit after {m[1]}: {_short(m[2], 80)}" if m else _short(reason)
+    return Outcome(f"{kind}, {said}",
                    kind == "engine_crashed" and VLLM_REASON in reason, _recorded(out))
 
 
@@ -280,26 +281,25 @@ def hang_before_health(d: Drill, real: bool) -> Outcome:
         out = runner.measure_outcome(spec, TrialConfig(), d.fake_workload(), MeasureSettings(),
                                      str(trial_dir))
         kind, reason = _failure(out)
-        return Outcome(f"{kind}: {_short(reason, 60)}; reaped, {time.monotonic() - t0:.0f} s "
-                       f"in all", kind == "engine_start_timeout", _recorded(out))
+        said = "no /health within 3 s" if "within 3 s" in reason else _short(reason, 60)
+        return Outcome(f"{kind}: {said}; group reaped, {time.monotonic() - t0:.0f} s in all",
+                       kind == "engine_start_timeout", _recorded(out))
     ready_s = 20.0
     spec = d.real("hang", ready_timeout_s=ready_s)
     stopped: dict[str, int] = {}
     done = threading.Event()
 
     def stopper() -> None:
-        # SIGSTOP the engine's group the moment its leader exists: a hang vLLM cannot
-        # produce on demand. Only new pids are read, so the scan stays cheap.
-        seen = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+        # SIGSTOP the engine's group the moment its leader has exec'd (its environment then
+        # carries the marker; before exec it is a copy of ours): a hang vLLM cannot produce
+        # on demand. The engine is a child of this process's main thread.
         needle = f"{MARK}={RUN}:hang".encode()
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
         while not done.is_set():
-            for p in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
-                if p in seen:
-                    continue
-                seen.add(p)
+            for p in children.read_text().split():
                 try:
                     if needle in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
-                        pgid = os.getpgid(p)
+                        pgid = os.getpgid(int(p))
                         os.killpg(pgid, signal.SIGSTOP)
                         stopped.update(pgid=pgid)
                         return
@@ -344,12 +344,14 @@ def stalled_requests(d: Drill, real: bool) -> Outcome:
     spec = d.fake("stall", stall_requests=True, request_timeout_s=1.0)
     study = _optimize(d, "stall", spec, n_trials=2,
                       settings=MeasureSettings(num_requests=2))
-    fails = [t.user_attrs.get("failure", {}) for t in study.trials]
+    fails = [t.user_attrs.get("failure", {}) for t in study.trials if t.state.is_finished()]
     ok = (len(fails) == 2 and all(f.get("kind") == "measurement_failed"
                                   and "timed out after 1 s" in f.get("reason", "") for f in fails))
-    first = fails[0].get("reason", "") if fails else ""
+    m = re.search(r"(\d+ of \d+) requests failed \(first error: (timed out after \d+ s)",
+                  fails[0].get("reason", "") if fails else "")
+    said = f"{m[1]} requests {m[2]}" if m else _short(fails[0].get("reason", "") if fails else "")
     return Outcome(f"{len(fails)}/2 trials FAIL ({fails[0].get('kind') if fails else '-'}): "
-                   f"{_short(first, 80)}", ok, _study_lost(study, 2))
+                   f"{said}", ok, _study_lost(study, 2))
 
 
 def errors_below_limit(d: Drill, real: bool) -> Outcome:
@@ -375,7 +377,12 @@ def errors_above_limit(d: Drill, real: bool) -> Outcome:
     kind, reason = _failure(out)
     m = re.search(r"(\d+) of (\d+) requests failed", reason)
     ok = kind == "measurement_failed" and bool(m) and int(m[1]) > 0.2 * int(m[2])
-    return Outcome(f"{kind}: {_short(reason, 80)}", ok, _recorded(out))
+    records = [json.loads(line) for line in
+               (d.out / "errors-many" / "requests.jsonl").read_text().splitlines()]
+    kinds = sorted({"malformed" if "malformed" in r["error"] else r["error"].split(":")[0]
+                    for r in records if r["error"] and not r["warmup"]})
+    said = f"{m[0]} ({', '.join(kinds)})" if m else _short(reason, 80)
+    return Outcome(f"{kind}: {said}", ok, _recorded(out))
 
 
 def port_taken(d: Drill, real: bool) -> Outcome:
@@ -505,8 +512,9 @@ def ray_worker_dies(d: Drill, real: bool) -> Outcome:
     f = study.trials[1].user_attrs.get("failure", {})
     counted = st.counted_trials(study)
     ok = f.get("kind") == "worker_died" and counted == 3
-    return Outcome(f"trial 1 FAIL ({f.get('kind')}): {_short(f.get('reason', ''), 60)}; study "
-                   f"went on, {counted}/3 trials recorded", ok, _study_lost(study, 3),
+    m = re.search(r"Ray worker failed: (\w+)", f.get("reason", ""))
+    return Outcome(f"trial 1 FAIL ({f.get('kind')}: {m[1] if m else f.get('reason', '?')}); "
+                   f"study went on, {counted}/3 trials recorded", ok, _study_lost(study, 3),
                    pgids=[killed["engine"]], ports=[killed["port"]])
 
 
@@ -517,25 +525,21 @@ Fault = tuple[str, str, str, Callable[[Drill, bool], Outcome]]
 def faults(real_engine: bool) -> list[Fault]:
     engine = "real" if real_engine else "fake"
     return [
-        ("exits at start-up (min>max window)", engine,
-         "EngineCrashed with vLLM's reason", crash_at_start),
-        ("SIGKILL mid-measurement", engine, "EngineDied: FAIL trial with reason",
-         killed_mid_measurement),
-        ("hangs before /health", engine, "EngineStartTimeout; stopped group reaped",
-         hang_before_health),
-        ("/health ok, requests stall", "fake", "request timeouts -> MeasurementFailed",
+        ("exits at start-up (min>max window)", engine, "EngineCrashed, vLLM's reason",
+         crash_at_start),
+        ("SIGKILL mid-measurement", engine, "EngineDied -> FAIL trial", killed_mid_measurement),
+        ("hangs before /health (SIGSTOP)" if real_engine else "hangs before /health", engine,
+         "EngineStartTimeout, reaped", hang_before_health),
+        ("/health ok, requests stall", "fake", "timeouts -> MeasurementFailed",
          stalled_requests),
-        ("malformed chunks + HTTP 500 (13%)", "fake", "errored records counted, trial kept",
-         errors_below_limit),
-        ("malformed chunks + HTTP 500 (>20%)", "fake", "MeasurementFailed: FAIL trial",
-         errors_above_limit),
+        ("malformed + HTTP 500, 13%", "fake", "errors counted, trial kept", errors_below_limit),
+        ("malformed + HTTP 500, >20%", "fake", "MeasurementFailed -> FAIL", errors_above_limit),
         ("port taken before bind", "fake", "retry on another port", port_taken),
-        ("driver gets SIGINT in a trial", "fake",
-         "exit 130, 1 line; no engine left; resume", lambda d, _: driver_signal(d, signal.SIGINT)),
-        ("driver gets SIGKILL in a trial", "fake", "no engine left (PDEATHSIG); resume",
+        ("driver SIGINT mid-trial", "fake", "exit 130, 1 line, resume",
+         lambda d, _: driver_signal(d, signal.SIGINT)),
+        ("driver SIGKILL mid-trial", "fake", "engine dies too, resume",
          lambda d, _: driver_signal(d, signal.SIGKILL)),
-        ("Ray worker dies with its trial", "fake", "FAIL worker_died; study goes on; no engine",
-         ray_worker_dies),
+        ("Ray worker killed mid-trial", "fake", "FAIL worker_died, goes on", ray_worker_dies),
     ]
 
 

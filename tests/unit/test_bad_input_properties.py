@@ -10,8 +10,10 @@ prints how many inputs each property tried and how they ended.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -29,6 +31,7 @@ PROPERTY = settings(max_examples=200, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TRIED: dict[str, Counter] = defaultdict(Counter)
 _DIR = Path(tempfile.mkdtemp(prefix="bad-input-"))
+atexit.register(shutil.rmtree, _DIR, True)
 
 
 def only_config_error(name: str, load, *args, **kwargs):
