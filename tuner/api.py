@@ -585,9 +585,13 @@ def statistics_median(values: list[float]) -> float | None:
 
 
 def _serve(engine: EngineSpec, config: TrialConfig) -> str:
+    """The serve command with the engine arguments the policy was measured with."""
+    import shlex
+
     from tuner.engine import serve_command
 
-    return serve_command(engine, config)
+    cmd = serve_command(engine, config)
+    return cmd + (" " + shlex.join(engine.extra_args) if engine.extra_args else "")
 
 
 def _max_num_seqs(engine: EngineSpec) -> int | None:

@@ -384,7 +384,7 @@ def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None =
         _note(notes, "Policy: no ladder measurements yet.")
         return []
     with sns.axes_style("whitegrid"):
-        fig = _figure(8.6, 5.0)
+        fig = _figure(9.6, 5.0)
         ax = fig.add_subplot()
         series = list(dict.fromkeys(df["series"]))
         palette = dict(zip(series, sns.color_palette("tab10", len(series))))
@@ -393,8 +393,8 @@ def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None =
             part = df[df["series"] == name].sort_values("concurrency")
             style = {"lw": 2.6, "marker": "D"} if name.startswith("policy") else \
                 {"lw": 1.4, "marker": "o", "ls": "--" if name.startswith("baseline") else "-"}
-            ax.plot(part["concurrency"], part["speedup"], label=name, color=palette[name],
-                    **style)
+            ax.plot(part["concurrency"], part["speedup"], label=_wrap(name, 34),
+                    color=palette[name], **style)
             if not name.startswith("baseline"):
                 ax.fill_between(part["concurrency"], part["speedup"] * (1 - part["noise"]),
                                 part["speedup"] * (1 + part["noise"]), color=palette[name],
