@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.records import EngineSpec, Frozen, LevelMetrics, TrialConfig
+from tuner.engine import engine_flags
 
 if TYPE_CHECKING:
     import optuna
@@ -548,13 +549,7 @@ def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int)
     # FLAG=VALUE: argparse would take a value that starts with "--" for another flag.
     if engine.get("vllm_cmd"):
         parts.append("--vllm-cmd=" + shlex.join(engine["vllm_cmd"]))
-    engine_args = list(engine.get("extra_args") or [])
-    for name, value in sorted(config.engine_args.items()):
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            engine_args.append(flag)
-        elif value is not False and value is not None:
-            engine_args += [flag, str(value)]
+    engine_args = list(engine.get("extra_args") or []) + engine_flags(config)
     if engine_args:
         parts.append("--engine-args=" + shlex.join(engine_args))
     parts += ["--speculative-config",

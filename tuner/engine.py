@@ -87,6 +87,18 @@ def vllm_reason(tail: str) -> str:
     return lines[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
 
 
+def engine_flags(config: TrialConfig) -> list[str]:
+    """A trial's engine knobs as vLLM flags: True -> `--flag`, False/None -> omitted."""
+    flags: list[str] = []
+    for name, value in sorted(config.engine_args.items()):
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False and value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
 def build_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
     """The exact command line; a list, never a shell string, so paths reach vLLM intact."""
     argv = list(spec.vllm_cmd or DEFAULT_VLLM_CMD)
@@ -96,12 +108,7 @@ def build_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str
         argv += ["--tokenizer", spec.tokenizer]
     if config.speculative_config:
         argv += ["--speculative-config", config.spec_json()]
-    for name, value in sorted(config.engine_args.items()):
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not False and value is not None:
-            argv += [flag, str(value)]
+    argv += engine_flags(config)
     argv += list(spec.extra_args)
     return argv
 
@@ -113,13 +120,7 @@ def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
     parts = ["vllm", "serve", spec.model]
     if config.speculative_config:
         parts += ["--speculative-config", config.spec_json()]
-    for name, value in sorted(config.engine_args.items()):
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            parts.append(flag)
-        elif value is not False and value is not None:
-            parts += [flag, str(value)]
-    return shlex.join(parts)
+    return shlex.join(parts + engine_flags(config))
 
 
 class Engine:
