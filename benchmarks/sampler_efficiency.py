@@ -63,7 +63,9 @@ def main() -> None:
     ap.add_argument("study_dir", type=Path)
     ap.add_argument("--seeds", type=int, default=11)
     args = ap.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from tuner.study import quiet_optuna
+
+    quiet_optuna()
     values, best, n, sp = table(args.study_dir)
     results = {}
     for name, make in (("tpe (default)", lambda s: optuna.samplers.TPESampler(
