@@ -564,7 +564,7 @@ def _verification(runs: list[dict], policy_cfg: TrialConfig, static: TrialConfig
                      "policy_drafts": statistics_median(drafts.get(c, [])),
                      "below_baseline_beyond_noise": rules.loses(p)})
     low = rows[0]
-    verdict = (f"Verified on the ladder: the policy is never below the baseline beyond the noise"
+    verdict = ("Verified on the ladder: the policy is never below the baseline beyond the noise"
                if not worse else
                f"The policy fell below the baseline beyond the noise at concurrency "
                f"{', '.join(map(str, worse))}")

@@ -24,8 +24,6 @@ ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
 
 
 def storage(out_dir: Path, url: str | None = None) -> Any:
-    import optuna
-
     if url:
         if "://" not in url:
             raise ConfigError(f"--storage '{url}' is not an Optuna storage URL. Examples: "
