@@ -4,8 +4,10 @@ Used by the tests, for fault injection and by the fidelity benchmark; it never g
 text. It accepts the command line our engine stage passes to vLLM (unknown flags are ignored),
 serves GET /health, GET /metrics (vLLM's spec-decode counters when a speculative config is given,
 plus `fake:*` gauges), GET /v1/models and POST /v1/completions streamed exactly as vLLM streams
-it. Token i of a request is written at start + ttft + i * tpot against absolute deadlines, so
-the scripted TTFT and TPOT are the true values a client should measure at any concurrency.
+it. Token i of a request is written at arrival + ttft + i * tpot against absolute deadlines
+(arrival: when the request's first bytes reached the process), so the scripted TTFT and TPOT
+are what a client should measure at any concurrency; GET /fake/served tells, per request, when
+the server really wrote, which is the truth benchmarks/fidelity.py compares with.
 Run it as `python -m tuner.fake_engine --port 8000 --fake-script '{"ttft_ms": 80}'`.
 """
 
@@ -97,6 +99,45 @@ class _State:
     lag_sum_s: float = 0.0
     lag_count: int = 0
     lag_max_s: float = 0.0
+    # Per request since the last reset, on CLOCK_MONOTONIC: what the server really did, the
+    # truth benchmarks/fidelity.py holds the client's figures against.
+    served: list[dict[str, Any]] = field(default_factory=list)
+
+
+# When the bytes of each connection's current request first reached this process. aiohttp
+# starts a handler only after parsing it and scheduling a task, which under a burst of a
+# hundred requests is milliseconds later: stamping here keeps the script's clock honest.
+_ARRIVALS: dict[Any, float] = {}
+
+
+def _stamp_arrivals() -> None:
+    from aiohttp import web_protocol
+
+    handler = web_protocol.RequestHandler
+    if getattr(handler, "_fake_stamped", False):
+        return
+    data_received, connection_lost = handler.data_received, handler.connection_lost
+
+    def stamped_data_received(self, data: bytes) -> None:
+        if data:  # aiohttp calls it with b"" itself to re-parse what it buffered
+            _ARRIVALS.setdefault(self, time.monotonic())
+        data_received(self, data)
+
+    def forgetting_connection_lost(self, exc) -> None:
+        _ARRIVALS.pop(self, None)
+        connection_lost(self, exc)
+
+    handler.data_received = stamped_data_received
+    handler.connection_lost = forgetting_connection_lost
+    handler._fake_stamped = True
+
+
+@web.middleware
+async def _arrival(request: web.Request, handler):
+    # One request at a time per connection (clients do not pipeline), so the stamp is this
+    # request's; popping it leaves the next request on the connection to stamp its own.
+    request["arrival"] = _ARRIVALS.pop(request.protocol, None) or time.monotonic()
+    return await handler(request)
 
 
 def _log(message: str, level: str = "INFO") -> None:
@@ -179,7 +220,7 @@ def _error(status: int, message: str, kind: str) -> web.Response:
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    t0 = time.monotonic()  # the scripted TTFT counts from here
+    t0 = request["arrival"]  # the scripted TTFT counts from here
     state: _State = request.app["state"]
     script = state.script
     if _unauthorized(request, state):
@@ -207,8 +248,12 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         if script.stall_requests:
             await asyncio.Event().wait()
         await resp.prepare(request)
-        await _stream(resp, state, body, t0=t0, number=number)
+        served = {"number": number, "prompt": str(body.get("prompt", ""))[:64],
+                  "arrival": t0}
+        await _stream(resp, state, body, t0=t0, number=number, served=served)
         await resp.write_eof()
+        served["eof"] = time.monotonic()
+        state.served.append(served)
     except ConnectionResetError:
         pass  # the client went away (its own timeout, or a chunk it rejected)
     finally:
@@ -217,7 +262,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any], *,
-                  t0: float, number: int) -> None:
+                  t0: float, number: int, served: dict[str, Any]) -> None:
     """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
     script = state.script
     max_tokens = int(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
@@ -272,8 +317,11 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
             await resp.write((f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
                               f'"logprobs":null,"finish_reason":{reason},"stop_reason":null}}]}}'
                               "\n\n").encode())
+            if i == 0:
+                served["first_write"] = time.monotonic()
         else:
             texts.append(text)
+    served["tokens"] = n
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
              "completion_tokens": n}
     if not stream:
@@ -328,7 +376,13 @@ async def _reset_stats(request: web.Request) -> web.Response:
     """Start a fresh window for max in-flight and emission lag (one per measured level)."""
     s: _State = request.app["state"]
     s.max_inflight, s.lag_sum_s, s.lag_count, s.lag_max_s = s.inflight, 0.0, 0, 0.0
+    s.served = []
     return web.Response(status=204)
+
+
+async def _served(request: web.Request) -> web.Response:
+    """Every streamed request completed since the last reset: arrival, first write, end."""
+    return web.json_response(request.app["state"].served)
 
 
 async def _script(request: web.Request) -> web.Response:
@@ -336,11 +390,13 @@ async def _script(request: web.Request) -> web.Response:
 
 
 async def _serve(state: _State, host: str, port: int) -> None:
-    app = web.Application()
+    _stamp_arrivals()
+    app = web.Application(middlewares=[_arrival])
     app["state"] = state
     app.add_routes([web.get("/health", _health), web.get("/metrics", _metrics),
                     web.get("/v1/models", _models), web.post("/v1/completions", _completions),
-                    web.post("/fake/reset_stats", _reset_stats), web.get("/fake/script", _script)])
+                    web.post("/fake/reset_stats", _reset_stats), web.get("/fake/script", _script),
+                    web.get("/fake/served", _served)])
     # A short shutdown timeout: a stalled request must not hold up the engine's teardown.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()

@@ -1,0 +1,185 @@
+"""The load generator's HTTP/1.1 response parsing, byte by byte, without a server.
+
+The client is the measuring instrument, so its parser must give the same answer however the
+kernel splits a response into reads: the properties feed one response in random pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner import loadgen
+from tuner.loadgen import _Response
+
+
+def _sse(tokens: int, *, usage: bool = True) -> bytes:
+    events = [b'data: {"choices":[{"index":0,"text":" t%d"}]}\n\n' % i for i in range(tokens)]
+    if usage:
+        events.append(b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}'
+                      b"\n\n" % tokens)
+    events.append(b"data: [DONE]\n\n")
+    return b"".join(events)
+
+
+def _chunked(body: bytes, *, piece: int = 40) -> bytes:
+    out = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(body[i:i + piece]), body[i:i + piece])
+                   for i in range(0, len(body), piece))
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + out + b"0\r\n\r\n")
+
+
+def _feed(raw: bytes, cuts: list[int], *, stream: bool = True) -> _Response:
+    loop = asyncio.new_event_loop()
+    try:
+        resp = _Response(0.0, loop.create_future(), stream=stream)
+        bounds = [0, *sorted({c % (len(raw) + 1) for c in cuts}), len(raw)]
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            resp.feed(raw[a:b], float(i + 1))
+        return resp
+    finally:
+        loop.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(1, 12), piece=st.integers(1, 90),
+       cuts=st.lists(st.integers(0, 10_000), max_size=12))
+def test_a_chunked_stream_parses_the_same_however_it_is_split(tokens, piece, cuts) -> None:
+    resp = _feed(_chunked(_sse(tokens), piece=piece), cuts)
+    assert resp.done.done() and resp.error is None
+    assert resp.out_tokens == tokens and resp.prompt_tokens == 7
+    assert len(resp.gaps) == tokens - 1
+    assert resp.ttft is not None and resp.ttft >= 1.0  # stamped at a read, never before
+    assert resp.keep_alive
+
+
+@given(cuts=st.lists(st.integers(0, 10_000), max_size=6))
+def test_an_error_body_with_content_length_becomes_the_message(cuts) -> None:
+    body = json.dumps({"error": {"message": "prompt_lookup_min must be <= max"}}).encode()
+    raw = (b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+    resp = _feed(raw, cuts)
+    assert resp.done.done()
+    assert resp.error.startswith("HTTP 400: ") and "prompt_lookup_min" in resp.error
+
+
+def test_a_stream_without_usage_or_tokens_is_an_error() -> None:
+    assert _feed(_chunked(_sse(3, usage=False)), []).error.startswith(
+        "stream ended without a usage chunk")
+    assert _feed(_chunked(b"data: [DONE]\n\n"), []).error == "stream ended without any token"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (b'data: {"choices": [{"text": \n\n', "malformed JSON chunk"),
+    (b"event: ping\n\n", "malformed stream event"),
+    (b'data: {"error": {"message": "engine dead"}}\n\n', "server error in stream"),
+])
+def test_broken_streams_end_the_request_with_the_reason(bad, message) -> None:
+    first_token = _sse(2).split(b"\n\n")[0] + b"\n\n"
+    resp = _feed(_chunked(first_token + bad), [])
+    assert message in resp.error and not resp.keep_alive
+
+
+def test_garbage_and_broken_framing_are_errors_not_exceptions() -> None:
+    assert "not an HTTP response" in _feed(b"SSH-2.0-OpenSSH\r\n\r\n", []).error
+    bad_size = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+    assert "bad chunk size" in _feed(bad_size, []).error
+
+
+def test_a_body_until_close_and_a_connection_lost_midway() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        until_close = _Response(0.0, loop.create_future())
+        until_close.feed(b"HTTP/1.0 200 OK\r\n\r\n" + _sse(2), 1.0)
+        assert not until_close.done.done()
+        until_close.lost(None, 2.0)
+        assert until_close.error is None and until_close.out_tokens == 2
+
+        cut = _Response(0.0, loop.create_future())
+        cut.feed(_chunked(_sse(4))[:120], 1.0)
+        cut.lost(ConnectionResetError("reset"), 2.0)
+        assert cut.error.startswith("connection lost mid-response")
+
+        silent = _Response(0.0, loop.create_future())
+        silent.lost(None, 1.0)
+        assert silent.error.startswith("server closed the connection before answering")
+    finally:
+        loop.close()
+
+
+def test_health_answers_are_not_streams() -> None:
+    resp = _feed(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", [], stream=False)
+    assert resp.done.done() and resp.error is None
+
+
+def _read_request(conn: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+    while b"\r\n\r\n" not in data:
+        more = conn.recv(65536)
+        if not more:
+            raise ConnectionError
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.lower().split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    return head, rest[length:]
+
+
+def _one_post_per_connection_server() -> tuple[socket.socket, list[str]]:
+    """A server that answers GET /health and one POST per connection, then reads the next
+    request and closes without a word, as a keep-alive timeout racing a request does."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    log: list[str] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            data, posts = b"", 0
+            try:
+                while True:
+                    head, data = _read_request(conn, data)
+                    if head.startswith(b"GET /health"):
+                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    elif posts == 0:
+                        posts += 1
+                        conn.sendall(_chunked(_sse(3)))
+                        log.append("answered")
+                    else:
+                        log.append("dropped")
+                        return
+            except ConnectionError:
+                return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, log
+
+
+def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
+    from tuner.records import Prompt
+
+    srv, log = _one_post_per_connection_server()
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=3) for i in range(4)]
+        records, _ = loadgen.run_requests(url, prompts, concurrency=1, api_key="k", model="m",
+                                          request_timeout_s=10)
+    finally:
+        srv.close()
+    assert [r.error for r in records] == [None] * 4
+    assert all(r.output_tokens == 3 for r in records)
+    assert log == ["answered", "dropped"] * 3 + ["answered"]
