@@ -281,6 +281,7 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     ends = chunk_ends(n, script.tokens_per_chunk)
     finish = "length" if n == max_tokens else "stop"
     texts: list[str] = []
+    deadline = t0 + script.ttft_ms / 1000.0
     for i, end in enumerate(ends):
         # Absolute deadlines: a late wake-up never delays the tokens after it. The first and
         # last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
@@ -290,8 +291,7 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
             if i > 0:
                 k_now = _k_for_batch(state, state.inflight)
                 tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
-            prev = deadline if i > 0 else t0 + script.ttft_ms / 1000.0
-            deadline = prev + ((end - ends[i - 1]) * tpot_ms / 1000.0 if i > 0 else 0.0)
+                deadline += (end - ends[i - 1]) * tpot_ms / 1000.0
         else:
             deadline = t0 + (script.ttft_ms + end * tpot_ms) / 1000.0
         await _sleep_until(deadline, precise=i in (0, len(ends) - 1))

@@ -132,8 +132,11 @@ def write_result(result: BenchResult, path: Path, **extra: object) -> None:
 
 def write_json_atomic(path: Path, payload: object) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, default=str))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after a rename; after a failure, not left behind
 
 
 def failure_record(exc: TrialFailed) -> dict:

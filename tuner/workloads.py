@@ -110,7 +110,28 @@ def read_rows(path: Path) -> list[dict]:
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
                               f"object.")
+    if "\\ud" in text.lower():  # only a \uXXXX escape can make a lone surrogate
+        for n, row in enumerate(rows, 1):
+            for key, value in row.items():
+                if _has_lone_surrogate(value):
+                    raise ConfigError(
+                        f"{path}: record {n}: '{key}' holds an unpaired surrogate escape "
+                        f"(\\ud800-\\udfff), which is not text; fix that escape in the file.")
     return rows
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 def _rows(spec: WorkloadSpec) -> tuple[Path, list[dict]]:

@@ -234,3 +234,18 @@ def test_zz_report_what_was_tried():
              f"{c['accepted']} accepted)" for name, c in sorted(TRIED.items())]
     print("\nbad-input properties:\n  " + "\n  ".join(lines))
     assert all(sum(c.values()) > 0 for c in TRIED.values())
+
+
+@pytest.mark.parametrize("name, row", [
+    ("instructcoder", {"instruction": "fix \ud800 this", "input": "x = 1"}),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "hi \udfff"},
+                                    {"from": "gpt", "value": "hello there"}]}),
+    ("spec_bench", {"question_id": 1, "category": "coding", "turns": ["a \ud83d b"]}),
+])
+def test_built_in_workloads_refuse_lone_surrogates_in_a_dataset_file(cached_tokenizer, name,
+                                                                      row) -> None:
+    # json.dumps spells the lone surrogate as a \udXXX escape, as a broken export would.
+    path = _file(f"{name}-surrogate.jsonl", json.dumps(row) + "\n")
+    spec = WorkloadSpec(name=name, dataset_path=str(path), num_prompts=1)
+    with pytest.raises(ConfigError, match="record 1: .* unpaired surrogate"):
+        workloads.load(spec, tokenizer=workloads.EMBEDDED_TOKENIZER)
