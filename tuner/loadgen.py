@@ -123,7 +123,8 @@ class _Response:
         self.prompt_tokens: int | None = None
         self.error: str | None = None
         self.end: float | None = None
-        self.received = 0  # bytes of the response so far (0: the server never answered)
+        self.received = 0  # bytes of the response so far
+        self.unanswered = False  # the server closed the connection without a byte of answer
         self.keep_alive = True
         self._head = b""
         self._status: int | None = None
@@ -165,6 +166,7 @@ class _Response:
             return
         why = f": {exc}" if exc else ""
         if self.received == 0:
+            self.unanswered = True
             self._finish(now, f"server closed the connection before answering{why}")
         else:
             self._finish(now, f"connection lost mid-response{why}")
@@ -357,7 +359,7 @@ class _Slot:
             reason = getattr(e, "strerror", None) or type(e).__name__
             return f"cannot connect to {self.target.address}: {reason}"
         health = await self._exchange(self.target.health, timeout_s=CONNECT_TIMEOUT_S,
-                                      stream=False)
+                                      timeout_hint="", stream=False)
         if health.error is not None:
             # Not fatal here: the request itself will tell what is wrong with the server.
             self.close()
@@ -366,6 +368,7 @@ class _Slot:
         return None
 
     async def _exchange(self, request: bytes, *, timeout_s: float,
+                        timeout_hint: str = " (--request-timeout)",
                         stream: bool = True) -> _Response:
         conn = self.conn
         conn.requests += 1
@@ -375,8 +378,7 @@ class _Slot:
         try:
             await asyncio.wait_for(asyncio.shield(resp.done), timeout=timeout_s)
         except asyncio.TimeoutError:
-            resp._finish(time.perf_counter(), f"timed out after {timeout_s:.0f} s "
-                                              "(--request-timeout)")
+            resp._finish(time.perf_counter(), f"timed out after {timeout_s:.0f} s{timeout_hint}")
             resp.keep_alive = False
         conn.response = None
         if not resp.keep_alive:
@@ -393,9 +395,7 @@ class _Slot:
                 return failed
             reused = self.conn.requests > 1  # beyond its GET /health
             resp = await self._exchange(request, timeout_s=timeout_s)
-            stale = (reused and resp.received == 0 and resp.error is not None
-                     and resp.error.startswith("server closed"))
-            if not stale or attempt == 1:
+            if not (reused and resp.unanswered) or attempt == 1:
                 return resp
         raise AssertionError("unreachable")
 
