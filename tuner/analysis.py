@@ -2,9 +2,10 @@
 
 Reads trials only through the storage contract (user_attrs "config", "result", "repeats",
 "failure", ...) and promises: a flat frame with one row per (trial, concurrency level), failed
-and unfinished trials kept as rows with their reason; Pareto fronts of throughput against
-per-token latency; speedups against the no-speculation baseline of the same study at the same
-concurrency; and a Recommendation per level that states how sure it is and refuses, with the
+and unfinished trials kept as rows with their reason, and one with a row per (config, level)
+whose repeats are pooled; Pareto fronts of throughput against per-token latency; speedups
+against the no-speculation baseline of the same study at the same concurrency; and a
+Recommendation per level that states how sure it is and refuses, with the
 reason, when the data cannot support one. Never touches an engine.
 """
 
@@ -39,6 +40,7 @@ SPREAD_COLUMNS = (
     *(f"{m}_{s}" for m in SPREAD_METRICS for s in ("median", "mad")),
 )
 SPEEDUP_COLUMNS = ("speedup_throughput", "speedup_tpot")
+CONFIG_COLUMNS = ("trials", "n_failed")  # configs_frame: a config's launches, failed ones
 _NOT_FINISHED = {
     "RUNNING": "not finished: still running, or the driver was stopped (rerun the same "
                "command to resume)",
@@ -137,7 +139,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 def _trial_base(t: Any, study_name: str) -> dict[str, Any]:
     attrs = t.user_attrs
-    config = _trial_config(attrs.get("config"), t.params)
+    # A trial not asked yet (WAITING) has only what was enqueued: an override or fixed params.
+    fixed = (getattr(t, "system_attrs", None) or {}).get("fixed_params") or {}
+    config = _trial_config(attrs.get("config") or attrs.get("config_override"),
+                           {**fixed, **t.params})
     failure = attrs.get("failure") or {}
     result = attrs.get("result") or {}
     engine = result.get("engine") or {} if isinstance(result, dict) else {}
@@ -197,6 +202,46 @@ def with_medians(df: pd.DataFrame) -> pd.DataFrame:
     for metric in SPREAD_METRICS:
         median = out[f"{metric}_median"]
         out[metric] = median.where(median.notna(), out[metric])
+    return out
+
+
+def configs_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (config, concurrency level): trials_frame with each config listed once.
+
+    The trials of one config (first launch, repeats, a relaunch after a transient failure) are
+    pooled: throughput and TPOT are the medians of SPREAD_COLUMNS (MAD and n_measurements
+    beside them), every other numeric level field the median over those trials, list fields
+    the first trial's. Proposals answered from storage (`duplicate_of`) are left out: they
+    measured nothing. A config never measured keeps one row, its latest trial (the failure
+    reason, or the unfinished state). `trial` is the config's first measured trial, `trials`
+    (JSON list) all its launches, `n_failed` those that failed; `duplicate_of` is dropped.
+    """
+    launched = df[df["duplicate_of"].isna()]
+    numeric = [f for f in LEVEL_FIELDS if f in df and pd.api.types.is_numeric_dtype(df[f])]
+    rows: list[dict[str, Any]] = []
+    for _, group in launched.groupby("config_key", sort=False, dropna=False):
+        group = group.sort_values(["trial", "concurrency"], kind="stable")
+        extra = {"trials": json.dumps(sorted({int(t) for t in group["trial"].dropna()})),
+                 "n_failed": int(group.loc[group["state"] == "FAIL", "trial"].nunique())}
+        done = group[(group["state"] == "COMPLETE") & group["concurrency"].notna()]
+        if done.empty:
+            rows.append({**group.iloc[-1].to_dict(), **extra})
+            continue
+        for _, level in done.groupby("concurrency", sort=True):
+            row = {**level.iloc[0].to_dict(), **extra}
+            if len(level) > 1:
+                row.update({f: level[f].median() for f in numeric})
+            for metric in SPREAD_METRICS:
+                if pd.notna(row.get(f"{metric}_median")):
+                    row[metric] = row[f"{metric}_median"]
+            rows.append(row)
+    columns = [c for c in df.columns if c != "duplicate_of"] + list(CONFIG_COLUMNS)
+    out = pd.DataFrame(rows, columns=columns)
+    if not out.empty:
+        out = out.sort_values(["trial", "concurrency"], kind="stable").reset_index(drop=True)
+    for col in ("trial", "concurrency", "n_measurements", "n_repeats", "n_failed"):
+        out[col] = pd.to_numeric(out[col]).astype("Int64")
+    out.attrs = dict(df.attrs)
     return out
 
 

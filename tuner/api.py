@@ -13,6 +13,7 @@ import shlex
 import time
 from pathlib import Path
 
+from tuner import settings as checks
 from tuner import workloads
 from tuner.errors import ConfigError
 from tuner.records import BenchResult, EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
@@ -73,7 +74,8 @@ def bench(
     from tuner import runner
 
     wl = workloads.load(workload, tokenizer=tokenizer_of(engine),
-                        pool=settings.pool_size(workload.num_prompts))
+                        pool=settings.pool_size(workload.num_prompts),
+                        max_model_len=checks.max_model_len(engine.extra_args), say=say)
     out_dir.mkdir(parents=True, exist_ok=True)
     say(f"Benchmarking {config.label()} on {Path(engine.model).name}, workload {workload.name} "
         f"({len(wl.prompts)} prompts), concurrency {','.join(map(str, settings.concurrencies))}")
@@ -148,6 +150,30 @@ def fingerprint(engine: EngineSpec, workload: WorkloadSpec, digest: str) -> dict
             "temperature": workload.temperature, "ignore_eos": workload.ignore_eos}
 
 
+def _one_driver(fn):
+    """The decorated call is a driver: a study it opens for writing stays locked until the call
+    returns (tuner.storage), so two drivers never write one study."""
+    import functools
+
+    @functools.wraps(fn)
+    def as_driver(**kwargs):
+        from tuner import storage
+
+        with storage.driver(say=kwargs.get("say", print)):
+            return fn(**kwargs)
+
+    return as_driver
+
+
+@_one_driver
+def repair(*, study_dir: Path, say=print) -> str:
+    """Quarantine the bad lines of a study's journal, keep every good record, check it loads."""
+    from tuner import storage
+
+    return storage.repair(study_dir)
+
+
+@_one_driver
 def optimize(
     *, workload: WorkloadSpec, engine: EngineSpec, space_name: str, settings: MeasureSettings,
     out_dir: Path, study_name: str, n_trials: int, timeout_s: float | None = None,
@@ -171,7 +197,8 @@ def optimize(
                           f"{','.join(map(str, settings.concurrencies))}; add it there.")
     check_methods(sp, engine)
     wl = workloads.load(workload, tokenizer=tokenizer_of(engine),
-                        pool=settings.pool_size(workload.num_prompts))
+                        pool=settings.pool_size(workload.num_prompts),
+                        max_model_len=checks.max_model_len(engine.extra_args), say=say)
     attrs = {"workload": workload.model_dump(), "workload_digest": wl.digest,
              "engine_spec": engine.model_dump(), "settings": settings.model_dump(),
              "space": sp.name, "objectives": objectives,
@@ -243,17 +270,20 @@ def _executor(engine: EngineSpec, *, ray_address, parallel, logical_gpus):
 def _enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
     from optuna.trial import TrialState
 
+    from tuner import study as st
+
     trials = study.get_trials(deepcopy=False)
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     has_baseline = any(t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-                       and t.params.get("method") == "none" or
-                       (t.state == TrialState.WAITING and
-                        t.system_attrs.get("fixed_params", {}).get("method") == "none")
-                       for t in trials)
+                       and st.is_baseline(t) for t in trials)
     if not has_baseline:
-        study.enqueue_trial({"method": "none"}, user_attrs={"role": "baseline"})
+        # An override, not a sampled value: "none" is no choice of the sampled method, so the
+        # sampler is never steered back to this measured point (tuner.space suggest).
+        study.enqueue_trial({}, user_attrs={"role": "baseline", "config_override": json.loads(
+            sp.baseline().model_dump_json())})
     for params in retry:
-        study.enqueue_trial(params, user_attrs={"role": "retry"})
+        if params.get("method") != "none":  # a baseline is enqueued above when it is missing
+            study.enqueue_trial(params, user_attrs={"role": "retry"})
     if trials and waiting:
         return
     if not trials:
@@ -267,28 +297,46 @@ def _enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
 
 
 class _SearchLoop:
-    """Ask/tell in the driver; trials run on the executor (inline or Ray)."""
+    """Ask/tell in the driver; trials run on the executor (inline or Ray).
+
+    What storage already knows is never launched again: a config measured before is answered
+    with its result, a config the same engine refused at start with its failure (study.py
+    `rejected`); neither counts toward --n-trials.
+    """
 
     def __init__(self, *, study, space, engine, workload, settings, out_dir, objectives, target,
                  constraints, executor, gpus, say, rates=None) -> None:
         self.__dict__.update(locals())
         del self.__dict__["self"]
+        from tuner import study as st
+
         self.launched = 0
+        self.engine_digest = st.engine_digest(engine)
+        self.method_choices = st.method_choices(study)
+        self._space_keys: frozenset | None = None  # config keys of a finite space
 
     def suggest(self, trial) -> TrialConfig:
         from tuner.space import with_acceptance_profile
 
-        return with_acceptance_profile(self.space.suggest(trial), self.rates)
+        return with_acceptance_profile(
+            self.space.suggest(trial, method_choices=self.method_choices), self.rates)
+
+    def config_of(self, trial) -> TrialConfig:
+        """The enqueued override (baseline, aligned baseline, repeat) or the sampler's pick."""
+        override = trial.user_attrs.get("config_override")
+        return TrialConfig.model_validate(override) if override else self.suggest(trial)
 
     def _baseline(self):
         from tuner import study as st
 
         for t in st.completed(self.study).values():
-            if t.params.get("method") == "none":
+            if st.is_baseline(t):
                 return t.user_attrs.get("result")
         return None
 
     def run(self, *, n_trials: int, timeout_s: float | None) -> None:
+        from optuna.trial import TrialState
+
         from tuner import study as st
 
         t0 = time.monotonic()
@@ -298,27 +346,27 @@ class _SearchLoop:
             budget = n_trials - st.counted_trials(self.study) - len(in_flight)
             timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
             while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
+                if not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) \
+                        and self._exhausted():
+                    self.say(f"Every config of search space '{self.space.name}' "
+                             f"({len(self._space_keys or ())}) is measured or refused; "
+                             f"stopping the search.")
+                    break
                 trial = self.study.ask()
-                override = trial.user_attrs.get("config_override")
-                config = TrialConfig.model_validate(override) if override else \
-                    self.suggest(trial)
+                config = self.config_of(trial)
                 role = trial.user_attrs.get("role") or "search"
                 if config.method == "none" and role != "aligned_baseline":
                     role = "baseline"
                 st.label_trial(trial, config, "search" if role == "retry" else role)
-                dup = st.completed(self.study).get(config.key())
-                if dup is not None:
-                    self._answer_duplicate(trial, dup)
+                if self._answer_known(trial, config):
                     duplicates_in_row += 1
                     if duplicates_in_row > 25:
-                        self.say("The sampler keeps proposing measured configs: the space looks "
-                                 "exhausted; stopping the search.")
+                        self.say("The sampler keeps proposing configs already measured or "
+                                 "refused: the space looks exhausted; stopping the search.")
                         budget = 0
                     continue
                 duplicates_in_row = 0
-                trial_dir = self.out_dir / "trials" / str(trial.number)
-                self.executor.submit(trial.number, self.engine, config, self.workload,
-                                     self.settings, str(trial_dir), num_gpus=self.gpus)
+                self._submit(trial, config)
                 in_flight[trial.number] = (trial, config, time.monotonic())
                 self.launched += 1
                 budget -= 1
@@ -331,6 +379,49 @@ class _SearchLoop:
             number, outcome = self.executor.wait_one()
             trial, config, started = in_flight.pop(number)
             self._tell(trial, config, outcome, time.monotonic() - started)
+
+    def _exhausted(self) -> bool:
+        """A finite space whose every config is measured or refused: the sampler could only
+        propose known points, each one more trial answered from storage."""
+        from tuner import study as st
+        from tuner.space import with_acceptance_profile
+
+        if self._space_keys is None:
+            try:
+                self._space_keys = frozenset(
+                    with_acceptance_profile(self.space.config_from_params(p), self.rates).key()
+                    for p in self.space.grid(limit=10_000))
+            except ConfigError:  # continuous or too large to list: never exhausted
+                self._space_keys = frozenset({None})
+        known = set(st.completed(self.study)) | set(
+            st.rejected(self.study, engine=self.engine_digest))
+        return self._space_keys <= known
+
+    def _submit(self, trial, config: TrialConfig) -> None:
+        from tuner import study as st
+
+        trial.set_user_attr(st.ENGINE_ATTR, self.engine_digest)
+        self.executor.submit(trial.number, self.engine, config, self.workload, self.settings,
+                             str(self.out_dir / "trials" / str(trial.number)),
+                             num_gpus=self.gpus)
+
+    def _answer_known(self, trial, config: TrialConfig) -> bool:
+        """Tell `trial` from storage when its config was measured or refused; True if told."""
+        from tuner import study as st
+
+        dup = st.completed(self.study).get(config.key())
+        if dup is not None:
+            self._answer_duplicate(trial, dup)
+            return True
+        refused = st.rejected(self.study, engine=self.engine_digest).get(config.key())
+        if refused is None:
+            return False
+        st.tell_known_failure(self.study, trial, refused)
+        kind = refused.user_attrs["failure"].get("kind")
+        self.say(f"trial {trial.number} {config.label()}: the engine refused this config in "
+                 f"trial {refused.number} ({kind}); answered from storage as FAIL (no engine "
+                 f"launched; a new --study-name would launch it again)")
+        return True
 
     def _tell(self, trial, config, outcome: dict, wall_s: float) -> None:
         from tuner import study as st
@@ -369,29 +460,29 @@ class _SearchLoop:
         """Re-measure the baseline and the leading configs so ranking can use their spread."""
         from optuna.trial import TrialState
 
+        from tuner import study as st
+
         trials = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if t.user_attrs.get("duplicate_of") is None]
+                  if t.user_attrs.get("duplicate_of") is None and t.user_attrs.get("config")]
         originals = [t for t in trials if t.user_attrs.get("role") != "repeat"]
-        spec = sorted((t for t in originals if t.params.get("method") != "none"),
+        spec = sorted((t for t in originals if t.user_attrs["config"].get("speculative_config")),
                       key=lambda t: -_level_of(t, self.target, "output_throughput"))[:leaders]
-        base = [t for t in originals if t.params.get("method") == "none"][:1]
+        base = [t for t in originals if st.is_baseline(t)][:1]
         for t in base + spec:
             have = sum(1 for r in trials if r.user_attrs.get("repeat_of") == t.number)
             for _ in range(repeats - 1 - have):
-                self.study.enqueue_trial(t.params, user_attrs={"role": "repeat",
-                                                              "repeat_of": t.number})
-                trial = self.study.ask()
-                config = self.suggest(trial)
-                from tuner import study as st
-
+                # The stored config itself, on a trial of its own: study.ask() would hand out a
+                # WAITING grid point instead, and a re-sampled config might not be this one.
+                trial = st.ask_fresh(self.study, user_attrs={
+                    "role": "repeat", "repeat_of": t.number,
+                    "config_override": t.user_attrs["config"]})
+                config = self.config_of(trial)
                 st.label_trial(trial, config, "repeat")
-                trial.set_user_attr("repeat_of", t.number)
                 self.say(f"repeat of trial {t.number} ({config.label()})")
-                self.executor.submit(trial.number, self.engine, config, self.workload,
-                                     self.settings, str(self.out_dir / "trials" /
-                                                        str(trial.number)), num_gpus=self.gpus)
+                started = time.monotonic()
+                self._submit(trial, config)
                 _, outcome = self.executor.wait_one()
-                self._tell(trial, config, outcome, 0.0)
+                self._tell(trial, config, outcome, time.monotonic() - started)
 
 
 def _level_of(trial, c: int, metric: str) -> float:
@@ -417,6 +508,7 @@ def trial_line(result: BenchResult, baseline: dict | None) -> str:
     return " | ".join(parts)
 
 
+@_one_driver
 def policy(
     *, study_dir: Path, storage_url: str | None = None, study_name: str | None = None,
     ladder: tuple[int, ...] | None = None, max_concurrency: int | None = None,
@@ -432,7 +524,7 @@ def policy(
     from tuner import study as st
     from tuner.errors import ConfigError as _CE
 
-    study = st.open_existing(study_dir, storage_url, study_name)
+    study = st.open_existing(study_dir, storage_url, study_name, setup=True, write=True)
     meta = study.user_attrs.get(st.ATTR) or {}
     engine = EngineSpec.model_validate(meta["engine_spec"])
     wspec = WorkloadSpec.model_validate(meta["workload"])
@@ -446,7 +538,8 @@ def policy(
     ladder_settings = MeasureSettings(concurrencies=tuple(ladder),
                                       requests_per_slot=requests_per_slot)
     wl = workloads.load(wspec, tokenizer=tokenizer_of(engine),
-                        pool=ladder_settings.pool_size(wspec.num_prompts))
+                        pool=ladder_settings.pool_size(wspec.num_prompts),
+                        max_model_len=checks.max_model_len(engine.extra_args), say=say)
     picks = _leaders(analysis.trials_frame(study), leaders)
     if not picks:
         raise _CE(f"Study '{study.study_name}' has no completed speculative trial yet; run "

@@ -1,30 +1,29 @@
 """Command line: parse options into validated records, call tuner.api, map errors to exit codes.
 
 Exit status: 0 success, 2 a user mistake (ConfigError or a bad flag; one message, no
-traceback), 130 interrupted. Anything else is a bug and shows its traceback.
+traceback), 1 an optimize study with nothing to compare (every trial, or the baseline, failed;
+one line with the most common reason), 130 interrupted. Anything else is a bug and shows its
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import time
 from pathlib import Path
 
+from tuner import settings as checks
 from tuner.errors import ConfigError
+
+_opt = checks.option  # argparse `type=`: converts and checks against tuner.settings.BOUNDS
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"--concurrency '{text}': expected positive integers separated by "
-                          f"commas, e.g. --concurrency 1,8,32.") from None
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"--concurrency '{text}': every level must be a positive integer, "
-                          f"e.g. --concurrency 1,8,32.")
-    return tuple(dict.fromkeys(values))
+    """`--concurrency 1,8,32`: distinct levels, each within tuner.settings' bound."""
+    return checks.int_list(text, "concurrency")
 
 
 def parse_spec_config(text: str | None) -> dict | None:
@@ -62,14 +61,15 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workload", default="instructcoder",
                    help="instructcoder, sharegpt, spec_bench, random or custom")
     g.add_argument("--dataset-path", help="local dataset file (jsonl/json/parquet)")
-    g.add_argument("--num-prompts", type=int, default=16)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--output-len", type=int, help="max output tokens per request")
-    g.add_argument("--max-input-tokens", type=int)
+    g.add_argument("--num-prompts", type=_opt("num_prompts"), default=16)
+    g.add_argument("--seed", type=_opt("seed"), default=0)
+    g.add_argument("--output-len", type=_opt("output_len"),
+                   help="max output tokens per request")
+    g.add_argument("--max-input-tokens", type=_opt("max_input_tokens"))
     g.add_argument("--category", help="spec_bench category filter")
-    g.add_argument("--random-input-len", type=int, default=256)
-    g.add_argument("--random-output-len", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--random-input-len", type=_opt("random_input_len"), default=256)
+    g.add_argument("--random-output-len", type=_opt("random_output_len"), default=128)
+    g.add_argument("--temperature", type=_opt("temperature"), default=0.0)
     g.add_argument("--ignore-eos", action="store_true",
                    help="never stop at EOS (inflates n-gram acceptance; recorded)")
     g.add_argument("--skip-chat-template", action="store_true")
@@ -83,9 +83,10 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
                    "'/opt/venv/bin/python -m vllm.entrypoints.openai.api_server'")
     g.add_argument("--engine-args", help="extra vLLM arguments, quoted as one string")
     g.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE")
-    g.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to /health")
-    g.add_argument("--request-timeout", type=float, default=300.0)
-    g.add_argument("--level-timeout", type=float, default=3600.0)
+    g.add_argument("--ready-timeout", type=_opt("ready_timeout"), default=900.0,
+                   help="seconds to /health")
+    g.add_argument("--request-timeout", type=_opt("request_timeout"), default=300.0)
+    g.add_argument("--level-timeout", type=_opt("level_timeout"), default=3600.0)
     g.add_argument("--acceptance-profile", metavar="RESULT_JSON",
                    help="use vLLM's synthetic rejection sampling with the per-position "
                    "acceptance measured by `tuner bench` on a real model (for dummy weights); "
@@ -95,41 +96,32 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 def _add_measure(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--concurrency", default="1", help="levels, e.g. 1,8,32")
-    g.add_argument("--num-requests", type=int, help="measured requests per level")
-    g.add_argument("--requests-per-slot", type=int, default=4)
+    g.add_argument("--num-requests", type=_opt("num_requests"),
+                   help="measured requests per level")
+    g.add_argument("--requests-per-slot", type=_opt("requests_per_slot"), default=4)
 
 
 def _add_policy(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load-aware policy")
     g.add_argument("--ladder", help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of "
                    "two up to --max-concurrency)")
-    g.add_argument("--max-concurrency", type=int, default=16)
-    g.add_argument("--policy-repeats", type=int, default=2)
-    g.add_argument("--leaders", type=int, default=2, help="leading configs (best per method)")
+    g.add_argument("--max-concurrency", type=_opt("max_concurrency"), default=16)
+    g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=2)
+    g.add_argument("--leaders", type=_opt("leaders"), default=2,
+                   help="leading configs (best per method)")
     g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
-    g.add_argument("--policy-num-prompts", type=int)
-    g.add_argument("--policy-output-len", type=int)
-    g.add_argument("--policy-requests-per-slot", type=int, default=4)
+    g.add_argument("--policy-num-prompts", type=_opt("policy_num_prompts"))
+    g.add_argument("--policy-output-len", type=_opt("policy_output_len"))
+    g.add_argument("--policy-requests-per-slot", type=_opt("policy_requests_per_slot"),
+                   default=4)
     g.add_argument("--side-by-side", action="store_true",
                    help="re-measure baseline and static config interleaved with the policy")
 
 
 def _policy_kwargs(args: argparse.Namespace) -> dict:
-    ladder = parse_concurrency(args.ladder) if args.ladder else None
-    if ladder and ladder != tuple(sorted(ladder)):
-        raise ConfigError(f"--ladder '{args.ladder}' must rise, e.g. 1,2,4,8.")
-    ks = None
-    if args.k_values:
-        try:
-            ks = tuple(int(k) for k in args.k_values.split(","))
-        except ValueError:
-            raise ConfigError(f"--k-values '{args.k_values}': integers separated by commas, "
-                              f"e.g. 5,2.") from None
-        if any(k < 1 for k in ks):
-            raise ConfigError(f"--k-values '{args.k_values}': every K must be at least 1.")
-    for flag in ("max_concurrency", "policy_repeats", "leaders"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1.")
+    # Single numbers were checked as argparse parsed them (tuner.settings); lists are here.
+    ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
+    ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
     return dict(ladder=ladder, max_concurrency=args.max_concurrency,
                 repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
                 num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
@@ -157,23 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure(o)
     g = o.add_argument_group("search")
     g.add_argument("--space", default="default", help="built-in space name or YAML path")
-    g.add_argument("--n-trials", type=int, default=12, help="total trials, resumes count")
-    g.add_argument("--timeout", type=float, help="stop launching trials after this many s")
+    g.add_argument("--n-trials", type=_opt("n_trials"), default=12,
+                   help="total trials, resumes count")
+    g.add_argument("--timeout", type=_opt("timeout"),
+                   help="stop launching trials after this many s")
     g.add_argument("--sampler", default="tpe", help="tpe, nsga2, gp, random or grid")
-    g.add_argument("--sampler-seed", type=int, default=0)
+    g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0)
     g.add_argument("--objectives", default="output_throughput,mean_tpot_ms")
-    g.add_argument("--target-concurrency", type=int,
+    g.add_argument("--target-concurrency", type=_opt("target_concurrency"),
                    help="level the objectives are read at (default: the first --concurrency)")
-    g.add_argument("--max-tpot-ms", type=float, help="SLO: mean TPOT limit (constraint)")
-    g.add_argument("--max-ttft-ms", type=float, help="SLO: p99 TTFT limit (constraint)")
-    g.add_argument("--repeats", type=int, default=1, help="measurements of the leaders")
+    g.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"),
+                   help="SLO: mean TPOT limit (constraint)")
+    g.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"),
+                   help="SLO: p99 TTFT limit (constraint)")
+    g.add_argument("--repeats", type=_opt("repeats"), default=1,
+                   help="measurements of the leaders")
     g.add_argument("--study-name")
     g.add_argument("--storage", help="Optuna RDB URL (default: a journal in the study folder)")
     g.add_argument("--output-dir", type=Path)
     g.add_argument("--ray-address", help="Ray cluster address (default: local)")
-    g.add_argument("--parallel", type=int, help="max trials at once (default: GPU count)")
-    g.add_argument("--gpus-per-trial", type=float)
-    g.add_argument("--logical-gpus", type=int, help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
+    g.add_argument("--parallel", type=_opt("parallel"),
+                   help="max trials at once (default: GPU count)")
+    g.add_argument("--gpus-per-trial", type=_opt("gpus_per_trial"))
+    g.add_argument("--logical-gpus", type=_opt("logical_gpus"),
+                   help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
     g.add_argument("--aligned-baseline", metavar="ENGINE_ARGS", nargs="?", const="",
                    help="also measure a baseline on the speculative engine path: vLLM args "
                    "(default none) plus --aligned-baseline-env, e.g. '--no-async-scheduling'")
@@ -198,12 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     rc = sub.add_parser("recommend", help="print the recommended config for one level")
     rc.add_argument("study_dir", type=Path)
-    rc.add_argument("--concurrency", type=int)
-    rc.add_argument("--max-tpot-ms", type=float)
-    rc.add_argument("--max-ttft-ms", type=float)
+    rc.add_argument("--concurrency", type=_opt("recommend_concurrency"))
+    rc.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"))
+    rc.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"))
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--storage")
     rc.add_argument("--study-name")
+
+    rp = sub.add_parser("repair", help="move bad lines of a study's journal into a quarantine "
+                        "file beside it, keeping every good record")
+    rp.add_argument("study_dir", type=Path)
     return parser
 
 
@@ -217,13 +220,6 @@ def _common_records(args: argparse.Namespace):
         if not sep or not name:
             raise ConfigError(f"--engine-env '{item}': expected NAME=VALUE.")
         env[name] = value
-    for flag in ("num_prompts", "output_len", "num_requests", "requests_per_slot",
-                 "max_input_tokens"):
-        v = getattr(args, flag, None)
-        if v is not None and v < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {v}.")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}.")
     from tuner import workloads
 
     if args.workload not in workloads.names():
@@ -239,13 +235,15 @@ def _common_records(args: argparse.Namespace):
     settings = MeasureSettings(concurrencies=parse_concurrency(args.concurrency),
                                num_requests=args.num_requests,
                                requests_per_slot=args.requests_per_slot)
-    if workload.dataset_path and not Path(workload.dataset_path).exists():
-        raise ConfigError(f"Dataset file '{workload.dataset_path}' does not exist. Check "
-                          f"--dataset-path.")
+    checks.check_requests(settings, workload.num_prompts)
+    if workload.dataset_path:
+        checks.dataset_file(Path(workload.dataset_path))
     engine = api.resolve_engine(
         model=args.model, vllm_cmd=args.vllm_cmd, extra_args=args.engine_args,
         tokenizer=args.tokenizer, env=env, ready_timeout_s=args.ready_timeout,
         request_timeout_s=args.request_timeout, level_timeout_s=args.level_timeout)
+    checks.check_levels_fit_engine(settings.concurrencies, engine.extra_args)
+    checks.ensure_open_files(max(settings.concurrencies))
     return workload, settings, engine
 
 
@@ -253,7 +251,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner import api, report
     from tuner.errors import TrialFailed
     from tuner.records import TrialConfig
-
     from tuner.space import load_acceptance_profile, with_acceptance_profile
 
     config = TrialConfig(speculative_config=parse_spec_config(args.speculative_config))
@@ -261,6 +258,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config = with_acceptance_profile(config, load_acceptance_profile(args.acceptance_profile))
     workload, settings, engine = _common_records(args)
     out = args.output_dir or Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}"
+    checks.output_dir(out)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
     try:
         result = api.bench(workload=workload, engine=engine, config=config, settings=settings,
@@ -281,12 +279,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from tuner.space import load_acceptance_profile
 
     workload, settings, engine = _common_records(args)
-    if args.n_trials < 1:
-        raise ConfigError(f"--n-trials must be at least 1, got {args.n_trials}.")
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
-    if args.parallel is not None and args.parallel < 1:
-        raise ConfigError(f"--parallel must be at least 1, got {args.parallel}.")
+    if args.policy:  # a bad ladder is refused before the search, not after it
+        kw = _policy_kwargs(args)
+        top, flag = ((max(kw["ladder"]), "--ladder") if kw["ladder"] else
+                     (kw["max_concurrency"], "--max-concurrency"))
+        checks.check_levels_fit_engine([top], engine.extra_args, flag=flag)
+        checks.ensure_open_files(top, flag=flag)
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     aligned = None
     if args.aligned_baseline is not None or args.aligned_baseline_env:
@@ -312,7 +310,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     name = args.study_name or f"{workload.name}-{Path(engine.model).name}"
     if not all(ch.isalnum() or ch in "-_." for ch in name):
         raise ConfigError(f"--study-name '{name}': use letters, digits, '-', '_' and '.' only.")
-    out = args.output_dir or Path("outputs") / name
+    out = checks.output_dir(args.output_dir or Path("outputs") / name)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     say(f"Study '{name}' in {out}: space {args.space}, sampler {args.sampler}, "
         f"{args.n_trials} trials, concurrency {','.join(map(str, settings.concurrencies))} "
@@ -328,11 +326,19 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         logical_gpus=args.logical_gpus, say=say,
         acceptance_rates=(load_acceptance_profile(args.acceptance_profile)
                           if args.acceptance_profile else None), aligned_baseline=aligned)
-    if args.policy:
+    from tuner import study as st
+
+    failed = st.failure_summary(study, out)
+    if args.policy and failed is None:
         api.policy(study_dir=out, storage_url=args.storage, study_name=name, say=say,
                    **_policy_kwargs(args))
     if not args.no_report:
-        _print_report(study, out, args.quiet)
+        _print_report(study, out, args.quiet)  # partial results render all the same
+    if failed:
+        # Exit 1, not 2: the options were valid, and whether the engine setup or every config
+        # is at fault only the engine's log can tell (the line names it).
+        print(f"tuner: error: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -394,8 +400,34 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from tuner import api
+
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    print(api.repair(study_dir=args.study_dir, say=say))
+    return 0
+
+
 COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
-            "recommend": cmd_recommend, "policy": cmd_policy}
+            "recommend": cmd_recommend, "policy": cmd_policy, "repair": cmd_repair}
+
+
+_DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
+                errno.EROFS: "Read-only file system", errno.EACCES: "Permission denied"}
+
+
+def _disk_error_message(e: OSError, args: argparse.Namespace) -> str:
+    """A full or unwritable disk is the user's to fix: say which file, and that nothing
+    finished is lost (a torn last journal line is quarantined on the next open)."""
+    folder = getattr(args, "output_dir", None) or getattr(args, "study_dir", None)
+    where = (str(e.filename) if e.filename else
+             f"a file under {folder}" if folder else "the study folder")
+    where = ("on " if e.errno == errno.EACCES else "writing ") + where  # EACCES: maybe a read
+    fix = ("free space or use --output-dir on another disk"
+           if e.errno in (errno.ENOSPC, errno.EDQUOT) else
+           "fix the permissions or use a writable --output-dir")
+    return (f"{_DISK_ERRORS[e.errno]} {where}. {fix[0].upper() + fix[1:]}; finished trials are "
+            f"kept, and the same command resumes.")
 
 
 def _sigterm_as_exit(signum: int, _frame: object) -> None:
@@ -407,16 +439,41 @@ def _sigterm_as_exit(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except ConfigError as e:  # a value refused by its bound as argparse converted it
+        print(f"tuner: error: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:
         print(f"tuner: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in _DISK_ERRORS:
+            raise
+        print(f"tuner: error: {_disk_error_message(e, args)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print("tuner: interrupted; engines were stopped, finished results are kept.",
-              file=sys.stderr)
+        from tuner.engine import live_engines
+
+        # Exiting anyway: one more Ctrl-C must not turn the message into a traceback.
+        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            # Said only once checked: every engine context manager has reaped its group by now.
+            left = live_engines()
+            if not left:
+                print("tuner: interrupted; engines were stopped, finished results are kept.",
+                      file=sys.stderr)
+            for pid in left:
+                print(f"tuner: interrupted; engine pid {pid} is still running: SIGTERM and "
+                      f"SIGKILL did not end its process group (its watchdog keeps trying). "
+                      f"Finished results are kept. Check it with `ps -g {pid}`; "
+                      f"`kill -KILL -- -{pid}` stops it.", file=sys.stderr)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
         return 130
 
 

@@ -3,7 +3,9 @@
 Promises: the server runs in its own process group, listens on a free loopback port with a
 random per-trial API key, writes everything to the trial's engine.log, is declared ready only
 when /health answers 200 (a crash and a timeout are told apart), and is always reaped: SIGTERM
-to the whole group, SIGKILL after a grace period, on normal exit, exceptions and Ctrl-C.
+to the whole group, SIGKILL after a grace period, on normal exit, exceptions and Ctrl-C (a
+second Ctrl-C waits until the reaping is done). Whatever kills the driver instead, the
+engine's watchdog (tuner/watchdog.py) stops the engine's whole process tree.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from tuner import watchdog
 from tuner.errors import EngineCrashed, EngineStartTimeout
 from tuner.records import EngineInfo, EngineSpec, TrialConfig
 
 DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 TEARDOWN_GRACE_S = 15.0
+# Once the driver is dead nobody waits for a graceful exit: a short grace lets vLLM free its
+# memory itself and keeps the whole teardown well under 10 s.
+ORPHAN_GRACE_S = 3.0
 LOG_TAIL_LINES = 30
 # Lines in engine.log that say which engine path a trial took (issue: a fair baseline needs it).
 _ENGINE_PATH_PATTERNS = {
@@ -132,7 +141,7 @@ class Engine:
         self.log_path = log_path
         self.api_key = "tuner-" + secrets.token_hex(16)
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: watchdog.Watched | None = None
         self.info: EngineInfo | None = None
 
     @property
@@ -170,10 +179,10 @@ class Engine:
         with open(self.log_path, "ab") as log:
             log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=_die_with_parent,
-            )
+            # The engine runs in its own session under a watchdog; self.proc's pid, poll() and
+            # exit status are still the engine's own, as the watchdog reports them.
+            self.proc = watchdog.spawn(argv, env=env, log=log, grace_s=ORPHAN_GRACE_S)
+        _STARTED[self.proc.pid] = self.proc
         deadline = t0 + self.spec.ready_timeout_s
         while True:
             code = self.proc.poll()
@@ -209,15 +218,53 @@ class Engine:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after the grace period; idempotent."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        reap_group(proc, grace_s=TEARDOWN_GRACE_S)
+        """SIGTERM to the process group, SIGKILL after the grace period; idempotent. Ctrl-C
+        and SIGTERM wait until it is done: an interrupted teardown left the engine running."""
+        with _signals_deferred():
+            proc, self.proc = self.proc, None
+            if proc is None:
+                return
+            reap_group(proc, grace_s=TEARDOWN_GRACE_S)
+            # The watchdog exits once the tree is gone; a tree left alive it keeps killing.
+            if proc.close(timeout_s=5.0) and not proc.tree_alive():
+                _STARTED.pop(proc.pid, None)
 
 
-def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
-    """Terminate a process started with start_new_session=True and everything in its group."""
+# Every engine this process started whose tree may still run, by the engine's pid.
+_STARTED: dict[int, watchdog.Watched] = {}
+
+
+def live_engines() -> list[int]:
+    """Pids (= process groups) of the engines this process started that are not gone: a
+    process of the group or the engine's watchdog still runs. Checked, not remembered."""
+    for pid, proc in list(_STARTED.items()):
+        if not proc.tree_alive():
+            _STARTED.pop(pid, None)
+    return sorted(_STARTED)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then deliver them: a second Ctrl-C
+    while an engine is slow to stop must not cancel the SIGTERM -> SIGKILL sequence. Python
+    runs signal handlers in the main thread only, so elsewhere there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)  # the usual handler now: KeyboardInterrupt in the CLI
+
+
+def reap_group(proc: watchdog.Watched | subprocess.Popen, *, grace_s: float) -> None:
+    """Terminate a process started in its own session and everything in its group."""
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
@@ -248,17 +295,6 @@ def reap_group(proc: subprocess.Popen, *, grace_s: float) -> None:
     deadline = time.monotonic() + 10.0
     while _group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL the engine if the process that started it dies (a killed driver or Ray
-    worker must not leave an engine behind). vLLM's own children follow their parent."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

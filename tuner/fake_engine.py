@@ -57,6 +57,7 @@ class FakeScript(BaseModel):
     http_error_every: int | None = Field(None, ge=1)  # every Nth request: HTTP 500
     die_after_requests: int | None = Field(None, ge=0)  # request N+1 exits the process mid-stream
     child_process: bool = False  # a second process in the group, as vLLM's EngineCore
+    ignore_sigterm: bool = False  # it and its child ignore SIGTERM: only SIGKILL stops them
     # A load model for policy tests (both 0 = TPOT is exactly tpot_ms, as fidelity needs):
     # every other request in flight stretches a step by load_per_seq, and each draft token of
     # each sequence in the batch adds verify_cost_per_token to it; a step yields
@@ -407,7 +408,7 @@ async def _serve(state: _State, host: str, port: int) -> None:
     print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGINT,) if state.script.ignore_sigterm else (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     _log("Shutting down FastAPI HTTP server.")
@@ -455,7 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     # EngineCore (an orphan would linger as a zombie in the group). Set before the child
     # exists, so no SIGTERM can orphan it.
     children: list[subprocess.Popen] = []
-    signal.signal(signal.SIGTERM, lambda *_: _exit(children[0] if children else None))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if script.ignore_sigterm  # child inherits it
+                  else lambda *_: _exit(children[0] if children else None))
     if script.child_process:
         # Same process group, so only a group kill reaches it if we die first.
         children.append(subprocess.Popen(

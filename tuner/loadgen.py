@@ -50,10 +50,15 @@ def run_requests(
     Records' start_s count from the moment the connections are ready, or from `origin_s`
     (a time.perf_counter() value) where given, which puts them on the caller's clock.
     """
+    # The deadline also bounds every wait inside the loop: before Python 3.12, asyncio.wait_for
+    # drops a cancellation that meets a result just ready, and with thousands of slots such lost
+    # cancellations kept a level running for many times --level-timeout.
+    deadline = time.perf_counter() + level_timeout_s
     coro = _closed_loop(
         url, prompts, concurrency=concurrency, api_key=api_key, model=model,
         temperature=temperature, ignore_eos=ignore_eos, warmup=warmup,
-        request_timeout_s=request_timeout_s, on_done=on_done, origin_s=origin_s)
+        request_timeout_s=request_timeout_s, on_done=on_done, origin_s=origin_s,
+        deadline=deadline)
     try:
         return _event_loop_run(asyncio.wait_for(coro, timeout=level_timeout_s))
     except (asyncio.TimeoutError, TimeoutError):
@@ -333,11 +338,17 @@ class _Protocol(asyncio.Protocol):
         self.closed = True
 
 
+def _left(cap_s: float, deadline: float | None) -> float:
+    """A wait of at most `cap_s` that also ends at the level's deadline."""
+    return cap_s if deadline is None else max(0.0, min(cap_s, deadline - time.perf_counter()))
+
+
 class _Slot:
     """One place in the closed loop, with its own keep-alive connection."""
 
-    def __init__(self, target: _Target) -> None:
+    def __init__(self, target: _Target, deadline: float | None = None) -> None:
         self.target = target
+        self.deadline = deadline
         self.conn: _Protocol | None = None
 
     async def connect(self) -> str | None:
@@ -353,12 +364,13 @@ class _Slot:
         try:
             _, self.conn = await asyncio.wait_for(
                 loop.create_connection(_Protocol, self.target.host, self.target.port),
-                timeout=CONNECT_TIMEOUT_S)
+                timeout=_left(CONNECT_TIMEOUT_S, self.deadline))
         except (OSError, asyncio.TimeoutError) as e:
             self.conn = None
             reason = getattr(e, "strerror", None) or type(e).__name__
             return f"cannot connect to {self.target.address}: {reason}"
-        health = await self._exchange(self.target.health, timeout_s=CONNECT_TIMEOUT_S,
+        health = await self._exchange(self.target.health,
+                                      timeout_s=_left(CONNECT_TIMEOUT_S, self.deadline),
                                       timeout_hint="", stream=False)
         if health.error is not None:
             # Not fatal here: the request itself will tell what is wrong with the server.
@@ -394,7 +406,7 @@ class _Slot:
                 failed._finish(failed.start, why)
                 return failed
             reused = self.conn.requests > 1  # beyond its GET /health
-            resp = await self._exchange(request, timeout_s=timeout_s)
+            resp = await self._exchange(request, timeout_s=_left(timeout_s, self.deadline))
             if not (reused and resp.unanswered) or attempt == 1:
                 return resp
         raise AssertionError("unreachable")
@@ -405,13 +417,13 @@ class _Slot:
 
 
 async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature, ignore_eos,
-                       warmup, request_timeout_s, on_done, origin_s):
+                       warmup, request_timeout_s, on_done, origin_s, deadline=None):
     target = _Target(url, api_key)
     queue: asyncio.Queue[tuple[int, Prompt]] = asyncio.Queue()
     for item in enumerate(prompts):
         queue.put_nowait(item)
     records: list[RequestRecord] = []
-    slots = [_Slot(target) for _ in range(max(1, min(concurrency, len(prompts))))]
+    slots = [_Slot(target, deadline) for _ in range(max(1, min(concurrency, len(prompts))))]
     try:
         # Connections first, off the clock; a slot that cannot connect retries per request
         # and records why.
@@ -420,7 +432,7 @@ async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature
         origin = t0 if origin_s is None else origin_s
 
         async def run(slot: _Slot) -> None:
-            while True:
+            while deadline is None or time.perf_counter() < deadline:
                 try:
                     index, prompt = queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -443,6 +455,8 @@ async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature
 
         await asyncio.gather(*(run(s) for s in slots))
         wall_s = time.perf_counter() - t0
+        if deadline is not None and time.perf_counter() >= deadline:
+            raise asyncio.TimeoutError  # waits were cut at the deadline: the level is not done
     finally:
         for s in slots:
             s.close()

@@ -64,7 +64,8 @@ _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
 
 
 def write_outputs(study: optuna.Study, out_dir: Path) -> dict[str, Path]:
-    """Regenerate trials.csv, recommendation.json, the plots, report.md and report.html.
+    """Regenerate trials.csv (a row per config and level), trials_raw.csv (a row per trial and
+    level), recommendation.json, the plots, report.md and report.html.
 
     Everything comes from the study's storage, so this runs as well on a finished study as on
     one still running or whose driver was killed. Returns {name: path}.
@@ -86,7 +87,11 @@ def write_outputs(study: optuna.Study, out_dir: Path) -> dict[str, Path]:
                notes=notes, out_dir=out_dir)
     doc.policy = policy
     paths = {
-        "trials_csv": _write_atomic(out_dir / "trials.csv", _csv_text(df)),
+        # Each config once, repeats pooled; every trial (copies answered from storage too)
+        # stays in trials_raw.csv for whoever wants the single measurements.
+        "trials_csv": _write_atomic(
+            out_dir / "trials.csv", _csv_text(analysis.speedups(analysis.configs_frame(df)))),
+        "trials_raw_csv": _write_atomic(out_dir / "trials_raw.csv", _csv_text(df)),
         "recommendation_json": _write_atomic(
             out_dir / "recommendation.json", json.dumps(doc.summary(), indent=2) + "\n"),
         "report_md": _write_atomic(out_dir / "report.md", doc.markdown()),
@@ -164,7 +169,10 @@ class _Doc:
                  out_dir: Path) -> None:
         self.study_name, self.meta, self.df, self.recs = study_name, meta, df, recs
         self.plots, self.notes, self.out_dir = plots, notes, out_dir
-        trials = df.drop_duplicates("trial")
+        every = df.drop_duplicates("trial")
+        # Proposals answered from storage measured nothing: counted apart, listed nowhere.
+        trials = every[every["duplicate_of"].isna()]
+        self.copies = len(every) - len(trials)
         self.counts = {s.lower(): int((trials["state"] == s).sum())
                        for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")}
         self.unfinished = trials[trials["state"].isin(["RUNNING", "WAITING"])]
@@ -184,7 +192,8 @@ class _Doc:
     def summary(self) -> dict[str, Any]:
         m = self.meta
         return {"study": self.study_name, "complete": self.unfinished.empty,
-                "trials": self.counts, "fingerprint": m.get("fingerprint"),
+                "trials": {**self.counts, "answered_from_storage": self.copies},
+                "fingerprint": m.get("fingerprint"),
                 "workload": m.get("workload"), "workload_digest": m.get("workload_digest"),
                 "objectives": m.get("objectives"),
                 "target_concurrency": m.get("target_concurrency"),
@@ -200,7 +209,9 @@ class _Doc:
         c = self.counts
         return (f"{self.device}, vLLM {fp.get('vllm', '?')}; study {self.study_name}: "
                 f"{c['complete']} completed, {c['fail']} failed, "
-                f"{c['running'] + c['waiting']} unfinished trial(s).")
+                f"{c['running'] + c['waiting']} unfinished trial(s)"
+                + (f"; {self.copies} proposal(s) of a config already measured or refused "
+                   f"answered from storage." if self.copies else "."))
 
     def incomplete_note(self) -> str | None:
         if self.unfinished.empty:
@@ -234,13 +245,11 @@ class _Doc:
         for c in self.levels:
             head += [f"c={c} tok/s", f"c={c} TPOT ms", f"c={c} speedup",
                      f"c={c} accept len (rate)"]
-        robust = with_medians(self.df)
+        robust = with_medians(self.df[self.df["duplicate_of"].isna()])
         rows = []
         for trial, group in robust.groupby("trial", sort=True):
             first = group.iloc[0]
             label = str(first["label"]) + (" \u2605" if trial in self.chosen else "")
-            if not _isna(first["duplicate_of"]):
-                label += f" (copy of trial {int(first['duplicate_of'])})"
             row = [str(trial), str(first["state"]), str(first["role"]), label,
                    "-" if _isna(first["n_measurements"]) else str(first["n_measurements"])]
             for c in self.levels:

@@ -11,6 +11,7 @@ Everything a user can get wrong here raises ConfigError naming the file and key 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.records import TrialConfig
+from tuner.settings import Bound, show
 
 # Methods vLLM accepts in --speculative-config, and what each needs besides the target model.
 METHODS = {
@@ -36,6 +38,62 @@ METHODS = {
 }
 NEEDS_MODEL = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
 PARAM_TYPES = ("int", "float", "choice")
+
+
+def _value_bound(key: str, kind: type, low: float, high: float, why: str) -> Bound:
+    return Bound(key, kind, low, high, "", why, "")
+
+
+_WINDOW_WHY = "an n-gram longer than 64 tokens almost never matches twice"
+# Ranges of the values a space may fix or search, where we know the key; any other number in a
+# space only has to be finite and at most 2^53 (ANY_NUMBER). The reasons are in the messages.
+VALUE_BOUNDS = {
+    "num_speculative_tokens": _value_bound(
+        "num_speculative_tokens", int, 1, 64, "every sequence pays for K drafts each step, and "
+        "acceptance never reaches that far"),
+    "prompt_lookup_min": _value_bound("prompt_lookup_min", int, 1, 64, _WINDOW_WHY),
+    "prompt_lookup_max": _value_bound("prompt_lookup_max", int, 1, 64, _WINDOW_WHY),
+    "suffix_decoding_max_tree_depth": _value_bound(
+        "suffix_decoding_max_tree_depth", int, 1, 1024, "deeper costs memory for every cached "
+        "request, and no draft is that long"),
+    "suffix_decoding_min_token_prob": _value_bound(
+        "suffix_decoding_min_token_prob", float, 0, 1, "a probability"),
+    "draft_tensor_parallel_size": _value_bound(
+        "draft_tensor_parallel_size", int, 1, 64, "GPUs of one node"),
+    "gpu_memory_utilization": _value_bound(
+        "gpu_memory_utilization", float, 0.01, 1, "a fraction of the GPU's memory"),
+}
+ANY_NUMBER = _value_bound("", float, -2.0**53, 2.0**53, "beyond 2^53 a float no longer holds "
+                          "every whole number, so no engine option means it")
+
+
+def _check_value(where: str, key: str | None, value: Any) -> None:
+    """Refuse a number no vLLM option means (NaN, an infinity, 1e300) or a known key out of its
+    range, naming the file, the key path and the value; lists and mappings are searched."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_value(f"{where}[{i}]", None, item)
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            _check_value(f"{where}.{k}", k if isinstance(k, str) else None, item)
+        return
+    bound = VALUE_BOUNDS.get(key or "")
+    number = value
+    if isinstance(value, str):
+        # YAML 1.1 reads `1e300` (no dot) as text, and vLLM's config parsing makes it a number.
+        try:
+            number = float(value)
+        except ValueError:
+            if bound is None:
+                return  # text: vLLM judges it
+        else:
+            number = int(number) if number.is_integer() else number
+    elif not isinstance(value, (int, float)) or (isinstance(value, bool) and bound is None):
+        return  # a flag, or null
+    why = (bound or ANY_NUMBER).problem(number)
+    if why is not None:
+        raise ConfigError(f"{where}: {show(value)}: {why}. Fix the value in the file.")
 
 
 class Param(BaseModel):
@@ -60,9 +118,29 @@ class SearchSpace(BaseModel):
     source: str = ""
 
     # --- sampling -------------------------------------------------------------------------
-    def suggest(self, trial: Any) -> TrialConfig:
-        """Ask an Optuna trial for one candidate (conditional on the method)."""
-        method = trial.suggest_categorical("method", list(self.methods))
+    def speculative_methods(self) -> list[str]:
+        """The methods a sampler may pick: all but the baseline."""
+        return [m for m in self.methods if m != "none"]
+
+    def baseline(self) -> TrialConfig:
+        """The no-speculation baseline, with the space's fixed engine values only: it is one
+        point measured once per study, so searched engine knobs stay at vLLM's defaults."""
+        return build_config("none", {}, {k: p for k, p in self.engine.items()
+                                         if not isinstance(p, Param)})
+
+    def suggest(self, trial: Any, *, method_choices: Sequence[str] | None = None) -> TrialConfig:
+        """Ask an Optuna trial for one speculative candidate (conditional on the method).
+
+        The baseline is not a choice: the driver enqueues it once (`baseline()`), and a
+        sampler free to pick it kept proposing that measured point (TPE did six times in a row
+        on a GPU). Optuna refuses a categorical whose choices change within one study, so a
+        study stored while "none" was a choice passes those choices (`method_choices`, see
+        tuner.study.method_choices) and samples as it always did.
+        """
+        choices = self.speculative_methods()
+        if method_choices and set(method_choices) - {"none"} == set(choices):
+            choices = list(method_choices)
+        method = trial.suggest_categorical("method", choices)
         values: dict[str, Any] = {}
         for key, p in self.methods[method].items():
             values[key] = _suggest(trial, f"{method}.{key}", p, values)
@@ -83,8 +161,8 @@ class SearchSpace(BaseModel):
     def params_of(self, point: dict[str, Any]) -> dict[str, Any]:
         """Optuna params for a start point written as a flat speculative-config dict."""
         method = point.get("method", "none")
-        if method not in self.methods:
-            return {}
+        if method not in self.methods or method == "none":
+            return {}  # unknown, or the baseline, which the driver enqueues on its own
         params: dict[str, Any] = {"method": method}
         for k, p in self.methods[method].items():
             if isinstance(p, Param):
@@ -99,9 +177,11 @@ class SearchSpace(BaseModel):
         return params
 
     def grid(self, limit: int = 100_000) -> list[dict[str, Any]]:
-        """Every candidate of a finite space as Optuna params (floats need `step`)."""
+        """Every speculative candidate of a finite space as Optuna params (floats need `step`);
+        the baseline is enqueued on its own."""
         out: list[dict[str, Any]] = []
-        for method, keys in self.methods.items():
+        for method in self.speculative_methods():
+            keys = self.methods[method]
             for combo in _enumerate(list(keys.items()), method):
                 for eng in _enumerate(list(self.engine.items()), "engine"):
                     out.append({"method": method, **combo, **eng})
@@ -272,6 +352,8 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
         raise ConfigError(f"{source}: start_points must be a list of mappings with string keys "
                           f"(speculative-config keys, e.g. `- {{method: ngram, "
                           f"num_speculative_tokens: 3}}`).")
+    for i, start in enumerate(starts):
+        _check_value(f"{source}: start_points[{i}]", None, start)
     name = raw.get("name") or Path(source).stem
     return SearchSpace(name=str(name), description=str(raw.get("description", "")),
                        methods=methods, engine=engine, start_points=tuple(starts), source=source)
@@ -289,6 +371,7 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
             if isinstance(spec, (list, set)):
                 raise ConfigError(f"{path}: a list is ambiguous; write "
                                   f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
+            _check_value(path, key, spec)
             out[key] = spec  # a fixed value
             continue
         try:
@@ -304,6 +387,8 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
         if p.type == "choice":
             if not p.values:
                 raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
+            for i, value in enumerate(p.values):
+                _check_value(f"{path}.values[{i}]", key, value)
         else:
             if p.low is None or p.high is None:
                 raise ConfigError(f"{path}: type {p.type} needs both `low` and `high`.")
@@ -312,6 +397,10 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
                                   f"{p.low}, high {p.high}, step {p.step}.")
             if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
                 raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
+            for end, value in (("low", p.low), ("high", p.high)):
+                _check_value(f"{path}.{end}", key, int(value) if p.type == "int" else value)
+            if p.step is not None:
+                _check_value(f"{path}.step", None, p.step)
             if p.low > p.high:
                 raise ConfigError(f"{path}: impossible range: low {p.low} > high {p.high}.")
             if p.log and p.low <= 0:

@@ -3,42 +3,49 @@
 Promises: storage in the study folder by default (a journal file, readable by
 optuna-dashboard) or any Optuna RDB URL; every trial is written when it ends; a failed trial
 is told as FAIL with its reason and log tail in user attrs; trials left RUNNING by a dead
-driver are marked FAIL ("driver_died") and their configs retried; duplicate configs are
-answered from storage; constraints (SLOs) are stored per trial for constrained samplers.
-Nothing here starts an engine.
+driver are marked FAIL ("driver_died") and their configs retried; duplicate configs, and
+configs the engine refused at start, are answered from storage; constraints (SLOs) are
+stored per trial for constrained samplers. Nothing here starts an engine.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, TrialFailed
 from tuner.metrics import OBJECTIVES
-from tuner.records import BenchResult, TrialConfig
+from tuner.records import BenchResult, EngineSpec, TrialConfig
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
 
 
-def storage(out_dir: Path, url: str | None = None) -> Any:
+def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
+    """The study's storage (tuner.storage checks the journal). `write`: this driver writes the
+    study, so it holds the study lock; readers never change the journal."""
+    from tuner import storage as store
+
     if url:
         if "://" not in url:
             raise ConfigError(f"--storage '{url}' is not an Optuna storage URL. Examples: "
                               f"sqlite:///study.db, postgresql://user@host/db; omit it to "
                               f"store in the study folder.")
-        return url
+        return store.open_rdb(url)
+    if write:
+        return store.open_journal(out_dir, write=True)  # creates the folder under the lock
     out_dir.mkdir(parents=True, exist_ok=True)
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    return JournalStorage(JournalFileBackend(str(out_dir / "study.journal")))
+    return store.open_journal(out_dir)
 
 
-def open_existing(out_dir: Path, url: str | None = None, name: str | None = None) -> Any:
-    """Load a study for reporting; the study folder alone is enough."""
+def open_existing(out_dir: Path, url: str | None = None, name: str | None = None, *,
+                  setup: bool = False, write: bool = False) -> Any:
+    """Load a spec-tuner study; the study folder alone is enough. Another tool's study is
+    refused before anything is written there; `setup`: the study must hold its engine and
+    workload (the policy relaunches them); `write`: lock it for this driver (see storage)."""
     import optuna
 
     if url is None and not (out_dir / "study.journal").exists():
@@ -46,13 +53,30 @@ def open_existing(out_dir: Path, url: str | None = None, name: str | None = None
                           f"`tuner optimize` printed, e.g. outputs/instructcoder-smollm2.")
     st = storage(out_dir, url)
     names = optuna.get_all_study_names(st)
+    where = f"the storage {url}" if url else f"'{out_dir}'"
     if not names:
         raise ConfigError(f"The storage of '{out_dir}' holds no study yet.")
     if name is None:
         name = names[0]
     elif name not in names:
         raise ConfigError(f"No study named '{name}' in the storage. Available: {', '.join(names)}.")
-    return optuna.load_study(study_name=name, storage=st)
+    study = optuna.load_study(study_name=name, storage=st)
+    meta = study.user_attrs.get(ATTR)
+    if not isinstance(meta, dict):
+        raise ConfigError(
+            f"Study '{name}' in {where} is not a spec-tuner study (no '{ATTR}' settings): another "
+            f"tool's Optuna study, or a `tuner optimize` stopped before storing its setup. "
+            f"Nothing was written there. Pass a folder made by `tuner optimize`, e.g. "
+            f"outputs/instructcoder-smollm2.")
+    missing = [k for k in ("engine_spec", "workload") if k not in meta]
+    if setup and missing:
+        raise ConfigError(
+            f"Study '{name}' in {where} has no finished setup (its settings lack "
+            f"{', '.join(missing)}): `tuner optimize` stopped before storing them. Run "
+            f"`tuner optimize` for this study first; the policy starts from its measured trials.")
+    if write:
+        study = optuna.load_study(study_name=name, storage=storage(out_dir, url, write=True))
+    return study
 
 
 def validate_objectives(names: list[str]) -> list[str]:
@@ -104,7 +128,8 @@ def create(
     import optuna
 
     directions = [OBJECTIVES[o][0] for o in objectives]
-    study = optuna.create_study(study_name=name, storage=storage(out_dir, storage_url),
+    study = optuna.create_study(study_name=name, storage=storage(out_dir, storage_url,
+                                                                 write=True),
                                 directions=directions, sampler=sampler, load_if_exists=True)
     old = study.user_attrs.get(ATTR)
     if old is None:
@@ -123,17 +148,24 @@ def create(
 
 
 def recover_orphans(study: Any) -> list[dict[str, Any]]:
-    """Mark trials a dead driver left RUNNING as FAIL and return their params for a retry."""
+    """Mark trials a dead driver left RUNNING as FAIL and return their params for a retry.
+
+    Under the study folder's lock every RUNNING trial is a dead driver's; in a database shared
+    by hosts only those whose heartbeat went stale are (tuner.storage.orphans)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    from tuner import storage as store
+
     retry = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        if t.state == TrialState.WAITING:
-            continue
-        study._storage.set_trial_user_attr(t._trial_id, "failure", {
-            "reason": "the driver stopped while this trial ran (killed or crashed); retried",
-            "kind": "driver_died", "log_tail": ""})
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    for t in store.orphans(study):
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failure", {
+                "reason": "the driver stopped while this trial ran (killed or crashed); retried",
+                "kind": "driver_died", "log_tail": ""})
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            continue  # another driver of the shared database failed it first and retries it
         if t.params:
             retry.append(dict(t.params))
     return retry
@@ -149,6 +181,151 @@ def completed(study: Any) -> dict[str, Any]:
         if key and t.user_attrs.get("role") != "repeat" and key not in out:
             out[key] = t
     return out
+
+
+# Failure kinds that relaunching the same config on the same engine would only repeat.
+# engine_crashed: vLLM exited before /health answered, which is how it refuses a config (its
+# pydantic ValueError at start-up). The others depend on the moment, not on the config, and
+# are relaunched when proposed again: engine_start_timeout (a slow or busy machine),
+# engine_died and measurement_failed (killed mid-run, the OOM killer, load), worker_died and
+# driver_died (Ray, our own driver), "failed" (an objective undefined on this run's outputs).
+REJECTED_KINDS = frozenset({"engine_crashed"})
+# A crash at start is transient all the same when vLLM was killed (negative status) or its log
+# says something outside the config held a resource: an orphaned engine's GPU memory, a port.
+_TRANSIENT_AT_START = ("out of memory", "address already in use", "busy or unavailable",
+                       "no cuda gpus are available")
+# Whatever its log says, a config that crashed at start this often is not launched again.
+MAX_START_CRASHES = 2
+ENGINE_ATTR = "engine_digest"  # trial user attr: the engine setup the trial was launched on
+
+
+def engine_digest(engine: EngineSpec) -> str:
+    """The engine setup that decides whether vLLM accepts a config: executable, model, flags,
+    environment, device. Timeouts and host are left out: they change nothing at start-up."""
+    import hashlib
+
+    ident = [list(engine.vllm_cmd), engine.model, list(engine.extra_args),
+             sorted(engine.env.items()), engine.device]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+
+def rejected(study: Any, *, engine: str) -> dict[str, Any]:
+    """Configs that `engine` (an engine_digest) refused at start, by config key: the trial to
+    answer a new proposal of one from. A crash counts only once the same engine has measured
+    some config of this study (before that, the setup is as likely at fault as the config: a
+    missing package, a bad flag, and a rerun after fixing it must launch again), and only
+    when it does not look transient (MAX_START_CRASHES crashes count whatever they say)."""
+    from optuna.trial import TrialState
+
+    trials = [t for t in study.get_trials(deepcopy=False,
+                                          states=(TrialState.COMPLETE, TrialState.FAIL))
+              if "duplicate_of" not in t.user_attrs and t.user_attrs.get(ENGINE_ATTR) == engine]
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        return {}
+    crashes: dict[str, list[Any]] = {}
+    for t in trials:
+        failure = t.user_attrs.get("failure") or {}
+        if t.state == TrialState.FAIL and t.user_attrs.get("key") and \
+                failure.get("kind") in REJECTED_KINDS:
+            crashes.setdefault(t.user_attrs["key"], []).append(t)
+    out = {}
+    for key, ts in crashes.items():
+        firm = [t for t in ts if not _transient(t.user_attrs["failure"])]
+        if firm or len(ts) >= MAX_START_CRASHES:
+            out[key] = (firm or ts)[0]
+    return out
+
+
+def _transient(failure: dict[str, Any]) -> bool:
+    text = f"{failure.get('reason', '')}\n{failure.get('log_tail', '')}".lower()
+    status = re.search(r"exited with status (-?\d+)", text)
+    return bool(status and int(status[1]) < 0) or any(s in text for s in _TRANSIENT_AT_START)
+
+
+def tell_known_failure(study: Any, trial: Any, original: Any) -> None:
+    """Answer a proposal of a config the engine refused from storage: FAIL with the original's
+    reason and kind, `duplicate_of` pointing at it, no launch (and none counted)."""
+    import optuna
+
+    failure = original.user_attrs.get("failure") or {}
+    trial.set_user_attr("failure", {"reason": failure.get("reason", ""),
+                                    "kind": failure.get("kind", "failed"),
+                                    "log_tail": f"(not launched; see trial {original.number})"})
+    trial.set_user_attr("duplicate_of", original.number)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def is_baseline(trial: Any) -> bool:
+    """The plain no-speculation baseline (not the aligned one), by its stored config, or by its
+    "method" param (or enqueued value) in studies stored while "none" was a sampled choice."""
+    attrs = trial.user_attrs
+    if attrs.get("role") == "aligned_baseline":
+        return False
+    config = attrs.get("config") or attrs.get("config_override")
+    if isinstance(config, dict):
+        return not config.get("speculative_config")
+    fixed = (getattr(trial, "system_attrs", None) or {}).get("fixed_params") or {}
+    return (trial.params.get("method") or fixed.get("method")) == "none"
+
+
+def method_choices(study: Any) -> tuple[Any, ...] | None:
+    """The stored choices of the "method" param when they include the baseline (studies made
+    before it left the sampled space): Optuna refuses another set of choices for the same
+    categorical within one study, so such a study keeps sampling these. None otherwise."""
+    for t in study.get_trials(deepcopy=False):
+        dist = t.distributions.get("method")
+        if dist is not None and hasattr(dist, "choices"):
+            return tuple(dist.choices) if "none" in dist.choices else None
+    return None
+
+
+def ask_fresh(study: Any, *, user_attrs: dict[str, Any]) -> Any:
+    """A new RUNNING trial that is not one of the study's WAITING ones: study.ask() hands out
+    the oldest enqueued trial first (a grid point left when --n-trials ran out, say), which a
+    re-measurement must not take."""
+    import optuna
+
+    trial_id = study._storage.create_new_trial(study._study_id)
+    for key, value in user_attrs.items():
+        study._storage.set_trial_user_attr(trial_id, key, value)
+    return optuna.trial.Trial(study, trial_id)
+
+
+def failure_summary(study: Any, out_dir: Path) -> str | None:
+    """One line when the study has nothing to compare (no completed trial, or no completed
+    baseline): the most common failure with its count, one reason and its log. None when the
+    study can be analysed. Proposals answered from storage are not counted: nothing ran."""
+    from collections import Counter
+
+    from optuna.trial import TrialState
+
+    trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    if any(is_baseline(t) for t in done):
+        return None
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    base_failed = [t for t in failed if is_baseline(t)]
+    pool = failed if not done else base_failed
+    if pool:
+        kinds = Counter(str((t.user_attrs.get("failure") or {}).get("kind", "failed"))
+                        for t in pool)
+        kind, count = kinds.most_common(1)[0]
+        last = [t for t in pool if (t.user_attrs.get("failure") or {}).get("kind", "failed")
+                == kind][-1]
+        reason = " ".join(str(last.user_attrs["failure"].get("reason", "")).split())
+        reason = reason if len(reason) <= 300 else reason[:297] + "..."
+        why = f"most common: {kind} x{count}: {reason.rstrip('.')}"
+        # The log last, so the path can be copied without punctuation stuck to it.
+        fix = (f"Fix the cause and rerun the same command (finished trials are kept). Logs: "
+               f"{out_dir / 'trials' / str(last.number) / 'engine.log'}")
+    else:
+        why, fix = "the baseline has not run yet", "Rerun the same command to resume."
+    if not done:
+        if not failed:
+            return f"No trial of study '{study.study_name}' has finished. {fix}"
+        return f"All {len(failed)} trials failed; {why}. {fix}"
+    return (f"The baseline (no speculation) did not complete, so no speedup can be measured "
+            f"though {len(done)} speculative trial(s) did; {why}. {fix}")
 
 
 def counted_trials(study: Any) -> int:

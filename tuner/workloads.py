@@ -4,16 +4,20 @@ Prompts are built as `vllm bench serve` builds them for the same dataset (same p
 chat template applied where vLLM applies it, same shuffle with the same seed for files read
 with Python's `random`, same length filters), so figures compare with vLLM's own benchmark.
 Small samples ship inside the package; `--dataset-path` reads a local copy of the full data.
+Files are read within tuner.settings' size limits, and a prompt that does not fit the engine's
+context (prompt + output tokens; vLLM would refuse the request) is skipped and counted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tuner import settings as checks
 from tuner.errors import ConfigError
 from tuner.records import Prompt, Workload, WorkloadSpec
 
@@ -34,10 +38,14 @@ def names() -> list[str]:
     return list(_BUILDERS)
 
 
-def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None) -> Workload:
+def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None,
+         max_model_len: int | None = None, say: Callable[[str], None] | None = None
+         ) -> Workload:
     """Build the prompts of `spec` with the target model's tokenizer. `pool` asks for more
     prompts than spec.num_prompts (as many as the data has), so each level of a trial gets
-    fresh ones; the spec keeps the number the user asked for."""
+    fresh ones; the spec keeps the number the user asked for. Prompts whose prompt + output
+    tokens exceed `max_model_len` (the engine's context, when known) are skipped; `say` gets
+    one line with their count."""
     if spec.name not in _BUILDERS:
         raise ConfigError(
             f"Unknown workload '{spec.name}'. Available: {', '.join(names())}. "
@@ -46,13 +54,68 @@ def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None) 
         raise ConfigError(f"--num-prompts must be at least 1, got {spec.num_prompts}.")
     tok = load_tokenizer(tokenizer)
     build_spec = spec.model_copy(update={"num_prompts": max(pool or 0, spec.num_prompts)})
-    prompts = _BUILDERS[spec.name](build_spec, tok)
+    ctx = _Context(max_model_len)
+    prompts = _BUILDERS[spec.name](build_spec, tok, ctx)
+    if ctx.skipped and prompts and say is not None:
+        say(f"Skipped {ctx.skipped} prompt(s) that do not fit {ctx.describe()}; "
+            f"{len(prompts)} kept.")
+    if not prompts and ctx.skipped:
+        raise ConfigError(
+            f"Workload '{spec.name}': none of its prompts fits {ctx.describe()} ({ctx.skipped} "
+            f"skipped). Use shorter prompts or outputs (--output-len, --max-input-tokens, "
+            f"--random-input-len), or a larger --max-model-len in --engine-args.")
     if not prompts:
         raise ConfigError(
             f"Workload '{spec.name}' produced no prompts (filters: max input tokens "
             f"{spec.max_input_tokens}, category {spec.category}). Loosen the filters or check "
             f"--dataset-path.")
     return Workload(spec=spec, prompts=tuple(prompts))
+
+
+PIECE_CHARS = 1 << 16
+
+
+class _Context:
+    """The engine's context in tokens (None: unknown), and how many prompts did not fit it."""
+
+    def __init__(self, max_model_len: int | None) -> None:
+        self.max_model_len = max_model_len
+        self.skipped = 0
+
+    def describe(self) -> str:
+        if self.max_model_len is None:
+            return f"any model's context (more than {checks.MAX_TOKENS} tokens)"
+        return (f"the model's context of {self.max_model_len} tokens (prompt + output; "
+                f"--max-model-len)")
+
+    def count(self, tok: Any, text: str, output_len: int) -> int | None:
+        """Prompt tokens of `text`, or None (counted as skipped) when it does not fit."""
+        room = (checks.MAX_TOKENS if self.max_model_len is None
+                else self.max_model_len - output_len)
+        n = count_tokens(tok, text, limit=max(room, 0))
+        if n > room:
+            self.skipped += 1
+            return None
+        return n
+
+
+def count_tokens(tok: Any, text: str, *, limit: int) -> int:
+    """Tokens of `text`, exact up to PIECE_CHARS characters; past `limit` it only says "more".
+    A longer text is tokenized in pieces cut before a space, where byte-level BPE splits words
+    anyway: one call on a 50 MB prompt took the driver to 7.2 GB."""
+    if len(text) <= PIECE_CHARS:
+        return len(tok(text).input_ids)
+    n = len(tok("").input_ids)  # the special tokens (BOS) a whole call would add once
+    pos = 0
+    while pos < len(text) and n <= limit:
+        end = min(pos + PIECE_CHARS, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", pos + PIECE_CHARS // 2, end)
+            end = cut if cut > pos else end
+        # verbose=False: a piece may exceed the tokenizer's model_max_length; we only count.
+        n += len(tok(text[pos:end], add_special_tokens=False, verbose=False).input_ids)
+        pos = end
+    return n
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -68,9 +131,13 @@ def load_tokenizer(path: str | Path) -> Any:
 
 # --- readers ---------------------------------------------------------------------------------
 def read_rows(path: Path) -> list[dict]:
-    """Rows of a .jsonl / .json (array) / .parquet file; a bad line is named by number."""
-    if not path.exists():
-        raise ConfigError(f"Dataset file '{path}' does not exist. Check --dataset-path.")
+    """Rows of a .jsonl / .json (array) / .parquet file; a bad line is named by number.
+
+    Only a regular file within tuner.settings' size limits is read (a directory, a device such
+    as /dev/zero or a fifo is refused by name), JSONL line by line with a cap on each line, so
+    no input can make the driver read without end.
+    """
+    checks.dataset_file(path)
     if path.suffix == ".parquet":
         import pandas as pd
 
@@ -79,45 +146,89 @@ def read_rows(path: Path) -> list[dict]:
         except Exception as e:  # pyarrow raises many types for a broken file
             raise ConfigError(f"{path}: not a readable parquet file ({e}).") from None
     try:
-        text = path.read_text(encoding="utf-8")
+        # Non-blocking: a fifo swapped in since the check above must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ConfigError(f"Dataset file '{path}': cannot be read ({e.strerror}). Check "
+                          f"--dataset-path.") from None
+    with os.fdopen(fd, "rb") as f:
+        checks.dataset_stat(path, os.fstat(f.fileno()))
+        whole = path.suffix == ".json" or f.read(64 * 1024).lstrip().startswith(b"[")
+        f.seek(0)
+        rows = _read_json_array(path, f) if whole else _read_jsonl(path, f)
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
+                              f"object.")
+    return rows
+
+
+def _read_json_array(path: Path, f: Any) -> list:
+    raw = f.read(checks.DATASET_MAX_BYTES + 1)
+    checks.dataset_size(path, len(raw))  # it may have grown since it was checked
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e}).") from None
-    if path.suffix == ".json" or text.lstrip().startswith("["):
+    del raw
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: "
+                          f"{e.msg}.") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to hold prompts.") from None
+    if not isinstance(rows, list):
+        raise ConfigError(f"{path}: expected a JSON array of objects, got "
+                          f"{type(rows).__name__}.")
+    if "\\ud" in text.lower():  # only a \uXXXX escape can make a lone surrogate
+        for n, row in enumerate(rows, 1):
+            _refuse_lone_surrogates(path, n, row)
+    return rows
+
+
+def _read_jsonl(path: Path, f: Any) -> list:
+    limit = checks.DATASET_MAX_LINE_BYTES
+    rows: list = []
+    n = read = 0
+    while chunk := f.readline(limit + 1):
+        read += len(chunk)
+        if len(chunk) > limit and not chunk.endswith(b"\n"):
+            raise ConfigError(
+                f"{path}: line {n + 1} is longer than {limit >> 20} MiB, the limit for one "
+                f"record (no model's context holds a prompt that long). Shorten or drop it.")
+        checks.dataset_size(path, read)  # it may have grown since it was checked
         try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: "
-                              f"{e.msg}.") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: JSON nested too deeply to hold prompts.") from None
-        if not isinstance(rows, list):
-            raise ConfigError(f"{path}: expected a JSON array of objects, got "
-                              f"{type(rows).__name__}.")
-    else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: line {n + 1} is not UTF-8 text ({e}).") from None
+        # splitlines, as before: \r and the other line breaks Python knows end a line too.
+        for line in text.splitlines():
+            n += 1
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg} at column "
                                   f"{e.colno}). Each line must be one JSON object.") from None
             except RecursionError:
                 raise ConfigError(f"{path}: line {n} is JSON nested too deeply to hold a "
                                   f"prompt. Each line must be one flat JSON object.") from None
-    for n, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
-                              f"object.")
-    if "\\ud" in text.lower():  # only a \uXXXX escape can make a lone surrogate
-        for n, row in enumerate(rows, 1):
-            for key, value in row.items():
-                if _has_lone_surrogate(value):
-                    raise ConfigError(
-                        f"{path}: record {n}: '{key}' holds an unpaired surrogate escape "
-                        f"(\\ud800-\\udfff), which is not text; fix that escape in the file.")
+            if isinstance(row, dict) and "\\ud" in line.lower():
+                _refuse_lone_surrogates(path, len(rows) + 1, row)
+            rows.append(row)
     return rows
+
+
+def _refuse_lone_surrogates(path: Path, n: int, row: Any) -> None:
+    if not isinstance(row, dict):
+        return
+    for key, value in row.items():
+        if _has_lone_surrogate(value):
+            raise ConfigError(
+                f"{path}: record {n}: '{key}' holds an unpaired surrogate escape "
+                f"(\\ud800-\\udfff), which is not text; fix that escape in the file.")
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -156,15 +267,16 @@ def _chat(tok: Any, text: str, spec: WorkloadSpec) -> str:
                                    add_generation_prompt=True, tokenize=False)
 
 
-def _take(spec: WorkloadSpec, tok: Any, items: Iterator[tuple[str, int | None]]) -> list[Prompt]:
+def _take(spec: WorkloadSpec, tok: Any, items: Iterator[tuple[str, int | None]],
+          ctx: _Context) -> list[Prompt]:
     out = []
     for text, out_len in items:
-        n_in = len(tok(text).input_ids)
-        if spec.max_input_tokens and n_in > spec.max_input_tokens:
-            continue
         default = DEFAULT_OUTPUT_LEN.get(spec.name) or 256
-        out.append(Prompt(prompt=text, prompt_len=n_in,
-                          output_len=int(out_len or spec.output_len or default)))
+        output_len = int(out_len or spec.output_len or default)
+        n_in = ctx.count(tok, text, output_len)
+        if n_in is None or (spec.max_input_tokens and n_in > spec.max_input_tokens):
+            continue
+        out.append(Prompt(prompt=text, prompt_len=n_in, output_len=output_len))
         if len(out) == spec.num_prompts:
             break
     return out
@@ -177,7 +289,7 @@ def _shuffled(rows: list, seed: int) -> list:
 
 
 # --- builders --------------------------------------------------------------------------------
-def _instructcoder(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+def _instructcoder(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
     path, rows = _rows(spec)
 
     def items():
@@ -185,10 +297,10 @@ def _instructcoder(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
             text = (f"{_field(row, 'input', path, n)}\n\n{_field(row, 'instruction', path, n)} "
                     "Just output the code, do not include any explanation.")
             yield _chat(tok, text, spec), None
-    return _take(spec, tok, items())
+    return _take(spec, tok, items(), ctx)
 
 
-def _sharegpt(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+def _sharegpt(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
     path, rows = _rows(spec)
     convs = [r for r in rows if len(r.get("conversations") or []) >= 2]
     out = []
@@ -198,11 +310,14 @@ def _sharegpt(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
         except (KeyError, TypeError):
             raise ConfigError(f"{path}: record {row.get('id', '?')} has conversations without "
                               f"'value' fields (ShareGPT format expected).") from None
-        n_in = len(tok(prompt).input_ids)
-        n_out = spec.output_len or len(tok(completion).input_ids)
+        n_in = count_tokens(tok, prompt, limit=1024)
+        n_out = spec.output_len or count_tokens(tok, completion, limit=2048)
         # vLLM's pruning rules for ShareGPT (is_valid_sequence).
         if n_in < 4 or (spec.output_len is None and n_out < 4) or n_in > 1024 \
                 or n_in + n_out > 2048:
+            continue
+        if ctx.max_model_len is not None and n_in + n_out > ctx.max_model_len:
+            ctx.skipped += 1
             continue
         if spec.max_input_tokens and n_in > spec.max_input_tokens:
             continue
@@ -212,7 +327,7 @@ def _sharegpt(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
     return out
 
 
-def _spec_bench(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+def _spec_bench(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
     path, rows = _rows(spec)
     cats = sorted({str(r.get("category")) for r in rows})
     if spec.category and spec.category not in cats:
@@ -226,10 +341,11 @@ def _spec_bench(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
         if not isinstance(turns, list) or not turns:
             raise ConfigError(f"{path}: record {n}: 'turns' must be a non-empty list.")
         chosen.append(str(turns[0]))
-    return _take(spec, tok, ((_chat(tok, t, spec), None) for t in _shuffled(chosen, spec.seed)))
+    return _take(spec, tok, ((_chat(tok, t, spec), None) for t in _shuffled(chosen, spec.seed)),
+                 ctx)
 
 
-def _custom(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+def _custom(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
     if not spec.dataset_path:
         raise ConfigError("Workload 'custom' needs --dataset-path FILE.jsonl (one JSON object "
                           "per line with a \"prompt\" field, optional \"output_tokens\").")
@@ -252,10 +368,14 @@ def _custom(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
                               f"got {out_len!r}.")
         items.append((text, out_len if spec.output_len is None else None))
     shuffled = _shuffled(items, spec.seed)
-    return _take(spec, tok, ((_chat(tok, t, spec), o) for t, o in shuffled))
+    return _take(spec, tok, ((_chat(tok, t, spec), o) for t, o in shuffled), ctx)
 
 
-def _random(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
+def _random(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
+    output_len = spec.output_len or spec.random_output_len
+    if ctx.max_model_len is not None and spec.random_input_len + output_len > ctx.max_model_len:
+        ctx.skipped = spec.num_prompts  # every prompt has this length: none would fit
+        return []
     rng = random.Random(spec.seed)
     special = set(getattr(tok, "all_special_ids", []) or [])
     vocab = [i for i in range(min(len(tok), 1 << 20)) if i not in special]
@@ -267,11 +387,11 @@ def _random(spec: WorkloadSpec, tok: Any) -> list[Prompt]:
         ids2 = tok(text, add_special_tokens=False).input_ids[: spec.random_input_len]
         text = tok.decode(ids2)
         out.append(Prompt(prompt=text, prompt_len=len(tok(text).input_ids),
-                          output_len=spec.output_len or spec.random_output_len))
+                          output_len=output_len))
     return out
 
 
-_BUILDERS: dict[str, Callable[[WorkloadSpec, Any], list[Prompt]]] = {
+_BUILDERS: dict[str, Callable[[WorkloadSpec, Any, _Context], list[Prompt]]] = {
     "instructcoder": _instructcoder,
     "sharegpt": _sharegpt,
     "spec_bench": _spec_bench,

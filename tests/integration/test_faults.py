@@ -338,7 +338,9 @@ def test_a_dead_ray_worker_fails_its_trial_and_takes_its_engine_along(tmp_path, 
         _wait_for(log, "Application startup complete")
         time.sleep(0.5)
         pid, port = _engine_of(log)
-        worker = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        # The engine's parent is its watchdog (tuner/watchdog.py), whose parent is the worker.
+        watchdog = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        worker = int(Path(f"/proc/{watchdog}/stat").read_text().rsplit(")", 1)[1].split()[1])
         killed.update(engine=pid, port=port, worker=worker)
         os.kill(worker, signal.SIGKILL)
 

@@ -43,7 +43,8 @@ def _optimize(tmp_path, *, space="ngram", n_trials=5, **kw):
 def test_baseline_first_then_start_points_and_every_level_stored(tmp_path):
     study = _optimize(tmp_path, n_trials=5)
     trials = sorted(study.trials, key=lambda t: t.number)
-    assert trials[0].params == {"method": "none"}
+    # The baseline is an enqueued override, never a sampled point: no Optuna params.
+    assert trials[0].params == {} and trials[0].user_attrs["config"]["speculative_config"] is None
     assert trials[0].user_attrs["role"] == "baseline"
     assert trials[1].user_attrs["label"] == "ngram k=5 window 2-5"
     assert st.counted_trials(study) == 5
@@ -61,7 +62,7 @@ def test_rejected_config_is_a_fail_trial_and_the_study_goes_on(tmp_path):
     study = _optimize(tmp_path, space=str(bad), n_trials=3)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert done and done[0].params == {"method": "none"}
+    assert done and done[0].user_attrs["role"] == "baseline"
     assert failed, "the rejected configs are recorded"
     f = failed[0].user_attrs["failure"]
     assert f["kind"] == "engine_crashed"

@@ -4,14 +4,19 @@ bug in the loader.
 
 Loaders: search spaces (tuner.space.parse and .load), dataset files (tuner.workloads.read_rows
 and .load of a custom workload with the packaged tokenizer), --speculative-config
-(tuner.cli.parse_spec_config) and --concurrency (tuner.cli.parse_concurrency). The last test
-prints how many inputs each property tried and how they ended.
+(tuner.cli.parse_spec_config) and --concurrency (tuner.cli.parse_concurrency). Every numeric
+option of the CLI goes through tuner.cli.main itself, with the api replaced by a recorder: it
+either reaches the api with a value inside its tuner.settings bound, or exits 2 with exactly
+one "tuner: error:" line. The last test prints how many inputs each property tried and how
+they ended.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import io
 import json
 import shutil
 import tempfile
@@ -23,7 +28,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tuner import cli, space, workloads
+from tuner import api, cli, space, workloads
+from tuner import settings as bounds
+from tuner import study as study_module
 from tuner.errors import ConfigError
 from tuner.records import WorkloadSpec
 
@@ -224,6 +231,125 @@ def test_parse_concurrency_raises_only_config_error(text):
     if levels is not None:
         assert levels and all(isinstance(c, int) and c >= 1 for c in levels)
         assert len(set(levels)) == len(levels)
+
+
+# --- every numeric option of the CLI, through tuner.cli.main --------------------------------
+class Reached(Exception):
+    """The api was called: every check passed."""
+
+
+def _reached(**kwargs):
+    raise Reached
+
+
+def _cli(argv: list[str]) -> tuple[int | None, str]:
+    """tuner.cli.main(argv) with the api replaced: (exit status or None if it reached the api,
+    what it wrote to stderr)."""
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        for name in ("bench", "optimize", "policy"):
+            mp.setattr(api, name, _reached)
+        mp.setattr(study_module, "open_existing", lambda *a, **k: _reached())
+        try:
+            rc = cli.main(argv)
+        except Reached:
+            rc = None
+    return rc, err.getvalue()
+
+
+LIST_OPTIONS = {"--concurrency": "concurrency", "--ladder": "ladder", "--k-values": "k_values"}
+
+
+def _numeric_options() -> list[tuple[str, str, str]]:
+    """(command, flag, bound name) of every option whose value tuner.settings checks."""
+    sub = next(a for a in cli.build_parser()._actions
+               if isinstance(a, cli.argparse._SubParsersAction))
+    out = []
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            flag = max(action.option_strings, key=len, default="")
+            name = getattr(action.type, "bound", None) or (
+                LIST_OPTIONS.get(flag) if command != "recommend" else None)
+            if name:
+                out.append((command, flag, name))
+    return out
+
+
+NUMERIC_OPTIONS = _numeric_options()
+option_values = st.one_of(
+    st.integers(), st.integers(-3, 5000), st.floats(), st.floats(-1e6, 1e6),
+    st.sampled_from(["nan", "-nan", "inf", "-inf", "1e300", "1e-300", "-0", "0", "1", "0.5",
+                     "2", "4096", "4097", "86400.5", "1,2", "1,2,1", "2,1", "", " 7 ", "0x10",
+                     "1_000", "\u0661\u0662", "9" * 400, "9" * 5000]),
+    any_text)
+
+
+def _argv(command: str, flag: str, text: str) -> list[str]:
+    where = ([str(_DIR / "study")] if command in ("policy", "recommend") else
+             ["--model", str(workloads.EMBEDDED_TOKENIZER), "--output-dir", str(_DIR / "out")])
+    extra = ["--policy"] if command == "optimize" and flag in _POLICY_FLAGS else []
+    return [command, *where, *extra, f"{flag}={text}"]
+
+
+_POLICY_FLAGS = {f for c, f, _ in NUMERIC_OPTIONS if c == "policy"}
+
+
+def test_every_bound_is_an_option_and_every_numeric_option_is_bounded():
+    assert {n for _, _, n in NUMERIC_OPTIONS} == set(bounds.BOUNDS)
+    flags = {(c, f) for c, f, _ in NUMERIC_OPTIONS}
+    for command, flag in [("bench", "--request-timeout"), ("optimize", "--n-trials"),
+                          ("optimize", "--max-concurrency"), ("policy", "--leaders"),
+                          ("recommend", "--max-ttft-ms"), ("bench", "--concurrency")]:
+        assert (command, flag) in flags
+
+
+@PROPERTY
+@given(st.sampled_from(NUMERIC_OPTIONS), option_values)
+@example(("bench", "--request-timeout", "request_timeout"), "nan")
+@example(("optimize", "--concurrency", "concurrency"), "100000")
+@example(("optimize", "--timeout", "timeout"), "-1")
+def test_every_numeric_option_passes_or_exits_2_in_one_line(option, value):
+    command, flag, name = option
+    text = str(value)
+    argv = _argv(command, flag, text)
+    rc, err = _cli(argv)
+    if rc is None:
+        TRIED["cli.main(numeric option)"]["accepted"] += 1
+        dest = "concurrency" if name == "recommend_concurrency" else name
+        got = getattr(cli.build_parser().parse_args(argv), dest)
+        if name in LIST_OPTIONS.values():
+            # The text the command read; empty --ladder/--k-values mean the default.
+            assert not got or bounds.int_list(got, name, unique=False)
+        else:
+            assert bounds.BOUNDS[name].problem(got) is None, (flag, text, got)
+        assert err.count("tuner: error") == 0
+        return
+    TRIED["cli.main(numeric option)"]["ConfigError"] += 1
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("tuner: error: "), (argv, err)
+    assert "Traceback" not in err
+
+
+@PROPERTY
+@given(st.lists(st.integers(-2, 5000), min_size=1, max_size=6), st.integers(1, 5000))
+@example([16], 8)
+@example([4096, 1], 4096)
+def test_concurrency_above_max_num_seqs_is_refused(levels, max_num_seqs):
+    text = ",".join(map(str, levels))
+    rc, err = _cli(["bench", "--model", str(workloads.EMBEDDED_TOKENIZER), "--output-dir",
+                    str(_DIR / "out"), f"--concurrency={text}",
+                    f"--engine-args=--max-num-seqs {max_num_seqs}"])
+    distinct = set(levels)
+    pool = sum(max(16, 4 * c) + c for c in distinct)  # --num-prompts 16, 4 requests per slot
+    fits = (min(levels) >= 1 and max(levels) <= min(max_num_seqs, 4096)
+            and pool <= bounds.MAX_REQUESTS_PER_TRIAL)
+    TRIED["cli.main(--concurrency vs --max-num-seqs)"]["accepted" if rc is None
+                                                       else "ConfigError"] += 1
+    assert (rc is None) == fits, (text, max_num_seqs, err)
+    if not fits:
+        assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+        if min(levels) >= 1 and max(levels) <= 4096 and pool <= bounds.MAX_REQUESTS_PER_TRIAL:
+            assert f"--max-num-seqs {max_num_seqs}" in err
 
 
 def test_zz_report_what_was_tried():

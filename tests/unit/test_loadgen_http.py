@@ -183,3 +183,40 @@ def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
     assert [r.error for r in records] == [None] * 4
     assert all(r.output_tokens == 3 for r in records)
     assert log == ["answered", "dropped"] * 3 + ["answered"]
+
+
+def test_no_wait_outlives_the_level_deadline_even_without_a_cancellation() -> None:
+    # Before Python 3.12 asyncio.wait_for can lose the cancellation that --level-timeout sends
+    # (thousands of slots made that common), so the loop must stop on its own at the deadline.
+    import time
+
+    from tuner.records import Prompt
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # answers GET /health, then never a POST
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            held.append(conn)
+            _read_request(conn, b"")
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=3) for i in range(6)]
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            asyncio.run(loadgen._closed_loop(  # no outer wait_for: only the deadline stops it
+                url, prompts, concurrency=2, api_key="k", model="m", temperature=0.0,
+                ignore_eos=False, warmup=False, request_timeout_s=30.0, on_done=None,
+                origin_s=None, deadline=t0 + 0.5))
+    finally:
+        srv.close()
+        for conn in held:
+            conn.close()
+    assert time.perf_counter() - t0 < 3.0

@@ -1,0 +1,328 @@
+"""Bounds on every input (tuner.settings and the loaders that use it): each refusal is one
+ConfigError line naming the bad value, the valid range or cause, and what to do; values
+inside the bounds pass unchanged. The CLI cases run tuner.cli.main in-process with the api
+replaced by a recorder, so nothing is launched."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import resource
+from pathlib import Path
+
+import pytest
+
+from tuner import api, cli, settings, space, workloads
+from tuner.errors import ConfigError
+from tuner.records import MeasureSettings, WorkloadSpec
+
+TOK = str(workloads.EMBEDDED_TOKENIZER)
+
+
+def refused(fn, *args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as e:
+        fn(*args, **kwargs)
+    message = str(e.value)
+    assert "\n" not in message and message.strip()
+    return message
+
+
+# --- the table --------------------------------------------------------------------------------
+def test_the_documented_message_for_a_nan_timeout():
+    assert refused(settings.check, "request_timeout", "nan") == (
+        "--request-timeout nan: must be a finite number of seconds between 0.1 and 86400 (a "
+        "request longer than a day is a hang). Example: --request-timeout 300.")
+
+
+def _outside(bound: settings.Bound) -> list[str]:
+    out = ["nan", "inf", "-inf", "1e300", "abc", "", repr(bound.low - 1), repr(bound.high + 1)]
+    if bound.kind is int:
+        out += ["2.5", str(int(bound.high) + 1), "9" * 400, "9" * 5000]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(settings.BOUNDS))
+def test_every_bound_refuses_what_lies_outside_it_and_names_the_range(name):
+    bound = settings.BOUNDS[name]
+    for text in _outside(bound):
+        message = refused(settings.check, name, text)
+        assert message.startswith(f"{bound.flag} {settings.show(text)}: must be "), message
+        assert f"between {settings._num(bound.low)} and {settings._num(bound.high)}" in message
+        assert f"({bound.why})" in message and message.endswith(f"{bound.example}.")
+
+
+@pytest.mark.parametrize("name", sorted(settings.BOUNDS))
+def test_every_bound_keeps_its_ends_and_its_example(name):
+    bound = settings.BOUNDS[name]
+    for value in (bound.low, bound.high):
+        text = str(int(value)) if bound.kind is int else repr(float(value))
+        got = settings.check(name, text)
+        assert got == value and type(got) is bound.kind
+    if "," not in bound.example:
+        assert settings.check(name, bound.example) == bound.kind(bound.example)
+
+
+def test_a_long_or_multiline_bad_value_is_quoted_and_cut_to_one_line():
+    message = refused(settings.check, "num_prompts", "12\n" + "x" * 500)
+    assert message.startswith("--num-prompts '12\\nxxx") and "..." in message
+
+
+def test_fractional_gpus_only_below_one():
+    assert settings.check("gpus_per_trial", "0.5") == 0.5
+    assert settings.check("gpus_per_trial", "2") == 2.0
+    assert "fraction only below 1" in refused(settings.check, "gpus_per_trial", "1.5")
+
+
+# --- lists ------------------------------------------------------------------------------------
+def test_concurrency_levels_are_bounded_distinct_and_few():
+    assert settings.int_list("1, 8,8,32", "concurrency") == (1, 8, 32)
+    m = refused(settings.int_list, "100000", "concurrency")
+    assert "--concurrency '100000'" in m and "from 1 to 4096" in m and "socket" in m
+    assert "at most 32" in refused(settings.int_list, ",".join(map(str, range(1, 40))),
+                                   "concurrency")
+    assert "expected positive integers" in refused(settings.int_list, "1,x", "concurrency")
+
+
+def test_ladder_must_rise_and_k_values_keep_repeats():
+    assert "--ladder '4,2' must rise" in refused(settings.int_list, "4,2", "ladder", rising=True)
+    assert settings.int_list("5,5,2", "k_values", unique=False) == (5, 5, 2)
+    assert "--k-values '65'" in refused(settings.int_list, "65", "k_values")
+
+
+# --- engine args ----------------------------------------------------------------------------
+@pytest.mark.parametrize("args, want", [
+    (("--max-model-len", "4096"), 4096), (("--max-model-len=8k",), 8000),
+    (("--max-model-len", "2K"), 2048), (("--enforce-eager",), None),
+    (("--max-model-len", "auto"), None), (("--max-model-len", "-1"), None),
+    (("--max-model-len", "1", "--max-model-len", "64"), 64),
+])
+def test_max_model_len_is_read_as_vllm_reads_it(args, want):
+    assert settings.max_model_len(args) == want
+
+
+def test_a_level_above_max_num_seqs_is_refused_with_both_ways_out():
+    settings.check_levels_fit_engine((1, 8), ("--max-num-seqs", "8"))
+    settings.check_levels_fit_engine((1, 512), ())  # unknown: vLLM's default applies
+    m = refused(settings.check_levels_fit_engine, (1, 16), ("--max-num-seqs=8",))
+    assert "--concurrency 16" in m and "--max-num-seqs 8" in m and "queueing" in m
+    assert "raise --max-num-seqs" in m
+
+
+def test_requests_per_trial_are_bounded():
+    settings.check_requests(MeasureSettings(concurrencies=(1, 8, 4096)), 16)
+    m = refused(settings.check_requests,
+                MeasureSettings(concurrencies=(4096,), requests_per_slot=1000), 16)
+    assert "4100096 requests per trial" in m and "at most 100000" in m
+
+
+def test_open_files_are_raised_to_the_hard_limit_or_refused(monkeypatch):
+    calls = []
+    monkeypatch.setattr(resource, "setrlimit", lambda which, lim: calls.append(lim))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 65536))
+    settings.ensure_open_files(4096)
+    assert calls == [(4096 + settings.OPEN_FILES_SPARE, 65536)]
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 2048))
+    m = refused(settings.ensure_open_files, 4096)
+    assert "--concurrency 4096" in m and "only 2048" in m and "ulimit -n" in m
+
+
+# --- output folder --------------------------------------------------------------------------
+def test_output_dir_is_created_and_left_without_a_probe(tmp_path):
+    out = settings.output_dir(tmp_path / "a" / "b")
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_output_dir_that_is_a_file_or_under_one(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert "is a file, not a folder" in refused(settings.output_dir, f)
+    assert "cannot create the folder" in refused(settings.output_dir, f / "sub")
+
+
+def test_output_dir_that_cannot_be_written(tmp_path):
+    if os.geteuid() == 0:  # root writes through permission bits; sysfs refuses even root
+        ro = Path("/sys")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+    m = refused(settings.output_dir, ro)
+    assert f"'{ro}': cannot write in it" in m and "pass a folder you can write" in m
+
+
+def test_output_dir_on_a_full_disk(tmp_path, monkeypatch):
+    def full(_fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    m = refused(settings.output_dir, tmp_path)
+    assert "No space left on device" in m and "free space" in m
+    assert not any(tmp_path.iterdir())  # the probe is gone
+
+
+# --- dataset files --------------------------------------------------------------------------
+def test_dataset_path_that_is_no_regular_file(tmp_path):
+    assert "is a directory" in refused(workloads.read_rows, tmp_path)
+    assert "is a device" in refused(workloads.read_rows, Path("/dev/zero"))
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    assert "is a pipe" in refused(workloads.read_rows, fifo)  # and did not block
+    assert "does not exist" in refused(workloads.read_rows, tmp_path / "none.jsonl")
+
+
+def test_dataset_file_and_line_size_limits(tmp_path, monkeypatch):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "x" * 300}) + "\n" + json.dumps({"prompt": "y"}))
+    monkeypatch.setattr(settings, "DATASET_MAX_LINE_BYTES", 200)
+    m = refused(workloads.read_rows, path)
+    assert "line 1 is longer than" in m
+    monkeypatch.setattr(settings, "DATASET_MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(settings, "DATASET_MAX_BYTES", 100)
+    assert "above the" in refused(workloads.read_rows, path)
+
+
+def test_jsonl_lines_are_read_as_before(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\r\n\n{"prompt": "b"}\r{"prompt": "c"}')
+    assert [r["prompt"] for r in workloads.read_rows(path)] == ["a", "b", "c"]
+    path.write_bytes(b'{"prompt": "a"}\n\xff\n')
+    assert "line 2 is not UTF-8" in refused(workloads.read_rows, path)
+
+
+def _custom(tmp_path: Path, prompts: list[str]) -> WorkloadSpec:
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return WorkloadSpec(name="custom", dataset_path=str(path), num_prompts=len(prompts),
+                        output_len=16, skip_chat_template=True)
+
+
+def test_prompts_beyond_the_context_are_skipped_with_a_count(tmp_path):
+    spec = _custom(tmp_path, ["short one", "word " * 400, "another short", "w " * 5_000_000])
+    said: list[str] = []
+    wl = workloads.load(spec, tokenizer=TOK, max_model_len=128, say=said.append)
+    assert sorted(p.prompt for p in wl.prompts) == ["another short", "short one"]
+    assert said == ["Skipped 2 prompt(s) that do not fit the model's context of 128 tokens "
+                    "(prompt + output; --max-model-len); 2 kept."]
+    assert all(p.prompt_len + p.output_len <= 128 for p in wl.prompts)
+
+
+def test_no_prompt_fitting_the_context_is_refused(tmp_path):
+    spec = _custom(tmp_path, ["word " * 400])
+    m = refused(workloads.load, spec, tokenizer=TOK, max_model_len=64)
+    assert "none of its prompts fits the model's context of 64 tokens" in m
+    assert "--max-model-len" in m
+    m = refused(workloads.load, WorkloadSpec(name="random", num_prompts=2, random_input_len=100),
+                tokenizer=TOK, max_model_len=64)
+    assert "(2 skipped)" in m
+
+
+def test_counting_a_long_text_in_pieces_matches_one_call():
+    tok = workloads.load_tokenizer(TOK)
+    text = " ".join(f"word{i % 97} = value_{i % 13}({i})" for i in range(20_000))
+    assert len(text) > 3 * workloads.PIECE_CHARS
+    assert workloads.count_tokens(tok, text, limit=10**9) == len(tok(text).input_ids)
+    assert workloads.count_tokens(tok, text, limit=100) < len(tok(text).input_ids)
+
+
+# --- search-space values ------------------------------------------------------------------------
+@pytest.mark.parametrize("text, where, value", [
+    ("methods: {ngram: {num_speculative_tokens: .nan}}", "methods.ngram.num_speculative_tokens",
+     "nan"),
+    ("methods: {ngram: {num_speculative_tokens: 3, prompt_lookup_max: 1e300}}",
+     "methods.ngram.prompt_lookup_max", "1e300"),  # YAML 1.1 reads it as text
+    ("methods: {ngram: {num_speculative_tokens: 65}}", "methods.ngram.num_speculative_tokens",
+     "65"),
+    ("methods: {ngram: {num_speculative_tokens: {type: int, low: 0, high: 4}}}",
+     "methods.ngram.num_speculative_tokens.low", "0"),
+    ("methods: {ngram: {prompt_lookup_min: {type: choice, values: [1, 0]}}}",
+     "methods.ngram.prompt_lookup_min.values[1]", "0"),
+    ("methods: {suffix: {suffix_decoding_max_spec_factor: .inf}}",
+     "methods.suffix.suffix_decoding_max_spec_factor", "inf"),
+    ("methods: {ngram: {}}\nengine: {max_num_batched_tokens: 1.0e+300}",
+     "engine.max_num_batched_tokens", "1e+300"),
+    ("methods: {ngram: {}}\nstart_points: [{method: ngram, num_speculative_tokens: .nan}]",
+     "start_points[0].num_speculative_tokens", "nan"),
+])
+def test_space_values_must_be_finite_and_sane(tmp_path, text, where, value):
+    path = tmp_path / "s.yaml"
+    path.write_text(text + "\n")
+    m = refused(space.load, str(path))
+    assert m.startswith(f"{path}: {where}: {value}: must be "), m
+    assert m.endswith("Fix the value in the file.")
+
+
+def test_shipped_spaces_are_within_the_bounds():
+    for name in space.available():
+        space.load(name)
+    assert math.isfinite(space.ANY_NUMBER.high)
+
+
+# --- the CLI, in-process, with the api replaced --------------------------------------------------
+class Reached(Exception):
+    """The api was called: every check passed."""
+
+
+@pytest.fixture
+def no_api(monkeypatch):
+    def record(**kwargs):
+        raise Reached(kwargs)
+
+    for name in ("bench", "optimize", "policy"):
+        monkeypatch.setattr(api, name, record)
+
+
+def main(capsys, *argv: str) -> tuple[int | None, str]:
+    try:
+        rc = cli.main(list(argv))
+    except Reached:
+        rc = None
+    return rc, capsys.readouterr().err
+
+
+def test_cli_refuses_a_nan_timeout_in_one_line(no_api, capsys, tmp_path):
+    rc, err = main(capsys, "bench", "--model", TOK, "--request-timeout", "nan",
+                   "--output-dir", str(tmp_path / "b"))
+    assert rc == 2 and err.splitlines() == [
+        "tuner: error: " + refused(settings.check, "request_timeout", "nan")]
+    assert not (tmp_path / "b").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--concurrency", "16", "--engine-args", "--max-num-seqs 8"], "--max-num-seqs 8"),
+    (["--concurrency", "100000"], "from 1 to 4096"),
+    (["--output-dir", "{file}"], "is a file, not a folder"),
+    (["--workload", "custom", "--dataset-path", "/dev/zero"], "is a device"),
+    (["--workload", "custom", "--dataset-path", "{dir}"], "is a directory"),
+    (["--num-requests", "100000", "--concurrency", "1,2"], "requests per trial"),
+])
+def test_cli_cross_checks_exit_2_before_the_api(no_api, capsys, tmp_path, argv, fragment):
+    (tmp_path / "file").write_text("x")
+    argv = [a.replace("{file}", str(tmp_path / "file")).replace("{dir}", str(tmp_path))
+            for a in argv]
+    out = [] if "--output-dir" in argv else ["--output-dir", str(tmp_path / "o")]
+    for command in ("bench", "optimize"):
+        rc, err = main(capsys, command, "--model", TOK, *argv, *out)
+        assert rc == 2 and len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_cli_optimize_checks_the_policy_ladder_before_the_search(no_api, capsys, tmp_path):
+    rc, err = main(capsys, "optimize", "--model", TOK, "--policy", "--ladder", "1,2,4,16",
+                   "--engine-args", "--max-num-seqs 8", "--output-dir", str(tmp_path))
+    assert rc == 2 and "--ladder 16: above the engine's --max-num-seqs 8" in err
+    rc, err = main(capsys, "optimize", "--model", TOK, "--policy", "--ladder", "4,2",
+                   "--output-dir", str(tmp_path))
+    assert rc == 2 and "--ladder '4,2' must rise" in err
+
+
+def test_cli_values_within_bounds_reach_the_api(no_api, capsys, tmp_path):
+    with pytest.raises(Reached) as e:
+        cli.main(["optimize", "--model", TOK, "--request-timeout", "0.5", "--concurrency",
+                  "1,4096", "--n-trials", "10000", "--temperature", "2", "--max-tpot-ms", "1e-3",
+                  "--output-dir", str(tmp_path / "s")])
+    kw = e.value.args[0]
+    assert kw["engine"].request_timeout_s == 0.5 and kw["n_trials"] == 10000
+    assert kw["settings"].concurrencies == (1, 4096) and kw["workload"].temperature == 2.0
+    assert kw["constraints"]["max_tpot_ms"] == 0.001
+    assert capsys.readouterr().err.count("tuner: error") == 0

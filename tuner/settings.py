@@ -1,0 +1,360 @@
+"""Settings: every bound on what a user hands us, checked in one place before anything runs.
+
+Promises: a number outside its bound, NaN, an infinity or text that is no number raises
+ConfigError with one line naming the option and the bad value, the valid range and why it ends
+there, and an example. The CLI converts every numeric option through `option()`, so no value
+reaches a trial unchecked; the checks that need several options or the machine (concurrency
+against the engine's --max-num-seqs, open-file limit, requests per trial, a writable output
+folder, a readable dataset file) are functions here too. Nothing here starts an engine.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import resource
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.records import MeasureSettings
+
+DAY_S = 86_400.0
+MAX_TOKENS = 1_048_576  # 1M tokens: beyond the context of every served model we know
+MAX_LEVEL = 4096
+MAX_LEVELS = 32
+MAX_REQUESTS_PER_TRIAL = 100_000
+MAX_SEED = 2**32 - 1
+DATASET_MAX_BYTES = 1 << 30  # the full ShareGPT JSON (~650 MB) must fit
+DATASET_MAX_LINE_BYTES = 16 << 20
+OPEN_FILES_SPARE = 64  # journal, logs, engine pipes, the tokenizer's files
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The valid range of one number, what it counts, and why its maximum is where it is."""
+
+    flag: str
+    kind: type  # int or float
+    low: float
+    high: float
+    unit: str
+    why: str
+    example: str
+
+    def problem(self, value: object) -> str | None:
+        """Why `value` (already a number) is refused, or None if it is fine."""
+        # An int compares exactly, however large (math.isfinite would overflow on 10**400).
+        number = not isinstance(value, bool) and (isinstance(value, int) or (
+            self.kind is float and isinstance(value, float) and math.isfinite(value)))
+        if not number or not self.low <= value <= self.high:  # type: ignore[operator]
+            what = "a whole number" if self.kind is int else "a finite number"
+            of = f" of {self.unit}" if self.unit else ""
+            return (f"must be {what}{of} between {_num(self.low)} and {_num(self.high)} "
+                    f"({self.why})")
+        return None
+
+
+def _b(flag: str, kind: type, low: float, high: float, unit: str, why: str, example: str
+       ) -> Bound:
+    return Bound(flag, kind, low, high, unit, why, example)
+
+
+_LEVEL_WHY = ("each slot holds one socket and one request in flight in the driver; beyond "
+              f"{MAX_LEVEL} the client is measured, not the engine")
+_SEED_WHY = "seeds are 32-bit unsigned in NumPy and vLLM"
+
+# Every numeric option of the CLI, by argparse dest. The reasons are part of the message.
+BOUNDS: dict[str, Bound] = {
+    # engine
+    "ready_timeout": _b("--ready-timeout", float, 1, DAY_S, "seconds",
+                        "an engine not up within a day is stuck", "900"),
+    "request_timeout": _b("--request-timeout", float, 0.1, DAY_S, "seconds",
+                          "a request longer than a day is a hang", "300"),
+    "level_timeout": _b("--level-timeout", float, 1, 7 * DAY_S, "seconds",
+                        "a level longer than a week is a hang", "3600"),
+    # workload
+    "num_prompts": _b("--num-prompts", int, 1, 100_000, "prompts",
+                      "every prompt is tokenized and held in the driver before the first trial",
+                      "16"),
+    "seed": _b("--seed", int, 0, MAX_SEED, "", _SEED_WHY, "0"),
+    "output_len": _b("--output-len", int, 1, MAX_TOKENS, "tokens",
+                     "1M tokens is beyond any served model's context", "200"),
+    "max_input_tokens": _b("--max-input-tokens", int, 1, MAX_TOKENS, "tokens",
+                           "1M tokens is beyond any served model's context", "1024"),
+    "random_input_len": _b("--random-input-len", int, 1, 131_072, "tokens",
+                           "random prompts are built token by token in the driver; 128K tokens "
+                           "is beyond most models' context", "256"),
+    "random_output_len": _b("--random-output-len", int, 1, MAX_TOKENS, "tokens",
+                            "1M tokens is beyond any served model's context", "128"),
+    "temperature": _b("--temperature", float, 0, 2, "",
+                      "the OpenAI API's range; above 2 sampling is close to uniform noise", "0"),
+    # measurement
+    "concurrency": _b("--concurrency", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
+                      "1,8,32"),
+    "num_requests": _b("--num-requests", int, 1, MAX_REQUESTS_PER_TRIAL, "requests",
+                       "every request's record is kept in the driver and in requests.jsonl",
+                       "64"),
+    "requests_per_slot": _b("--requests-per-slot", int, 1, 1000, "requests",
+                            "a level sends this many times the concurrency; use --num-requests "
+                            "for a fixed count", "4"),
+    # search
+    "n_trials": _b("--n-trials", int, 1, 10_000, "trials",
+                   "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks", "12"),
+    "timeout": _b("--timeout", float, 1, 30 * DAY_S, "seconds",
+                  "a search longer than 30 days is better run in parts: the same command "
+                  "resumes", "7200"),
+    "sampler_seed": _b("--sampler-seed", int, 0, MAX_SEED, "", _SEED_WHY, "0"),
+    "target_concurrency": _b("--target-concurrency", int, 1, MAX_LEVEL, "requests in flight",
+                             _LEVEL_WHY, "8"),
+    "max_tpot_ms": _b("--max-tpot-ms", float, 0.001, 60_000, "milliseconds",
+                      "a token slower than a minute is a hang, not a latency target", "50"),
+    "max_ttft_ms": _b("--max-ttft-ms", float, 0.001, DAY_S * 1000, "milliseconds",
+                      "a first token later than a day is a hang, not a latency target", "2000"),
+    "repeats": _b("--repeats", int, 1, 100, "measurements",
+                  "every repeat launches each leading config again", "3"),
+    "parallel": _b("--parallel", int, 1, 1024, "trials at once",
+                   "one trial per GPU set; more than any one Ray cluster here holds", "4"),
+    "gpus_per_trial": _b("--gpus-per-trial", float, 0, 64, "GPUs",
+                         "Ray places a trial on one node, and no node has more than 64 GPUs",
+                         "1"),
+    "logical_gpus": _b("--logical-gpus", int, 0, 1024, "GPUs", "a test setting", "2"),
+    "recommend_concurrency": _b("--concurrency", int, 1, MAX_LEVEL, "requests in flight",
+                                _LEVEL_WHY, "8"),
+    # load-aware policy
+    "ladder": _b("--ladder", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
+                 "1,2,4,8,16"),
+    "max_concurrency": _b("--max-concurrency", int, 1, MAX_LEVEL, "requests in flight",
+                          _LEVEL_WHY, "16"),
+    "policy_repeats": _b("--policy-repeats", int, 1, 100, "measurements",
+                         "every repeat measures each config on the whole ladder again", "2"),
+    "leaders": _b("--leaders", int, 1, 16, "configs",
+                  "one leader per speculative method, and vLLM has fewer than 16", "2"),
+    "k_values": _b("--k-values", int, 1, 64, "draft tokens",
+                   "every sequence pays for K drafts each step, and acceptance never reaches "
+                   "that far", "5,2"),
+    "policy_num_prompts": _b("--policy-num-prompts", int, 1, 100_000, "prompts",
+                             "every prompt is tokenized and held in the driver first", "32"),
+    "policy_output_len": _b("--policy-output-len", int, 1, MAX_TOKENS, "tokens",
+                            "1M tokens is beyond any served model's context", "128"),
+    "policy_requests_per_slot": _b("--policy-requests-per-slot", int, 1, 1000, "requests",
+                                   "a level sends this many times the concurrency", "4"),
+}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def show(value: object, limit: int = 40, *, quote: bool = False) -> str:
+    """A value as the message prints it: plain (or in quotes) when it is a plain token, else
+    as a Python literal, cut to `limit`, so the message stays one line whatever was typed."""
+    if isinstance(value, str):
+        plain = value and value.isprintable() and not any(c.isspace() for c in value)
+        text = (f"'{value}'" if quote else value) if plain else repr(value)
+        return text if len(text) <= limit else text[:limit - 3] + "..."
+    return repr(value)
+
+
+def _convert(bound: Bound, value: object) -> object:
+    """Text from the command line -> a number of the bound's kind (or the text, refused later)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return int(value.strip()) if bound.kind is int else float(value.strip())
+    except ValueError:  # also an int of more than 4300 digits
+        return value
+
+
+def check(name: str, value: object) -> int | float:
+    """`value` (a number, or the text typed for it) checked against BOUNDS[name]."""
+    bound = BOUNDS[name]
+    number = _convert(bound, value)
+    why = bound.problem(number)
+    if why is None and name == "gpus_per_trial" and number > 1 and not float(number).is_integer():
+        why = "a fraction only below 1: Ray gives a task part of one GPU or whole GPUs"
+    if why is not None:
+        raise ConfigError(f"{bound.flag} {show(value)}: {why}. Example: {bound.flag} "
+                          f"{bound.example}.")
+    return number  # type: ignore[return-value]
+
+
+def option(name: str) -> Callable[[str], int | float]:
+    """An argparse `type=` that converts and checks the option `name` (a ConfigError, not
+    argparse's usage text, is what a user sees for a bad value)."""
+    def convert(text: str) -> int | float:
+        return check(name, text)
+
+    convert.__name__ = BOUNDS[name].kind.__name__
+    convert.bound = name  # type: ignore[attr-defined]  # tests find every checked option by it
+    return convert
+
+
+def int_list(text: str, name: str, *, rising: bool = False, unique: bool = True
+             ) -> tuple[int, ...]:
+    """A comma-separated list of whole numbers, each within BOUNDS[name]: concurrency levels
+    (at most MAX_LEVELS of them), a ladder, K values."""
+    bound = BOUNDS[name]
+    shown, e_g = show(text, quote=True), f"e.g. {bound.flag} {bound.example}"
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:  # also an int of more than 4300 digits
+        raise ConfigError(f"{bound.flag} {shown}: expected positive integers separated by "
+                          f"commas, {e_g}.") from None
+    if not values or any(bound.problem(v) for v in values):
+        raise ConfigError(f"{bound.flag} {shown}: every value must be a positive integer "
+                          f"from {_num(bound.low)} to {_num(bound.high)} ({bound.why}); {e_g}.")
+    if unique:
+        values = tuple(dict.fromkeys(values))
+    if len(values) > MAX_LEVELS:
+        raise ConfigError(f"{bound.flag} {shown}: {len(values)} values, at most {MAX_LEVELS} "
+                          f"(every trial measures each of them); {e_g}.")
+    if rising and values != tuple(sorted(values)):
+        raise ConfigError(f"{bound.flag} {shown} must rise, e.g. {bound.example}.")
+    return values
+
+
+# --- checks across options, or against the machine ------------------------------------------
+def engine_arg(extra_args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in vLLM's argv (`--flag V` or `--flag=V`; the last one wins)."""
+    value = None
+    for i, arg in enumerate(extra_args):
+        if arg == flag and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _engine_int(text: str | None) -> int | None:
+    """vLLM's human-readable integers: 4096, 4k (x1000), 4K (x1024); None when unknown."""
+    if text is None:
+        return None
+    scale = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    mult = scale.get(text.strip()[-1:], 1)
+    try:
+        value = float(text.strip()[:-1]) * mult if mult > 1 else int(text.strip())
+    except ValueError:
+        return None  # not ours to judge: vLLM refuses it at start, named in its log
+    return int(value) if math.isfinite(value) and value >= 1 else None
+
+
+def max_model_len(extra_args: Sequence[str]) -> int | None:
+    """The engine's context in tokens when --engine-args (or our CPU default) sets it."""
+    return _engine_int(engine_arg(extra_args, "--max-model-len"))
+
+
+def check_levels_fit_engine(levels: Sequence[int], extra_args: Sequence[str], *,
+                            flag: str = "--concurrency") -> None:
+    """Refuse a level above the engine's --max-num-seqs: vLLM would queue the extra requests,
+    and the level would measure queueing under a concurrency label. Refused rather than capped,
+    because a capped level would be a different experiment under the asked-for name."""
+    seqs = _engine_int(engine_arg(extra_args, "--max-num-seqs"))
+    if seqs is not None and levels and max(levels) > seqs:
+        raise ConfigError(
+            f"{flag} {max(levels)}: above the engine's --max-num-seqs {seqs}, so vLLM would "
+            f"run only {seqs} at once and queue the rest: the level would measure queueing, not "
+            f"concurrency. Use levels of at most {seqs}, or raise --max-num-seqs in "
+            f"--engine-args.")
+
+
+def check_requests(measure: MeasureSettings, num_prompts: int) -> None:
+    """Bound the requests one trial sends (all levels and warm-ups): each is a prompt prepared
+    in the driver up front and a record kept in memory and on disk."""
+    total = measure.pool_size(num_prompts)
+    if total > MAX_REQUESTS_PER_TRIAL:
+        levels = ",".join(map(str, measure.concurrencies))
+        raise ConfigError(
+            f"--concurrency {levels} asks for {total} requests per trial "
+            f"(--num-requests or --requests-per-slot x level, plus one warm-up per slot); at "
+            f"most {MAX_REQUESTS_PER_TRIAL} (each is a prompt prepared in the driver and a "
+            f"record kept). Lower --requests-per-slot or set --num-requests.")
+
+
+def ensure_open_files(max_level: int, *, flag: str = "--concurrency") -> None:
+    """The driver opens one socket per slot: raise the soft open-file limit when the hard one
+    allows (as vLLM's server does), else refuse before an engine is launched for nothing."""
+    need = max_level + OPEN_FILES_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    raise ConfigError(f"{flag} {max_level}: needs about {need} open files (a socket per slot), "
+                      f"but this process may open only {hard} (`ulimit -Hn`). Raise the limit "
+                      f"(ulimit -n {need}) or use levels of at most {hard - OPEN_FILES_SPARE}.")
+
+
+def output_dir(path: Path, *, flag: str = "--output-dir") -> Path:
+    """Create the output folder and write a probe file in it, so a file in the way, a read-only
+    or full disk is one message before anything runs, not a traceback after a trial."""
+    shown = show(str(path), 200, quote=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{flag} {shown}: is a file, not a folder. Pass a folder path (it is "
+                          f"created), or move the file away.") from None
+    except OSError as e:
+        raise ConfigError(f"{flag} {shown}: cannot create the folder ({_why(e)}). Pass a "
+                          f"folder you can write, e.g. {flag} outputs/run1.") from None
+    probe = path / f".tuner-write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        fix = ("free space on that disk or pass a folder on another disk"
+               if e.errno in (errno.ENOSPC, errno.EDQUOT) else "pass a folder you can write")
+        raise ConfigError(f"{flag} {shown}: cannot write in it ({_why(e)}); {fix}, e.g. "
+                          f"{flag} /tmp/tuner-run.") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass  # never written, or the disk refuses even that: the message above says why
+    return path
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def dataset_file(path: Path) -> int:
+    """A dataset path that is a regular file within DATASET_MAX_BYTES; returns its size.
+    A directory, device or fifo (`/dev/zero` reads forever) is refused by name."""
+    shown = show(str(path), 200, quote=True)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"Dataset file {shown} does not exist. Check --dataset-path.") from None
+    except OSError as e:
+        raise ConfigError(f"Dataset file {shown}: cannot be read ({_why(e)}). Check "
+                          f"--dataset-path.") from None
+    return dataset_stat(path, st)
+
+
+def dataset_stat(path: Path, st: os.stat_result) -> int:
+    """dataset_file's checks on a stat already taken (an open file's fstat, say)."""
+    shown = show(str(path), 200, quote=True)
+    if not stat.S_ISREG(st.st_mode):
+        what = ("a directory" if stat.S_ISDIR(st.st_mode) else "a device" if
+                stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a pipe"
+                if stat.S_ISFIFO(st.st_mode) else "not a regular file")
+        raise ConfigError(f"--dataset-path {shown}: is {what}, not a dataset file. Pass a "
+                          f".jsonl, .json or .parquet file.")
+    dataset_size(path, st.st_size)
+    return st.st_size
+
+
+def dataset_size(path: Path, size: int) -> None:
+    """Refuse a dataset of more than DATASET_MAX_BYTES (its size, or the bytes read so far)."""
+    if size > DATASET_MAX_BYTES:
+        raise ConfigError(f"--dataset-path {show(str(path), 200, quote=True)}: "
+                          f"{size / 2**30:.2f} GiB, above the {DATASET_MAX_BYTES >> 30} GiB "
+                          f"limit (it is read into the driver's memory; the full ShareGPT file "
+                          f"is 0.65 GiB). Pass a sample of it.")

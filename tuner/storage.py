@@ -1,0 +1,486 @@
+"""Study storage: what is stored is never lost, and only one driver writes a study.
+
+Promises: the journal (`study.journal`, Optuna's JournalFileBackend) is checked on every open:
+readers only read (a partial last line may be a live driver's write in progress, and Optuna
+skips it), while the driver that holds the study lock moves a torn last line into a side file
+beside the journal (`study.journal.torn-<UTC time>`), truncates the journal to its last complete
+record and says so in one line. A bad line in the middle is refused with its line number and the
+command that repairs it (`tuner repair`), which moves bad lines into a quarantine file and keeps
+every good record; nothing is ever deleted silently. One driver per study folder: an exclusive
+flock on `study.lock` held for the whole driver call, recording pid, host and start time; the
+kernel drops it when the holder dies, and the next driver takes it over. A database given as
+`--storage` is shared by hosts, so there heartbeats tell a dead driver's trials from live ones.
+OS errors while writing name the file, so the CLI can say which disk is full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._storage import JournalStorageReplayResult
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import ConfigError
+
+JOURNAL = "study.journal"
+LOCK = "study.lock"
+# Optuna's own mutex around each append (JournalFileSymlinkLock): a driver killed inside an
+# append leaves it behind, and Optuna would wait 30 s before breaking it.
+JOURNAL_MUTEX = JOURNAL + ".lock"
+HEARTBEAT_INTERVAL_S = 30
+HEARTBEAT_GRACE_S = 120  # a trial whose driver missed four beats is a dead driver's
+
+Say = Callable[[str], None]
+
+
+# --- journal check -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scan:
+    """What a read of the journal found. Line numbers count from 1."""
+
+    records: int  # complete records Optuna's replay accepts
+    bad: tuple[tuple[int, str], ...]  # (line, why) of bad lines before the tail
+    tail: bytes = b""  # an unterminated last line, or a last line that is not JSON
+    tail_line: int = 0
+    tail_is_record: bool = False  # the tail is a whole record that lost only its newline
+    tail_start: int = 0  # byte offset of the tail: the journal up to here is good
+    tail_why: str = ""
+
+
+class _Replay:
+    """Optuna's own journal replay, one record at a time, so a record it would choke on (a bad
+    op code, a missing field, a wrong type) is found here with its line number, not as an
+    AssertionError or KeyError traceback from inside Optuna."""
+
+    def __init__(self) -> None:
+        self._result = JournalStorageReplayResult("tuner-check-")
+
+    def accepts(self, line: bytes) -> str | None:
+        """None if the line is a record Optuna replays, else why not."""
+        try:
+            line.decode("utf-8")  # Optuna writes ASCII; anything else is damage
+            # json.loads on bytes, as Optuna's reader does (same encoding detection).
+            record = json.loads(line)
+        except UnicodeDecodeError:
+            return "not UTF-8 text"
+        except ValueError as e:
+            return f"invalid JSON ({e})"
+        if not isinstance(record, dict) or "op_code" not in record:
+            return "JSON but not a journal record (no op_code)"
+        try:
+            self._result.apply_logs([record])
+        except Exception as e:  # whatever Optuna's replay raises, it would raise on open too
+            return f"a record Optuna's replay rejects ({type(e).__name__}: {str(e)[:80]})"
+        return None
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, line with its b"\\n") as Optuna's reader splits them."""
+    start, number = 0, 1
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end + 1
+        yield number, start, data[start:end]
+        start, number = end, number + 1
+
+
+def scan(path: Path) -> Scan:
+    """Read the journal and classify every line; reads only."""
+    data = path.read_bytes()
+    replay = _Replay()
+    records, bad = 0, []
+    lines = list(_lines(data))
+    for i, (number, offset, line) in enumerate(lines):
+        last = i == len(lines) - 1
+        why = replay.accepts(line)
+        if last and not line.endswith(b"\n"):
+            return Scan(records, tuple(bad), tail=line, tail_line=number,
+                        tail_is_record=why is None, tail_start=offset)
+        if last and why is not None and why.startswith(("invalid JSON", "not UTF-8")):
+            return Scan(records, tuple(bad), tail=line, tail_line=number, tail_start=offset,
+                        tail_why=why)
+        if why is None:
+            records += 1
+        else:
+            bad.append((number, why))
+    return Scan(records, tuple(bad), tail_start=len(data))
+
+
+def _bad_lines_message(path: Path, bad: list[tuple[int, str]] | tuple[tuple[int, str], ...],
+                       total: int) -> str:
+    (number, why), more = bad[0], len(bad) - 1
+    also = f" (and {more} more bad line{'s' if more > 1 else ''})" if more else ""
+    return (f"{path} line {number} of {total} is {why}{also}; the study cannot be read past it. "
+            f"Run `tuner repair {path.parent}` to move the bad line(s) into a quarantine file "
+            f"beside the journal and keep every good record.")
+
+
+# --- opening -----------------------------------------------------------------------------------
+class _Backend(JournalFileBackend):
+    """Optuna's journal file, with the path in OS errors: a full disk names the file."""
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        try:
+            super().append_logs(logs)
+        except OSError as e:
+            if e.filename:
+                raise
+            raise OSError(e.errno, e.strerror, self._file_path) from e
+
+
+def open_journal(study_dir: Path, *, write: bool = False) -> JournalStorage:
+    """The study folder's journal storage, checked. `write`: this driver writes the study, so
+    it takes the study lock first (a ConfigError names the holder) and repairs a torn tail."""
+    path = study_dir / JOURNAL
+    say = _lock(study_dir) if write else None
+    if path.exists():
+        found = scan(path)
+        total = found.records + len(found.bad) + (1 if found.tail else 0)
+        if found.bad:
+            raise ConfigError(_bad_lines_message(path, found.bad, total))
+        if found.tail and say is not None:
+            say(_mend_tail(path, found))
+        elif found.tail.endswith(b"\n"):
+            # A complete line that is not JSON is no write in progress; Optuna would stop on it
+            # if it is not UTF-8. Only the lock holder may change the file.
+            raise ConfigError(_bad_lines_message(path, [(found.tail_line, found.tail_why)],
+                                                 total))
+    if say is not None:
+        _clear_stale_mutex(path)
+    return JournalStorage(_Backend(str(path)))
+
+
+def _utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _side_file(journal: Path, kind: str, data: bytes) -> Path:
+    """Write `data` to a new file beside the journal (never over an existing one), durably."""
+    stamp = _utc_stamp()
+    for n in range(100):
+        side = journal.with_name(f"{journal.name}.{kind}-{stamp}" + (f".{n}" if n else ""))
+        try:
+            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(side)) from e
+        finally:
+            os.close(fd)
+        _fsync_dir(journal.parent)
+        return side
+    raise FileExistsError(f"{journal}.{kind}-{stamp}: 100 side files in one second")
+
+
+def _mend_tail(path: Path, found: Scan) -> str:
+    """Make the journal end with its last complete record; returns the line to show."""
+    if found.tail_is_record:  # only the newline is missing: the record is whole, keep it
+        with open(path, "ab") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return (f"{path}: line {found.tail_line} had lost its line ending (an interrupted "
+                f"write); completed it. All {found.records + 1} records are kept.")
+    # The side file is durable before the journal is cut: a crash in between leaves the tail
+    # in both places, never in neither.
+    side = _side_file(path, "torn", found.tail)
+    os.truncate(path, found.tail_start)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    return (f"{path}: the last line was torn ({len(found.tail)} bytes of an interrupted write); "
+            f"moved it to {side.name} beside the journal. All {found.records} complete records "
+            f"are kept.")
+
+
+def _clear_stale_mutex(path: Path) -> None:
+    mutex = path.with_name(JOURNAL_MUTEX)
+    with contextlib.suppress(FileNotFoundError):
+        # We hold the study lock, so no tuner writes; a mutex this old is a killed append's.
+        if time.time() - mutex.lstat().st_mtime > 5:
+            mutex.unlink()
+
+
+class _BeatingRDB(RDBStorage):
+    """An RDBStorage that records heartbeats for the trials this process runs. Optuna beats only
+    inside Study.optimize; the tuner asks and tells, so it beats itself, from a thread."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._mine: set[int] = set()
+        self._beats_lock = threading.Lock()
+        self._beater: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        for key in ("_beats_lock", "_beater"):
+            state.pop(key, None)
+        state["_mine"] = set()
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._beats_lock, self._beater = threading.Lock(), None
+
+    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None
+                          ) -> FrozenTrial:
+        # The private one: Optuna's _CachedStorage wrapper calls it, not create_new_trial.
+        trial = super()._create_new_trial(study_id, template_trial)
+        if trial.state == TrialState.RUNNING:
+            self._beat_for(trial._trial_id)
+        return trial
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Any = None) -> bool:
+        changed = super().set_trial_state_values(trial_id, state, values)
+        if changed and state == TrialState.RUNNING:  # an enqueued trial taken by ask()
+            self._beat_for(trial_id)
+        elif state.is_finished():
+            with self._beats_lock:
+                self._mine.discard(trial_id)
+        return changed
+
+    def _beat_for(self, trial_id: int) -> None:
+        self.record_heartbeat(trial_id)
+        with self._beats_lock:
+            self._mine.add(trial_id)
+            if self._beater is None:
+                self._beater = threading.Thread(target=self._beat, daemon=True,
+                                                name="tuner-heartbeat")
+                self._beater.start()
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self.heartbeat_interval or HEARTBEAT_INTERVAL_S)
+            with self._beats_lock:
+                mine = list(self._mine)
+                if not mine:
+                    self._beater = None
+                    return
+            for trial_id in mine:
+                # A missed beat is retried next interval; a database away for longer than the
+                # grace period makes the trial stale, which is then the truth.
+                with contextlib.suppress(Exception):
+                    self.record_heartbeat(trial_id)
+
+
+def open_rdb(url: str) -> RDBStorage:
+    """An Optuna RDB storage with heartbeats, so a resume fails only trials whose driver is
+    gone (stale heartbeat), never a live driver's on another host."""
+    import optuna
+
+    # The tuner drives trials with ask/tell; Optuna warns that heartbeats are meant for
+    # Study.optimize, but _BeatingRDB beats for ask/tell trials itself.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _BeatingRDB(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                           grace_period=HEARTBEAT_GRACE_S)
+
+
+def orphans(study: Any) -> list[FrozenTrial]:
+    """RUNNING trials whose driver is dead. Under the folder lock that is every one of them; in
+    a shared database only those whose heartbeat went stale."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if is_heartbeat_enabled(study._storage):
+        stale = set(study._storage._get_stale_trial_ids(study._study_id))
+        return [t for t in running if t._trial_id in stale]
+    return running
+
+
+# --- one driver per study ----------------------------------------------------------------------
+@dataclass
+class _Driver:
+    say: Say
+    fds: dict[Path, int] = field(default_factory=dict)
+
+
+_DRIVERS: list[_Driver] = []
+
+
+@contextlib.contextmanager
+def driver(*, say: Say = print) -> Iterator[None]:
+    """Mark this call as a driver: the studies it opens for writing stay locked until it ends."""
+    me = _Driver(say)
+    _DRIVERS.append(me)
+    try:
+        yield
+    finally:
+        _DRIVERS.remove(me)
+        for fd in me.fds.values():
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # an empty lock file: released cleanly
+            os.close(fd)  # closing drops the flock
+
+
+def _lock(study_dir: Path) -> Say:
+    """Take the study lock for the current driver (once); returns where to say things."""
+    if not _DRIVERS:
+        raise RuntimeError("writing a study needs the study lock: open it inside "
+                           "tuner.storage.driver() (api.optimize/policy/repair do)")
+    key = study_dir.resolve()
+    for d in _DRIVERS:
+        if key in d.fds:
+            return d.say
+    me = _DRIVERS[-1]
+    if study_dir.exists() and not study_dir.is_dir():
+        raise ConfigError(f"'{study_dir}' is a file, not a study folder. Pass a folder path "
+                          f"(it is created if missing), e.g. --output-dir outputs/my-study.")
+    study_dir.mkdir(parents=True, exist_ok=True)
+    path = study_dir / LOCK
+    # os.open makes a non-inheritable descriptor: engines started later never hold the lock.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(_in_use_message(study_dir, _holder(fd, wait_s=1.0))) from None
+        before = _holder(fd, wait_s=0.0)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "argv": sys.argv[:40]}  # for a person reading the file
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.fsync(fd)
+    except OSError as e:
+        os.close(fd)
+        raise OSError(e.errno, e.strerror, e.filename or str(path)) from e
+    except BaseException:
+        os.close(fd)
+        raise
+    me.fds[key] = fd
+    if before:
+        me.say(f"Study {study_dir}: took over the lock of tuner pid {before.get('pid')} on host "
+               f"{before.get('host')} (since {before.get('since')}), which stopped without "
+               f"releasing it.")
+    return me.say
+
+
+def _holder(fd: int, *, wait_s: float) -> dict[str, Any]:
+    """The holder recorded in the lock file; a holder that has just taken it may not have
+    written itself yet, so read again for up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            found = json.loads(os.pread(fd, 4096, 0) or b"null")
+        except ValueError:
+            found = None
+        if isinstance(found, dict) or time.monotonic() >= deadline:
+            return found if isinstance(found, dict) else {}
+        time.sleep(0.05)
+
+
+def _in_use_message(study_dir: Path, holder: dict[str, Any]) -> str:
+    who = (f"tuner pid {holder.get('pid')} on host {holder.get('host')} since "
+           f"{holder.get('since')}" if holder else "another tuner process")
+    stop = (f"stop it (kill {holder.get('pid')} on {holder.get('host')})" if holder
+            else "stop it")
+    return (f"Study {study_dir} is in use by {who}; wait for it, or {stop} and run this command "
+            f"again. Two drivers on one study would fail each other's running trials.")
+
+
+# --- repair ------------------------------------------------------------------------------------
+def _salvage(line: bytes, replay: _Replay) -> int | None:
+    """Where a whole record starts inside a bad line: a torn line that the next record was
+    appended to (what Optuna does after a torn write) still carries that record."""
+    start = line.find(b'{"op_code":', 1)
+    while start > 0:
+        if replay.accepts(line[start:]) is None:
+            return start
+        start = line.find(b'{"op_code":', start + 1)
+    return None
+
+
+def repair(study_dir: Path) -> str:
+    """Move every bad line of the journal into `study.journal.quarantine-<UTC time>` beside it,
+    keep every good record (also one glued to a torn line), check that the studies load, and
+    return what was done. Takes the study lock (inside driver())."""
+    path = study_dir / JOURNAL
+    if not path.exists():
+        raise ConfigError(f"No journal in '{study_dir}' (no {JOURNAL}). Pass the folder that "
+                          f"`tuner optimize` printed, e.g. outputs/instructcoder-smollm2.")
+    _lock(study_dir)
+    data = path.read_bytes()
+    replay = _Replay()
+    keep: list[bytes] = []
+    moved: list[bytes] = []
+    notes: list[str] = []
+    salvaged = 0
+    for number, _, line in _lines(data):
+        why = replay.accepts(line)
+        whole = line if line.endswith(b"\n") else line + b"\n"
+        if why is None:
+            keep.append(whole)
+            continue
+        cut = _salvage(line, replay)
+        if cut is not None:
+            moved.append(line[:cut] + b"\n")
+            keep.append(whole[cut:])
+            salvaged += 1
+            notes.append(f"line {number}: torn start moved, the record after it kept")
+        else:
+            moved.append(whole)
+            notes.append(f"line {number}: {why}")
+    if not moved:
+        return f"{path}: all {len(keep)} records are valid; nothing to repair."
+    side = _side_file(path, "quarantine", b"".join(moved))
+    tmp = path.with_name(path.name + ".repair-tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b"".join(keep))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(tmp)) from e
+    os.replace(tmp, path)
+    _fsync_dir(study_dir)
+    _clear_stale_mutex(path)
+    loaded = _verify(path)
+    lines = [f"Repaired {path}: moved {len(moved)} bad line(s) to {side.name} beside it and kept "
+             f"{len(keep)} records" + (f" ({salvaged} recovered from torn lines)" if salvaged
+                                       else "") + "."]
+    lines += [f"  {n}" for n in notes[:20]]
+    if len(notes) > 20:
+        lines.append(f"  ... and {len(notes) - 20} more (all in {side.name})")
+    lines.append(f"The journal loads: {loaded}.")
+    return "\n".join(lines)
+
+
+def _verify(path: Path) -> str:
+    import optuna
+
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    parts = []
+    for frozen in storage.get_all_studies():
+        study = optuna.load_study(study_name=frozen.study_name, storage=storage)
+        parts.append(f"study '{frozen.study_name}' with {len(study.get_trials(deepcopy=False))} "
+                     f"trials")
+    return ", ".join(parts) or "no study in it yet"
