@@ -16,7 +16,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from tuner import api, runner, workloads
+from tuner import settings
+from tuner.measure import trial as runner
+from tuner.measure import workloads
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
 VARIANTS = {
@@ -35,7 +37,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--output-len", type=int, default=96)
     args = ap.parse_args()
-    base = api.resolve_engine(model=None)
+    base = settings.resolve_engine(model=None)
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=base.model)
     rows = []

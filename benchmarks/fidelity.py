@@ -1,8 +1,8 @@
 """Measurement fidelity, part (a): does our client measure TTFT and TPOT right under load?
 
-Starts the fake engine (tuner/fake_engine.py, which writes token i of every request at
+Starts the fake engine (tuner/testing/fake_engine.py, which writes token i of every request at
 arrival + TTFT + i * TPOT against absolute deadlines) through the real Engine class, drives it
-with tuner.loadgen.run_requests at each concurrency, aggregates with tuner.metrics.level_metrics
+with tuner.measure.loadgen.run_requests at each concurrency, aggregates with tuner.measure.metrics.level_metrics
 exactly as a trial does, and compares the measured mean TTFT and TPOT with the truth: what the
 server really did, request by request, from its own log (GET /fake/served: when each request
 arrived, when its first token and its end were written). The script is printed beside; the
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import tuner
+from tuner.measure import loadgen, metrics
+from tuner.measure.engine import Engine
+from tuner.records import EngineSpec, LevelMetrics, Prompt, SpecDecodeCounts, TrialConfig
+from tuner.testing.fake_engine import SCRIPT_ENV
 
-from tuner import loadgen, metrics  # noqa: E402
-from tuner.engine import Engine  # noqa: E402
-from tuner.fake_engine import SCRIPT_ENV  # noqa: E402
-from tuner.records import EngineSpec, LevelMetrics, Prompt, SpecDecodeCounts, TrialConfig  # noqa: E402
+ROOT = Path(tuner.__file__).resolve().parent.parent  # the fake engine child imports this tuner
 
 PROMPT = " ".join(f"word{i}" for i in range(32))
 
@@ -115,7 +115,7 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
     script = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "tokens_per_chunk": tokens_per_chunk,
               "startup_s": 0.0}
     spec = EngineSpec(
-        model="fake-model", vllm_cmd=(sys.executable, "-m", "tuner.fake_engine"),
+        model="fake-model", vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
         extra_args=("--fake-loop", server_loop), ready_timeout_s=30.0,
         env={SCRIPT_ENV: json.dumps(script),
              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     print("Measurement fidelity (a): fake engine with scripted timing, measured by "
-          "tuner.loadgen + tuner.metrics")
+          "tuner.measure.loadgen + tuner.measure.metrics")
     lengths = (f"{args.output_tokens} output tokens" if not args.output_spread else
                f"output tokens uniform in {args.output_tokens} +- {args.output_spread:.0%}")
     print(f"  script: TTFT {args.ttft_ms} ms, TPOT {args.tpot_ms} ms, {lengths}, tokens per "
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
           "does not know of). true = on the wire: client wrote the request -> server\n  wrote "
           "the first token (TTFT); (server wrote the end - wrote the first token) / (tokens - 1) "
           "(TPOT); means over\n  the level's requests, from the server's log (GET /fake/served). "
-          "measured = tuner.loadgen + tuner.metrics, as a trial.\n"
+          "measured = tuner.measure.loadgen + tuner.measure.metrics, as a trial.\n"
           f"  err % = measured / true - 1, target |err| <= {args.target_pct} %. req err = "
           "per-request measured - true TTFT (median/largest).\n  srv lag = how late the fake "
           "wrote chunks against its deadlines.\n")

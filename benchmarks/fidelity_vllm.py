@@ -20,8 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tuner import api, loadgen, metrics, workloads
-from tuner.engine import Engine
+from tuner import settings
+from tuner.measure import loadgen, metrics, workloads
+from tuner.measure.engine import Engine
 from tuner.records import TrialConfig, WorkloadSpec
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
@@ -77,10 +78,10 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--speculative-config", default=json.dumps(NGRAM))
     args = ap.parse_args()
-    engine = api.resolve_engine(model=args.model)
+    engine = settings.resolve_engine(model=args.model)
     spec = json.loads(args.speculative_config) if args.speculative_config != "none" else None
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
-                                     output_len=args.output_len), tokenizer=api.tokenizer_of(engine))
+                                     output_len=args.output_len), tokenizer=engine.tokenizer or engine.model)
     out = Path(tempfile.mkdtemp(prefix="fidelity-"))
     dataset = out / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in wl.prompts))

@@ -22,8 +22,8 @@ import optuna
 
 
 def table(study_dir: Path) -> tuple[dict[str, float], str, int, object]:
-    from tuner import space as spaces
-    from tuner import study as st
+    from tuner.search import space as spaces
+    from tuner.search import study as st
 
     study = st.open_existing(study_dir)
     meta = study.user_attrs[st.ATTR]
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("study_dir", type=Path)
     ap.add_argument("--seeds", type=int, default=11)
     args = ap.parse_args()
-    from tuner.study import quiet_optuna
+    from tuner.search.study import quiet_optuna
 
     quiet_optuna()
     values, best, n, sp = table(args.study_dir)

@@ -1,12 +1,12 @@
 """Fault drill: inject every fault the tuner must survive and prove that nothing is lost.
 
 Faults about the engine run on the real vLLM CPU engine with the embedded model; the others
-(and, with --fake-only, all of them) on the scripted fake engine (tuner/fake_engine.py). After
+(and, with --fake-only, all of them) on the scripted fake engine (tuner/testing/fake_engine.py). After
 each fault the drill checks three things: the expected outcome was recorded as data (a FAIL
 trial with its reason, or errored records counted); no trial was lost (every trial that ran
 is in storage, and a resumed study kept every completed trial); and nothing was left behind:
 no live process carrying this drill's marker in its environment (every engine the drill starts
-carries it: tuner.fake_engine, vllm.entrypoints and vLLM's renamed VLLM::EngineCore children),
+carries it: tuner.testing.fake_engine, vllm.entrypoints and vLLM's renamed VLLM::EngineCore children),
 none in the engine's process group, and nothing listening on the engine's port.
 
     python scripts/fault_drill.py              # real-engine faults included (several minutes)
@@ -36,16 +36,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import tuner
+from tuner import api, settings
+from tuner.measure import trial as runner
+from tuner.measure.engine import TEARDOWN_GRACE_S
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.records import (
+    EngineSpec,
+    MeasureSettings,
+    Prompt,
+    TrialConfig,
+    TrialOutcome,
+    Workload,
+    WorkloadSpec,
+)
+from tuner.search import study as st
+from tuner.testing import leaks
+from tuner.testing.fake_engine import SCRIPT_ENV
 
-from tuner import api, runner  # noqa: E402
-from tuner import study as st  # noqa: E402
-from tuner.engine import TEARDOWN_GRACE_S  # noqa: E402
-from tuner.fake_engine import SCRIPT_ENV  # noqa: E402
-from tuner.records import (EngineSpec, MeasureSettings, Prompt, TrialConfig,  # noqa: E402
-                           Workload, WorkloadSpec)
-from tuner.workloads import EMBEDDED_TOKENIZER  # noqa: E402
+# Engines and drivers the drill starts import the same tuner as this script.
+ROOT = Path(tuner.__file__).resolve().parent.parent
 
 MARK = "TUNER_FAULT_DRILL"
 RUN = uuid.uuid4().hex[:10]
@@ -81,79 +91,18 @@ class Row:
     leftovers: list[str]
 
 
-# --- processes, groups, ports ------------------------------------------------------------------
+# --- processes, groups, ports: what "nothing left behind" means (tuner.testing.leaks) ----------
 def marked_processes(value_prefix: str = RUN) -> list[str]:
-    """Live processes whose environment has MARK=<value starting with value_prefix>."""
-    found = []
-    needle = f"{MARK}={value_prefix}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if not any(item.startswith(needle) for item in env):
-                continue
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] not in "ZX":
-            found.append(f"pid {pid}: {cmd.strip()[:100]}")
-    return found
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(pid))
-    return out
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    return leaks.marked_processes(MARK, value_prefix)
 
 
 def leftovers(pgids: list[int], ports: list[int], *, wait_s: float = 10.0) -> list[str]:
-    """What survived; a dead parent's engine dies by PR_SET_PDEATHSIG a moment later, so poll."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = marked_processes()
-        left += [f"pid {p} in engine group {g}" for g in pgids for p in group_members(g)
-                 if f"pid {p}:" not in " ".join(left)]
-        left += [f"port {p} still accepts connections" for p in ports if listening(p)]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+    """What survived; a killed driver's watchdog needs a moment to tear the tree down."""
+    return leaks.leftovers(MARK, RUN, pgids=pgids, ports=ports, wait_s=wait_s)
 
 
-def engine_of(log: Path) -> tuple[int, int] | None:
-    """(pid, port) of the last engine that wrote `log`: uvicorn's and vLLM's own lines."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    pids = re.findall(r"Started server process \[(\d+)\]", text)
-    ports = re.findall(r"Starting vLLM server on http://[\d.]+:(\d+)", text)
-    return (int(pids[-1]), int(ports[-1])) if pids and ports else None
-
-
-def wait_for(path: Path, text: str, *, timeout_s: float, after: str | None = None,
-             stop: threading.Event | None = None) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not (stop and stop.is_set()):
-        body = path.read_text(errors="replace") if path.exists() else ""
-        if after is not None:
-            body = body.split(after, 1)[1] if after in body else ""
-        if text in body:
-            return True
-        time.sleep(0.1)
-    return False
+group_members, listening, engine_of, wait_for = (leaks.group_members, leaks.listening,
+                                                 leaks.engine_of, leaks.wait_for)
 
 
 # --- engines and workloads ---------------------------------------------------------------------
@@ -173,7 +122,7 @@ class Drill:
         script = {"ttft_ms": 5.0, "tpot_ms": 1.0, "startup_s": 0.0, **script}
         return EngineSpec(**{
             "model": "fake-model", "served_model_name": "fake",
-            "vllm_cmd": (sys.executable, "-m", "tuner.fake_engine"),
+            "vllm_cmd": (sys.executable, "-m", "tuner.testing.fake_engine"),
             "ready_timeout_s": 15.0, "request_timeout_s": 10.0, "level_timeout_s": 60.0,
             "tokenizer": str(EMBEDDED_TOKENIZER), **spec_fields,
             "env": {SCRIPT_ENV: json.dumps(script), "PYTHONPATH": PYTHONPATH,
@@ -181,7 +130,7 @@ class Drill:
 
     @staticmethod
     def real(fault: str, **spec_fields) -> EngineSpec:
-        spec = api.resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0,
+        spec = settings.resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0,
                                   env={MARK: f"{RUN}:{fault}"})
         return spec.model_copy(update=spec_fields)
 
@@ -193,22 +142,22 @@ class Drill:
 
     def real_workload(self, spec: EngineSpec) -> Workload:
         if self._real_workload is None:
-            from tuner import workloads
+            from tuner.measure import workloads
 
             self._real_workload = workloads.load(
                 WorkloadSpec(name="instructcoder", num_prompts=2, output_len=48),
-                tokenizer=api.tokenizer_of(spec))
+                tokenizer=spec.tokenizer or spec.model)
         return self._real_workload
 
 
-def _recorded(outcome: dict) -> int:
+def _recorded(outcome: TrialOutcome) -> int:
     """Trials lost by one measure_outcome: 0 when it came back as a result or a failure."""
-    return 0 if ("result" in outcome or "failure" in outcome) else 1
+    return 0 if (outcome.result is not None or outcome.failure is not None) else 1
 
 
-def _failure(outcome: dict) -> tuple[str, str]:
-    f = outcome.get("failure") or {}
-    return f.get("kind", "(no failure)"), f.get("reason", "")
+def _failure(outcome: TrialOutcome) -> tuple[str, str]:
+    f = outcome.failure
+    return (f.kind, f.reason) if f is not None else ("(no failure)", "")
 
 
 def _short(text: str, n: int = 90) -> str:
@@ -367,14 +316,14 @@ def errors_below_limit(d: Drill, real: bool) -> Outcome:
     spec = d.fake("errors-few", malformed_every=10, http_error_every=15)
     out = runner.measure_outcome(spec, TrialConfig(), d.fake_workload(),
                                  MeasureSettings(num_requests=30), str(d.dir("errors-few")))
-    if "result" not in out:
+    if out.result is None:
         kind, reason = _failure(out)
         return Outcome(f"{kind}: {_short(reason)}", False, _recorded(out))
-    (level,) = out["result"]["levels"]
-    kinds = sorted({"malformed" if "malformed" in e else e.split(":")[0] for e in level["errors"]})
-    return Outcome(f"trial measured; {level['failed']}/{level['num_requests']} errored records "
+    (level,) = out.result.levels
+    kinds = sorted({"malformed" if "malformed" in e else e.split(":")[0] for e in level.errors})
+    return Outcome(f"trial measured; {level.failed}/{level.num_requests} errored records "
                    f"counted ({', '.join(kinds)})",
-                   level["failed"] == 4 and level["completed"] == 26, _recorded(out))
+                   level.failed == 4 and level.completed == 26, _recorded(out))
 
 
 def errors_above_limit(d: Drill, real: bool) -> Outcome:
@@ -393,26 +342,26 @@ def errors_above_limit(d: Drill, real: bool) -> Outcome:
 
 
 def port_taken(d: Drill, real: bool) -> Outcome:
-    import tuner.engine
+    import tuner.measure.engine
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     taken = holder.getsockname()[1]
-    real_free_port = tuner.engine.free_port
+    real_free_port = tuner.measure.engine.free_port
     handed = iter([taken])
-    tuner.engine.free_port = lambda host="127.0.0.1": next(handed, None) or real_free_port(host)
+    tuner.measure.engine.free_port = lambda host="127.0.0.1": next(handed, None) or real_free_port(host)
     trial_dir = d.dir("port")
     try:
         out = runner.measure_outcome(d.fake("port"), TrialConfig(), d.fake_workload(n=2),
                                      MeasureSettings(), str(trial_dir))
     finally:
-        tuner.engine.free_port = real_free_port
+        tuner.measure.engine.free_port = real_free_port
         holder.close()
     log = (trial_dir / "engine.log").read_text(errors="replace")
     pid_port = engine_of(trial_dir / "engine.log")
     port = pid_port[1] if pid_port else None
-    ok = "result" in out and "address already in use" in log.lower() and port not in (None, taken)
+    ok = out.result is not None and "address already in use" in log.lower() and port not in (None, taken)
     seen = "address already in use" if "address already in use" in log.lower() else "no bind error"
     return Outcome(f"port {taken} held: {seen}; retried, measured on port {port}", ok,
                    _recorded(out), ports=[port] if port else [])
@@ -421,7 +370,7 @@ def port_taken(d: Drill, real: bool) -> Outcome:
 def _driver_cmd(out: Path, fault: str, n_trials: int = 3) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0})
     return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
-            "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+            "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--engine-env", f"{MARK}={RUN}:{fault}",
             "--space", "ngram", "--n-trials", str(n_trials), "--num-prompts", "2",
             "--output-len", "24", "--concurrency", "1", "--output-dir", str(out), "--no-report"]
@@ -501,7 +450,7 @@ def ray_worker_dies(d: Drill, real: bool) -> Outcome:
         pid_port = engine_of(log)
         if pid_port is None:
             return
-        # The engine's parent is its watchdog (tuner/watchdog.py), whose parent is the worker.
+        # The engine's parent is its watchdog (tuner/measure/watchdog.py), whose parent is the worker.
         watchdog = int(Path(f"/proc/{pid_port[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
         worker = int(Path(f"/proc/{watchdog}/stat").read_text().rsplit(")", 1)[1].split()[1])
         killed.update(engine=pid_port[0], port=pid_port[1], worker=worker)
@@ -567,7 +516,7 @@ def every_trial_failed(d: Drill, real: bool) -> Outcome:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 1, "startup_s": 0,
                          "crash_on_start": "ValueError: no such model"})
     cmd = [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
-           "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+           "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
            f"--engine-args=--fake-script '{script}'", "--engine-env", f"{MARK}={RUN}:{name}",
            "--space", "ngram", "--n-trials", "3", "--num-prompts", "2", "--output-len", "8",
            "--concurrency", "1", "--output-dir", str(out)]
@@ -604,7 +553,7 @@ def _changed(before: dict[int, list[float]], out: Path) -> int:
 
 
 def torn_journal_tail(d: Drill, real: bool) -> Outcome:
-    from tuner import storage
+    from tuner.search import storage
 
     name = "torn-journal"
     out = d.dir(name)
@@ -649,7 +598,7 @@ def garbage_middle_line(d: Drill, real: bool) -> Outcome:
 
 
 def two_drivers(d: Drill, real: bool) -> Outcome:
-    from tuner import storage
+    from tuner.search import storage
 
     name = "two-drivers"
     out = d.dir(name)
@@ -685,7 +634,7 @@ def two_drivers(d: Drill, real: bool) -> Outcome:
 
 
 def disk_full(d: Drill, real: bool) -> Outcome:
-    from tuner import storage
+    from tuner.search import storage
 
     name = "disk-full"
     mnt = d.dir(name)
@@ -739,7 +688,7 @@ def _bench_driver(d: Drill, fault: str, real: bool, **script) -> tuple[subproces
     if not real:
         script = {"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0, "child_process": True, **script}
         cmd += ["--model", str(EMBEDDED_TOKENIZER), "--vllm-cmd",
-                f"{sys.executable} -m tuner.fake_engine",
+                f"{sys.executable} -m tuner.testing.fake_engine",
                 f"--engine-args=--fake-script '{json.dumps(script)}'"]
     env = {**os.environ, "PYTHONPATH": PYTHONPATH, MARK: f"{RUN}:{fault}"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -753,14 +702,8 @@ def _engine_processes(fault: str, log: Path) -> list[str]:
     its workers with setproctitle, which overwrites /proc/PID/environ: no marker is seen there."""
     found = [p for p in marked_processes(f"{RUN}:{fault}") if " -m tuner bench " not in p]
     sid = (engine_of(log) or (None,))[0]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in "ZX" and f"pid {pid}:" not in str(found):
-            found.append(f"pid {pid}: {cmd.strip()[:100]}")
+    if sid is not None:
+        found += [p for p in leaks.session_members(sid) if p.split(":")[0] + ":" not in str(found)]
     return found
 
 
@@ -1011,13 +954,13 @@ def table(rows: list[Row]) -> str:
     head = ["fault", "engine", "expected", "observed", "lost", "leftover", "result", "time"]
     width = [max(len(head[0]), *(len(r.fault) for r in rows)), 6,
              max(len(head[2]), *(len(r.expected) for r in rows)), 60, 4, 8, 6, 6]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, width)),
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, width, strict=True)),
              "  ".join("-" * w for w in width)]
     for r in rows:
         observed = textwrap.wrap(r.observed, width[3]) or [""]
         cells = [r.fault, r.engine, r.expected, observed[0], str(r.lost), str(r.leftover),
                  "PASS" if r.ok else "FAIL", f"{r.seconds:.0f} s"]
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, width)).rstrip())
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, width, strict=True)).rstrip())
         pad = " " * (sum(width[:3]) + 6)
         lines += [pad + more for more in observed[1:]]
     return "\n".join(lines)
@@ -1041,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
                   "run. Install the `cpu` extra (scripts/setup.sh), or pass --fake-only.",
                   file=sys.stderr)
             return 2
-    from tuner.study import quiet_optuna
+    from tuner.search.study import quiet_optuna
 
     quiet_optuna()
     out = args.keep or Path(tempfile.mkdtemp(prefix="fault-drill-"))

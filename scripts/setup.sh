@@ -24,5 +24,5 @@ if [ "$BUILD" = cpu ]; then
   python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 python -c "import transformers, vllm, optuna, ray, seaborn; print('setup: imports ok, vllm', vllm.__version__)"
-python -m tuner.model >/dev/null
+python -m tuner.measure.model >/dev/null
 echo "setup: done. Activate with: . .venv/bin/activate"

@@ -1,6 +1,6 @@
 """Shared fixtures: an EngineSpec for the fake engine with a given script, and a running one.
 
-The fake engine (tuner/fake_engine.py) is launched through the real Engine class, so every test
+The fake engine (tuner/testing/fake_engine.py) is launched through the real Engine class, so every test
 that uses it also exercises process-group start-up, /health polling and teardown.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 import tuner
-from tuner.engine import Engine
-from tuner.fake_engine import SCRIPT_ENV
+from tuner.measure.engine import Engine
 from tuner.records import EngineSpec, Prompt, TrialConfig
+from tuner.testing.fake_engine import SCRIPT_ENV
 
-# The fake engine runs as `python -m tuner.fake_engine` in a child process; the checkout must
+# The fake engine runs as `python -m tuner.testing.fake_engine` in a child process; the checkout must
 # be importable there whether or not the package is installed.
 _ROOT = str(Path(tuner.__file__).resolve().parent.parent)
 _PYTHONPATH = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
@@ -29,11 +29,11 @@ FakeSpec = Callable[..., EngineSpec]
 
 def fake_engine_spec(**kwargs: object) -> EngineSpec:
     """`fake_engine_spec(ttft_ms=5, stall_requests=True, ready_timeout_s=2)`: script keys go to
-    the fake engine (tuner.fake_engine.FakeScript), EngineSpec fields to the spec."""
+    the fake engine (tuner.testing.fake_engine.FakeScript), EngineSpec fields to the spec."""
     fields = {k: kwargs.pop(k) for k in list(kwargs) if k in EngineSpec.model_fields}
     script = {"ttft_ms": 5.0, "tpot_ms": 1.0, "startup_s": 0.0, **kwargs}
     defaults = dict(model="fake-model", served_model_name="fake",
-                    vllm_cmd=(sys.executable, "-m", "tuner.fake_engine"),
+                    vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
                     # Flags the fake must ignore, as our CPU defaults pass them to vLLM.
                     extra_args=("--enforce-eager", "--max-model-len", "4096"),
                     ready_timeout_s=15.0, request_timeout_s=10.0, level_timeout_s=60.0)

@@ -67,7 +67,7 @@ def fake_meta(
     concurrencies: tuple[int, ...] = (1,), max_tpot_ms: float | None = None,
     max_ttft_ms: float | None = None,
 ) -> dict[str, Any]:
-    """The study-level "tuner" attribute as tuner/study.py writes it."""
+    """The study-level "tuner" attribute as tuner/search/study.py writes it."""
     wl = {"name": workload, "dataset_path": None, "num_prompts": 16, "seed": 0,
           "output_len": 200, "max_input_tokens": None, "skip_chat_template": False,
           "category": None, "random_input_len": 256, "random_output_len": 128,

@@ -10,50 +10,17 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import sys
 import time
 from pathlib import Path
 
+from tuner import api
 from tuner import settings as checks
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TrialFailed
+from tuner.outputs import console
+from tuner.records import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.settings.BOUNDS
-
-
-def parse_concurrency(text: str) -> tuple[int, ...]:
-    """`--concurrency 1,8,32`: distinct levels, each within tuner.settings' bound."""
-    return checks.int_list(text, "concurrency")
-
-
-def parse_spec_config(text: str | None) -> dict | None:
-    """`--speculative-config`: JSON object as vLLM takes it, or none/empty for the baseline."""
-    from tuner.space import METHODS
-
-    if text is None or text.strip().lower() in ("", "none", "null", "off"):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        near = text[max(0, e.pos - 15): e.pos + 15]
-        raise ConfigError(f"--speculative-config is not valid JSON: {e.msg} at character "
-                          f"{e.pos} (near {near!r}). Example: "
-                          f"'{{\"method\":\"ngram\",\"num_speculative_tokens\":5}}'.") from None
-    except RecursionError:
-        raise ConfigError("--speculative-config is nested too deeply to be a speculative config. "
-                          "Example: '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'."
-                          ) from None
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ConfigError(f"--speculative-config must be a JSON object, got "
-                          f"{type(value).__name__}. Example: '{{\"method\":\"ngram\"}}'.")
-    method = value.get("method")
-    if not isinstance(method, str) or method not in METHODS or method == "none":
-        raise ConfigError(f"--speculative-config: unknown method {method!r}. Valid: "
-                          f"{', '.join(m for m in METHODS if m != 'none')}; or 'none' for the "
-                          f"baseline.")
-    return value
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
@@ -116,17 +83,6 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
                    default=4)
     g.add_argument("--side-by-side", action="store_true",
                    help="re-measure baseline and static config interleaved with the policy")
-
-
-def _policy_kwargs(args: argparse.Namespace) -> dict:
-    # Single numbers were checked as argparse parsed them (tuner.settings); lists are here.
-    ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
-    ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
-    return dict(ladder=ladder, max_concurrency=args.max_concurrency,
-                repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
-                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
-                side_by_side=args.side_by_side,
-                requests_per_slot=args.policy_requests_per_slot)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,113 +166,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _common_records(args: argparse.Namespace):
-    from tuner import api
-    from tuner.records import MeasureSettings, WorkloadSpec
+def _say(args: argparse.Namespace):
+    return (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
-    env = {}
-    for item in args.engine_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"--engine-env '{item}': expected NAME=VALUE.")
-        env[name] = value
-    from tuner import workloads
 
-    if args.workload not in workloads.names():
-        raise ConfigError(f"Unknown workload '{args.workload}'. Available: "
-                          f"{', '.join(workloads.names())}. Use --workload custom "
-                          f"--dataset-path FILE.jsonl for your own prompts.")
+def _records(args: argparse.Namespace) -> tuple[WorkloadSpec, MeasureSettings, EngineSpec]:
+    """The workload, measurement and engine records of bench/optimize, every value checked."""
     workload = WorkloadSpec(
-        name=args.workload, dataset_path=args.dataset_path, num_prompts=args.num_prompts,
+        name=checks.workload_name(args.workload), dataset_path=args.dataset_path, num_prompts=args.num_prompts,
         seed=args.seed, output_len=args.output_len, max_input_tokens=args.max_input_tokens,
         category=args.category, random_input_len=args.random_input_len,
         random_output_len=args.random_output_len, temperature=args.temperature,
         ignore_eos=args.ignore_eos, skip_chat_template=args.skip_chat_template)
-    settings = MeasureSettings(concurrencies=parse_concurrency(args.concurrency),
-                               num_requests=args.num_requests,
-                               requests_per_slot=args.requests_per_slot)
-    checks.check_requests(settings, workload.num_prompts)
+    measure = MeasureSettings(concurrencies=checks.int_list(args.concurrency, "concurrency"),
+                              num_requests=args.num_requests,
+                              requests_per_slot=args.requests_per_slot)
+    checks.check_requests(measure, workload.num_prompts)
     if workload.dataset_path:
         checks.dataset_file(Path(workload.dataset_path))
-    engine = api.resolve_engine(
+    engine = checks.resolve_engine(
         model=args.model, vllm_cmd=args.vllm_cmd, extra_args=args.engine_args,
-        tokenizer=args.tokenizer, env=env, ready_timeout_s=args.ready_timeout,
-        request_timeout_s=args.request_timeout, level_timeout_s=args.level_timeout)
-    checks.check_levels_fit_engine(settings.concurrencies, engine.extra_args)
-    checks.ensure_open_files(max(settings.concurrencies))
-    return workload, settings, engine
+        tokenizer=args.tokenizer, env=checks.name_value_pairs(args.engine_env,
+                                                              flag="--engine-env"),
+        ready_timeout_s=args.ready_timeout, request_timeout_s=args.request_timeout,
+        level_timeout_s=args.level_timeout)
+    checks.check_levels_fit_engine(measure.concurrencies, engine)
+    checks.ensure_open_files(max(measure.concurrencies))
+    return workload, measure, engine
+
+
+def _policy_options(args: argparse.Namespace) -> dict:
+    # Single numbers were checked as argparse parsed them (tuner.settings); lists are here.
+    ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
+    ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
+    return dict(ladder=ladder, max_concurrency=args.max_concurrency,
+                repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
+                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
+                side_by_side=args.side_by_side,
+                requests_per_slot=args.policy_requests_per_slot)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tuner import api, report
-    from tuner.errors import TrialFailed
-    from tuner.records import TrialConfig
-    from tuner.space import load_acceptance_profile, with_acceptance_profile
-
-    config = TrialConfig(speculative_config=parse_spec_config(args.speculative_config))
+    config = TrialConfig(speculative_config=checks.speculative_config(args.speculative_config))
     if args.acceptance_profile:
-        config = with_acceptance_profile(config, load_acceptance_profile(args.acceptance_profile))
-    workload, settings, engine = _common_records(args)
-    out = args.output_dir or Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}"
-    checks.output_dir(out)
-    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
+        config = config.with_acceptance_profile(checks.acceptance_profile(args.acceptance_profile))
+    workload, measure, engine = _records(args)
+    out = checks.output_dir(args.output_dir or Path("outputs") /
+                            f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}")
     try:
-        result = api.bench(workload=workload, engine=engine, config=config, settings=settings,
-                           out_dir=out, show_bar=sys.stderr.isatty() and not args.quiet, say=say)
+        result = api.bench(workload=workload, engine=engine, config=config, settings=measure,
+                           out_dir=out, show_bar=sys.stderr.isatty() and not args.quiet,
+                           say=_say(args))
     except TrialFailed as e:
         print(f"Measurement failed ({e.kind}): {e}", file=sys.stderr)
         if e.log_tail and not args.quiet:
             print("Last lines of the engine log:\n" + e.log_tail, file=sys.stderr)
         print(f"Engine log: {out / 'engine.log'}", file=sys.stderr)
         return 1
-    print(report.bench_table(result))
+    print(console.bench_table(result))
     print(f"Results: {out / 'result.json'} (per-request records: {out / 'requests.jsonl'})")
     return 0
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from tuner import api
-    from tuner.space import load_acceptance_profile
-
-    workload, settings, engine = _common_records(args)
-    if args.policy:  # a bad ladder is refused before the search, not after it
-        kw = _policy_kwargs(args)
-        top, flag = ((max(kw["ladder"]), "--ladder") if kw["ladder"] else
-                     (kw["max_concurrency"], "--max-concurrency"))
-        checks.check_levels_fit_engine([top], engine.extra_args, flag=flag)
+    workload, measure, engine = _records(args)
+    policy = _policy_options(args) if args.policy else None
+    if policy:  # a bad ladder is refused before the search, not after it
+        top, flag = ((max(policy["ladder"]), "--ladder") if policy["ladder"] else
+                     (policy["max_concurrency"], "--max-concurrency"))
+        checks.check_levels_fit_engine([top], engine, flag=flag)
         checks.ensure_open_files(top, flag=flag)
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
-    aligned = None
-    if args.aligned_baseline is not None or args.aligned_baseline_env:
-        import shlex
-
-        from tuner.records import TrialConfig
-
-        flags = shlex.split(args.aligned_baseline or "")
-        eng_args: dict = {}
-        for i, f in enumerate(flags):
-            if not f.startswith("--"):
-                continue
-            nxt = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
-            eng_args[f[2:].replace("-", "_")] = nxt if nxt is not None else True
-        env = {}
-        for item in args.aligned_baseline_env:
-            k, sep, v = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--aligned-baseline-env '{item}': expected NAME=VALUE.")
-            env[k] = v
-        aligned = TrialConfig(engine_args=eng_args, engine_env=env)
-    target = args.target_concurrency or settings.concurrencies[0]
-    name = args.study_name or f"{workload.name}-{Path(engine.model).name}"
-    if not all(ch.isalnum() or ch in "-_." for ch in name):
-        raise ConfigError(f"--study-name '{name}': use letters, digits, '-', '_' and '.' only.")
+    target = checks.target_concurrency(args.target_concurrency, measure.concurrencies)
+    name = checks.study_name(args.study_name or f"{workload.name}-{Path(engine.model).name}")
     out = checks.output_dir(args.output_dir or Path("outputs") / name)
-    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    say = _say(args)
     say(f"Study '{name}' in {out}: space {args.space}, sampler {args.sampler}, "
-        f"{args.n_trials} trials, concurrency {','.join(map(str, settings.concurrencies))} "
+        f"{args.n_trials} trials, concurrency {','.join(map(str, measure.concurrencies))} "
         f"(objectives at c={target}: {', '.join(objectives)})")
-    study = api.optimize(
-        workload=workload, engine=engine, space_name=args.space, settings=settings,
+    outcome = api.optimize_and_report(
+        workload=workload, engine=engine, space_name=args.space, settings=measure,
         out_dir=out, study_name=name, n_trials=args.n_trials, timeout_s=args.timeout,
         sampler=args.sampler, seed=args.sampler_seed, objectives=objectives,
         target_concurrency=target,
@@ -324,87 +253,55 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
         logical_gpus=args.logical_gpus, say=say,
-        acceptance_rates=(load_acceptance_profile(args.acceptance_profile)
-                          if args.acceptance_profile else None), aligned_baseline=aligned)
-    from tuner import study as st
-
-    failed = st.failure_summary(study, out)
-    if args.policy and failed is None:
-        api.policy(study_dir=out, storage_url=args.storage, study_name=name, say=say,
-                   **_policy_kwargs(args))
+        acceptance_rates=(checks.acceptance_profile(args.acceptance_profile)
+                          if args.acceptance_profile else None),
+        aligned_baseline=checks.aligned_baseline(args.aligned_baseline,
+                                                 args.aligned_baseline_env),
+        policy_options=policy, report=not args.no_report)
+    if outcome.policy is not None:
+        print(console.format_policy(outcome.policy))
     if not args.no_report:
-        _print_report(study, out, args.quiet)  # partial results render all the same
-    if failed:
+        _print_report(outcome.paths, outcome.recommendations, out, args.quiet)
+    if outcome.failed:
         # Exit 1, not 2: the options were valid, and whether the engine setup or every config
         # is at fault only the engine's log can tell (the line names it).
-        print(f"tuner: error: {failed}", file=sys.stderr)
+        print(f"tuner: error: {outcome.failed}", file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
-    from tuner import api, report
-    from tuner import study as st
-
-    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    kwargs = _policy_kwargs(args)
     doc = api.policy(study_dir=args.study_dir, storage_url=args.storage,
-                     study_name=args.study_name, say=say, **kwargs)
-    print(report.format_policy(doc))
-    study = st.open_existing(args.study_dir, args.storage, args.study_name)
-    report.write_outputs(study, args.study_dir)
+                     study_name=args.study_name, say=_say(args), **_policy_options(args))
+    print(console.format_policy(doc))
     return 0
 
 
-def _print_report(study, out: Path, quiet: bool) -> None:
-    from tuner import analysis, report
-
-    paths = report.write_outputs(study, out)
-    for rec in analysis.recommendations(study):
-        print(report.format_recommendation(rec))
+def _print_report(paths: dict, recs, out: Path, quiet: bool) -> None:
+    for rec in recs:
+        print(console.format_recommendation(rec))
     if not quiet:
         print(f"Report: {paths.get('report_html', out / 'report.html')}  "
               f"(re-render any time: tuner report {out})", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tuner import study as st
-
-    study = st.open_existing(args.study_dir, args.storage, args.study_name)
-    _print_report(study, args.study_dir, args.quiet)
+    paths, recs = api.report(study_dir=args.study_dir, storage_url=args.storage,
+                             study_name=args.study_name)
+    _print_report(paths, recs, args.study_dir, args.quiet)
     return 0
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from tuner import analysis, report
-    from tuner import study as st
-
-    study = st.open_existing(args.study_dir, args.storage, args.study_name)
-    df = analysis.trials_frame(study)
-    levels = analysis.levels_of(df)
-    c = args.concurrency or (levels[0] if levels else None)
-    if c is None or c not in levels:
-        raise ConfigError(f"--concurrency {c}: the study measured "
-                          f"{', '.join(map(str, levels)) or 'no levels yet'}. Pick one of those.")
-    meta = df.attrs.get("tuner", {})
-    cons = meta.get("constraints") or {}
-    rec = analysis.recommend(
-        df, concurrency=c,
-        max_tpot_ms=args.max_tpot_ms if args.max_tpot_ms is not None else cons.get("max_tpot_ms"),
-        max_ttft_ms=args.max_ttft_ms if args.max_ttft_ms is not None else cons.get("max_ttft_ms"),
-        meta=meta)
-    if args.json:
-        print(rec.model_dump_json(indent=2))
-    else:
-        print(report.format_recommendation(rec))
+    rec = api.recommend(study_dir=args.study_dir, storage_url=args.storage,
+                        study_name=args.study_name, concurrency=args.concurrency,
+                        max_tpot_ms=args.max_tpot_ms, max_ttft_ms=args.max_ttft_ms)
+    print(rec.model_dump_json(indent=2) if args.json else console.format_recommendation(rec))
     return 0
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from tuner import api
-
-    say = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    print(api.repair(study_dir=args.study_dir, say=say))
+    print(api.repair(study_dir=args.study_dir, say=_say(args)))
     return 0
 
 
@@ -456,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuner: error: {_disk_error_message(e, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from tuner.engine import live_engines
+        from tuner.measure.engine import live_engines
 
         # Exiting anyway: one more Ctrl-C must not turn the message into a traceback.
         held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,6 +90,19 @@ class TrialConfig(Frozen):
         """The config minus K and any K schedule: configs equal here differ only in K."""
         return {k: v for k, v in (self.speculative_config or {}).items()
                 if k not in ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")}
+
+    def with_acceptance_profile(self, rates: list[float] | None) -> TrialConfig:
+        """Use vLLM's synthetic rejection sampling with a measured per-position acceptance
+        profile (for dummy-weight models, whose own acceptance is meaningless). Positions
+        beyond the profile repeat its last rate; vLLM wants the rates non-increasing."""
+        if not rates or not self.speculative_config:
+            return self
+        k = int(self.speculative_config.get("num_speculative_tokens", len(rates)))
+        profile = [min(rates[: i + 1]) for i in range(len(rates))]
+        profile = (profile + [profile[-1]] * k)[:k]
+        spec = {**self.speculative_config, "rejection_sample_method": "synthetic",
+                "synthetic_acceptance_rates": [round(r, 4) for r in profile]}
+        return self.model_copy(update={"speculative_config": spec})
 
     def spec_json(self) -> str:
         return json.dumps(self.speculative_config, sort_keys=True, separators=(",", ":"))
@@ -246,3 +261,95 @@ class MeasureSettings(Frozen):
         if self.num_requests:
             return self.num_requests
         return max(num_prompts, self.requests_per_slot * concurrency)
+
+
+# --- the storage contract: what each trial stores in its Optuna user attrs ----------------------
+class TrialAttr:
+    """Names of a trial's user attrs in the study's storage; old study folders use the same."""
+
+    CONFIG = "config"  # the TrialConfig as JSON
+    CONFIG_KEY = "key"  # TrialConfig.key(): one config, whatever order its fields came in
+    LABEL = "label"
+    ROLE = "role"  # a Role value
+    RESULT = "result"  # the BenchResult as JSON
+    FAILURE = "failure"  # a Failure as JSON
+    CONSTRAINT = "constraint"  # Optuna's constraint values (<= 0: the SLO is met)
+    DUPLICATE_OF = "duplicate_of"  # answered from this earlier trial's storage, no launch
+    REPEAT_OF = "repeat_of"
+    CONFIG_OVERRIDE = "config_override"  # an enqueued config the sampler does not propose
+    WALL_S = "wall_s"
+    PHASE = "phase"  # policy campaigns: "ladder" or "verify"
+    REPEAT = "repeat"  # policy campaigns: the repeat index
+    REPEATS = "repeats"
+
+
+# --- across the search: what one trial produced, and why it stands in the study --------------
+class Role(str, Enum):
+    """Why a trial is in the study (stored as its plain string value in the trial's attrs)."""
+
+    BASELINE = "baseline"  # no speculation, measured first in every study
+    ALIGNED_BASELINE = "aligned_baseline"  # no speculation on the speculative engine path
+    START_POINT = "start_point"  # a space's start point, enqueued before the sampler
+    SEARCH = "search"  # proposed by the sampler (or a grid point)
+    RETRY = "retry"  # re-run of a trial a dead driver left RUNNING
+    REPEAT = "repeat"  # re-measurement of a leader, pooled with its original
+
+
+class Failure(Frozen):
+    """Why a trial could not be measured: a TrialFailed as data."""
+
+    reason: str
+    kind: str = "failed"
+    log_tail: str = ""
+    at: str | None = None
+
+
+class TrialOutcome(Frozen):
+    """One trial as it comes back from an executor (inline or a Ray worker on another host):
+    a result or a failure, and where and when it ran."""
+
+    result: BenchResult | None = None
+    failure: Failure | None = None
+    host: str | None = None
+    cuda_visible_devices: str | None = None
+    ran_from: float | None = None
+    ran_to: float | None = None
+
+
+# --- analysis -> outputs -----------------------------------------------------------------------
+Status = Literal["recommend", "speculation_off", "insufficient_data"]
+
+
+class Recommendation(Frozen):
+    """What to run at one concurrency level, or why the data cannot say."""
+
+    concurrency: int
+    status: Status
+    reason: str
+    speculative_config: dict[str, Any] | None = None
+    label: str | None = None
+    trial: int | None = None
+    serve_command: str | None = None
+    metrics: dict[str, float | None] = {}
+    baseline_metrics: dict[str, float | None] = {}
+    speedup_throughput: float | None = None  # > 1: more output tokens per second
+    speedup_tpot: float | None = None  # baseline TPOT / this TPOT; > 1: faster per token
+    spread: dict[str, float | None] = {}
+    n_repeats: int = 0  # re-measurements of the chosen config beyond the first
+    confidence: str = ""
+    verify_command: str | None = None
+    slos: dict[str, float | None] = {}
+
+
+class StudyOutcome(Frozen):
+    """What `tuner optimize` hands the CLI: where the study is, whether it has anything to
+    compare (`failed`: the one line saying why not), the outputs and recommendations."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    study_name: str
+    out_dir: Path
+    failed: str | None = None
+    paths: dict[str, Path] = {}
+    recommendations: tuple[Recommendation, ...] = ()
+    policy: dict[str, Any] | None = None

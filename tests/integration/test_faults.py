@@ -23,16 +23,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import fake_engine_spec
 
-from tuner import api, runner
-from tuner import study as st
-from tuner.engine import TEARDOWN_GRACE_S, Engine
+from tuner import api
 from tuner.errors import EngineStartTimeout
-from tuner.records import (MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec)
-from tuner.workloads import EMBEDDED_TOKENIZER
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import fake_engine_spec  # noqa: E402
+from tuner.measure import trial as runner
+from tuner.measure.engine import TEARDOWN_GRACE_S, Engine
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.records import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.search import study as st
+from tuner.testing import leaks
 
 MARK = "TUNER_FAULT_TEST"
 INTERRUPTED = "tuner: interrupted; engines were stopped, finished results are kept."
@@ -40,63 +40,24 @@ BAD_WINDOW = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min
               "prompt_lookup_max": 2}
 
 
-# --- what "nothing left behind" means ---------------------------------------------------------
+# --- what "nothing left behind" means (tuner.testing.leaks) -----------------------------------
 def _marked(tag: str) -> list[str]:
-    """Live (non-zombie) processes whose environment carries MARK=tag, as "pid cmdline"."""
-    found = []
-    needle = f"{MARK}={tag}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if needle not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                continue
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] not in "ZX":
-            found.append(f"{pid} {cmd[:120]}")
-    return found
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(pid))
-    return out
-
-
-def _refuses(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(2)
-        return s.connect_ex(("127.0.0.1", port)) != 0
+    """Live (non-zombie) processes whose environment carries MARK=tag, as "pid N: cmdline"."""
+    return leaks.marked_processes(MARK, tag)
 
 
 def _engine_of(log: Path) -> tuple[int, int]:
     """(pid, port) of the engine that wrote `log` (the last start in it)."""
-    text = log.read_text()
-    pid = int(re.findall(r"Started server process \[(\d+)\]", text)[-1])
-    port = int(re.findall(r"Starting vLLM server on http://[\d.]+:(\d+)", text)[-1])
-    return pid, port
+    found = leaks.engine_of(log)
+    assert found is not None, f"no engine start in {log}"
+    return found
 
 
 def assert_nothing_left(tag: str, *, pgids: tuple[int, ...] = (), ports: tuple[int, ...] = (),
                         wait_s: float = 10.0) -> None:
-    """A killed parent's engine dies by PR_SET_PDEATHSIG a moment later: allow for that."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = _marked(tag) + [f"group {g}: {m}" for g in pgids for m in _group_members(g)]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    """A killed driver's watchdog needs a moment to tear the engine tree down: allow for it."""
+    left = leaks.leftovers(MARK, tag, pgids=pgids, ports=ports, wait_s=wait_s)
     assert not left, f"engine processes survived: {left}"
-    for port in ports:
-        assert _refuses(port), f"something still listens on the engine's port {port}"
 
 
 @pytest.fixture
@@ -119,9 +80,9 @@ def test_engine_exiting_at_start_up_is_a_failure_with_vllms_reason(tmp_path, tag
     out = runner.measure_outcome(_spec(tag, child_process=True),
                                  TrialConfig(speculative_config=BAD_WINDOW), _workload(),
                                  MeasureSettings(), str(tmp_path))
-    f = out["failure"]
-    assert f["kind"] == "engine_crashed"
-    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in f["reason"]
+    f = out.failure
+    assert f.kind == "engine_crashed"
+    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in f.reason
     assert_nothing_left(tag)
 
 
@@ -129,10 +90,10 @@ def test_engine_dying_mid_measurement_is_engine_died(tmp_path, tag):
     spec = _spec(tag, child_process=True, die_after_requests=4, tpot_ms=5)
     out = runner.measure_outcome(spec, TrialConfig(), _workload(output_len=20),
                                  MeasureSettings(num_requests=12), str(tmp_path))
-    f = out["failure"]
-    assert f["kind"] == "engine_died"
-    assert "vLLM exited during the c=1 level" in f["reason"]
-    assert "scripted die_after_requests" in f["log_tail"]
+    f = out.failure
+    assert f.kind == "engine_died"
+    assert "vLLM exited during the c=1 level" in f.reason
+    assert "scripted die_after_requests" in f.log_tail
     pid, port = _engine_of(tmp_path / "engine.log")
     assert_nothing_left(tag, pgids=(pid,), ports=(port,))
 
@@ -140,8 +101,8 @@ def test_engine_dying_mid_measurement_is_engine_died(tmp_path, tag):
 def test_engine_hanging_before_health_is_a_start_timeout(tmp_path, tag):
     out = runner.measure_outcome(_spec(tag, hang_before_health=True, ready_timeout_s=1.0),
                                  TrialConfig(), _workload(), MeasureSettings(), str(tmp_path))
-    assert out["failure"]["kind"] == "engine_start_timeout"
-    assert "did not answer /health within 1 s" in out["failure"]["reason"]
+    assert out.failure.kind == "engine_start_timeout"
+    assert "did not answer /health within 1 s" in out.failure.reason
     assert_nothing_left(tag)
 
 
@@ -156,7 +117,7 @@ def test_a_stopped_engine_group_is_reaped_without_waiting_out_the_grace(tmp_path
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             proc = eng.proc
-            if proc is not None and len(_group_members(proc.pid)) >= 2:  # the fake and its child
+            if proc is not None and len(leaks.group_members(proc.pid)) >= 2:  # the fake and its child
                 os.killpg(proc.pid, signal.SIGSTOP)
                 stopped.append(proc.pid)
                 return
@@ -177,9 +138,9 @@ def test_stalled_requests_time_out_then_the_trial_fails(tmp_path, tag):
     spec = _spec(tag, stall_requests=True, request_timeout_s=1.0)
     out = runner.measure_outcome(spec, TrialConfig(), _workload(n=2),
                                  MeasureSettings(num_requests=2), str(tmp_path))
-    f = out["failure"]
-    assert f["kind"] == "measurement_failed"
-    assert "2 of 2 requests failed" in f["reason"] and "timed out after 1 s" in f["reason"]
+    f = out.failure
+    assert f.kind == "measurement_failed"
+    assert "2 of 2 requests failed" in f.reason and "timed out after 1 s" in f.reason
     records = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all("timed out" in r["error"] for r in records)  # 1 warm-up
     pid, port = _engine_of(tmp_path / "engine.log")
@@ -190,8 +151,8 @@ def test_a_level_past_its_timeout_fails_the_trial(tmp_path, tag):
     spec = _spec(tag, stall_requests=True, request_timeout_s=30.0, level_timeout_s=0.5)
     out = runner.measure_outcome(spec, TrialConfig(), _workload(n=2), MeasureSettings(),
                                  str(tmp_path))
-    assert out["failure"]["kind"] == "measurement_failed"
-    assert "did not finish within" in out["failure"]["reason"]
+    assert out.failure.kind == "measurement_failed"
+    assert "did not finish within" in out.failure.reason
     assert_nothing_left(tag)
 
 
@@ -201,10 +162,10 @@ def test_few_malformed_chunks_and_http_errors_are_counted_in_the_level(tmp_path,
     spec = _spec(tag, malformed_every=10, http_error_every=15)
     out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3),
                                  MeasureSettings(num_requests=30), str(tmp_path))
-    (level,) = out["result"]["levels"]
-    assert (level["failed"], level["completed"], level["num_requests"]) == (4, 26, 30)
-    assert any("malformed JSON chunk" in e for e in level["errors"])
-    assert any(e.startswith("HTTP 500") for e in level["errors"])
+    (level,) = out.result.levels
+    assert (level.failed, level.completed, level.num_requests) == (4, 26, 30)
+    assert any("malformed JSON chunk" in e for e in level.errors)
+    assert any(e.startswith("HTTP 500") for e in level.errors)
     assert_nothing_left(tag)
 
 
@@ -212,9 +173,9 @@ def test_many_malformed_chunks_and_http_errors_fail_the_trial(tmp_path, tag):
     spec = _spec(tag, malformed_every=2, http_error_every=3)
     out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3),
                                  MeasureSettings(num_requests=12), str(tmp_path))
-    f = out["failure"]
-    assert f["kind"] == "measurement_failed"
-    assert re.search(r"c=1: \d+ of 12 requests failed", f["reason"])
+    f = out.failure
+    assert f.kind == "measurement_failed"
+    assert re.search(r"c=1: \d+ of 12 requests failed", f.reason)
     failed = sum(1 for line in (tmp_path / "requests.jsonl").read_text().splitlines()
                  if json.loads(line)["error"] and not json.loads(line)["warmup"])
     assert failed > 0.2 * 12
@@ -222,22 +183,22 @@ def test_many_malformed_chunks_and_http_errors_fail_the_trial(tmp_path, tag):
 
 
 def test_a_port_taken_between_probe_and_bind_is_retried_on_another(tmp_path, tag, monkeypatch):
-    import tuner.engine
+    import tuner.measure.engine
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     taken = holder.getsockname()[1]
-    real_free_port = tuner.engine.free_port
+    real_free_port = tuner.measure.engine.free_port
     ports = iter([taken])
-    monkeypatch.setattr(tuner.engine, "free_port",
+    monkeypatch.setattr(tuner.measure.engine, "free_port",
                         lambda host="127.0.0.1": next(ports, None) or real_free_port(host))
     try:
         out = runner.measure_outcome(_spec(tag), TrialConfig(), _workload(n=2),
                                      MeasureSettings(), str(tmp_path))
     finally:
         holder.close()
-    assert "result" in out, out.get("failure")
+    assert out.result is not None, out.failure
     log = (tmp_path / "engine.log").read_text()
     assert "address already in use" in log.lower()
     _, port = _engine_of(tmp_path / "engine.log")
@@ -265,7 +226,7 @@ def test_a_failing_engine_fails_every_trial_and_the_study_still_ends(tmp_path, t
 def _driver_cmd(out: Path, tag: str, n_trials: int = 3) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0})
     return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
-            "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+            "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--engine-env", f"{MARK}={tag}",
             "--space", "ngram", "--n-trials", str(n_trials), "--num-prompts", "2",
             "--output-len", "24", "--concurrency", "1", "--output-dir", str(out), "--no-report"]
@@ -338,7 +299,7 @@ def test_a_dead_ray_worker_fails_its_trial_and_takes_its_engine_along(tmp_path, 
         _wait_for(log, "Application startup complete")
         time.sleep(0.5)
         pid, port = _engine_of(log)
-        # The engine's parent is its watchdog (tuner/watchdog.py), whose parent is the worker.
+        # The engine's parent is its watchdog (tuner/measure/watchdog.py), whose parent is the worker.
         watchdog = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         worker = int(Path(f"/proc/{watchdog}/stat").read_text().rsplit(")", 1)[1].split()[1])
         killed.update(engine=pid, port=port, worker=worker)

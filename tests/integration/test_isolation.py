@@ -21,16 +21,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import _PYTHONPATH
+from study_fakes import add_failed, fake_level, realistic_study
 
 import tuner
-from tuner import api, runner
-from tuner.engine import Engine
-from tuner.fake_engine import SCRIPT_ENV
+from tuner import settings
+from tuner.measure.engine import Engine
+from tuner.outputs import files
 from tuner.records import BenchResult, EngineInfo, LevelMetrics, TrialConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import _PYTHONPATH  # noqa: E402
-from study_fakes import add_failed, fake_level, realistic_study  # noqa: E402
+from tuner.testing.fake_engine import SCRIPT_ENV
 
 EVIL = "<script>alert('x')</script>"
 
@@ -123,8 +122,8 @@ def test_model_path_with_shell_characters_reaches_the_engine_intact(tmp_path, mo
     name = "my model \"v2\" it's; touch pwned && echo $(touch pwned2) `touch pwned3` | x"
     model = tmp_path / name
     model.mkdir()
-    spec = api.resolve_engine(
-        model=str(model), vllm_cmd=shlex.join([sys.executable, "-m", "tuner.fake_engine"]),
+    spec = settings.resolve_engine(
+        model=str(model), vllm_cmd=shlex.join([sys.executable, "-m", "tuner.testing.fake_engine"]),
         env={SCRIPT_ENV: json.dumps({"startup_s": 0}), "PYTHONPATH": _PYTHONPATH},
         ready_timeout_s=15.0)
     assert spec.model == str(model)
@@ -138,7 +137,7 @@ def test_model_path_with_shell_characters_reaches_the_engine_intact(tmp_path, mo
 
 # --- escaping in the report --------------------------------------------------------------------
 def test_report_html_escapes_script_in_a_model_name_and_a_prompt(tmp_path):
-    from tuner.report import write_outputs
+    from tuner.api import write_report as write_outputs
 
     study = realistic_study(model=f"org/{EVIL}")  # a hub id is shown whole in the title
     # A server error that echoes the prompt reaches the report through the failure reason.
@@ -180,14 +179,14 @@ def _half_write(self, data, *args, **kwargs):
 @pytest.mark.parametrize("where", ["os.replace", "write"])
 def test_a_crash_mid_write_leaves_the_previous_result_json(tmp_path, monkeypatch, where):
     path = tmp_path / "result.json"
-    runner.write_result(_result(10.0), path, wall_s=1.0)
+    files.write_json(path, {"wall_s": 1.0, **json.loads(_result(10.0).model_dump_json())})
     before = path.read_text()
     if where == "os.replace":
         monkeypatch.setattr(os, "replace", _crash)
     else:
         monkeypatch.setattr(Path, "write_text", _half_write)
     with pytest.raises(SimulatedCrash):
-        runner.write_result(_result(99.0), path, wall_s=2.0)
+        files.write_json(path, {"wall_s": 2.0, **json.loads(_result(99.0).model_dump_json())})
     monkeypatch.undo()
     assert path.read_text() == before
     assert json.loads(before)["levels"][0]["output_throughput"] == 10.0
@@ -195,7 +194,7 @@ def test_a_crash_mid_write_leaves_the_previous_result_json(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("where", ["os.replace", "write"])
 def test_a_crash_mid_write_leaves_the_previous_recommendation_json(tmp_path, monkeypatch, where):
-    from tuner.report import write_outputs
+    from tuner.api import write_report as write_outputs
 
     study = realistic_study()
     write_outputs(study, tmp_path)

@@ -1,4 +1,4 @@
-"""tuner/loadgen.py against the fake engine on loopback, launched by the real Engine class.
+"""tuner/measure/loadgen.py against the fake engine on loopback, launched by the real Engine class.
 
 The fake engine counts what it served (`fake:max_inflight` in its /metrics), scripts its
 timing exactly, and injects the faults a real server shows: HTTP errors, broken chunks,
@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from tuner import loadgen
 from tuner.errors import MeasurementFailed
+from tuner.measure import loadgen
 
 
 def _run(eng, prompts, *, concurrency: int, **kwargs):

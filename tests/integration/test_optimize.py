@@ -14,14 +14,12 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import fake_engine_spec
 
 from tuner import api
-from tuner import study as st
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import MeasureSettings, WorkloadSpec
-from tuner.workloads import EMBEDDED_TOKENIZER
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import fake_engine_spec  # noqa: E402
+from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)
 
@@ -85,7 +83,7 @@ def test_grid_space_duplicates_are_answered_from_storage(tmp_path):
 def _driver_cmd(out: Path, n_trials: int) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0})
     return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
-            "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+            "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--space", "ngram",
             "--n-trials", str(n_trials), "--num-prompts", "2", "--output-len", "24",
             "--concurrency", "1", "--output-dir", str(out), "--no-report"]
@@ -108,7 +106,7 @@ def test_killed_driver_resumes_with_completed_trials_intact(tmp_path):
     proc.wait()
     time.sleep(1.0)
     # PR_SET_PDEATHSIG: the engine the dead driver started is gone too.
-    leftovers = subprocess.run(["pgrep", "-f", f"tuner.fake_engine.*{out.name}"],
+    leftovers = subprocess.run(["pgrep", "-f", f"tuner.testing.fake_engine.*{out.name}"],
                                capture_output=True, text=True).stdout.split()
     assert not leftovers
     before = st.open_existing(out)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
+
+from conftest import fake_engine_spec
 
 from tuner import api
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import MeasureSettings, WorkloadSpec
-from tuner.workloads import EMBEDDED_TOKENIZER
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import fake_engine_spec  # noqa: E402
 
 
 def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):

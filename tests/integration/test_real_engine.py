@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tuner import api
+from tuner import api, settings
 from tuner.errors import EngineCrashed
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
@@ -27,7 +27,7 @@ def _vllm_or_skip():
 @pytest.fixture(scope="module")
 def engine_spec():
     _vllm_or_skip()
-    return api.resolve_engine(model=None, ready_timeout_s=600)
+    return settings.resolve_engine(model=None, ready_timeout_s=600)
 
 
 def _bench(engine_spec, tmp_path_factory, spec):
@@ -59,7 +59,7 @@ def test_ngram_acceptance_counters_are_populated(ngram_run):
         assert len(lv.spec_decode_per_position_acceptance_rates) == 5
         # Per-position rates cannot grow with the position (a token needs its predecessors).
         rates = lv.spec_decode_per_position_acceptance_rates
-        assert all(a >= b - 1e-9 for a, b in zip(rates, rates[1:]))
+        assert all(a >= b - 1e-9 for a, b in zip(rates, rates[1:], strict=False))
 
 
 def test_baseline_has_zero_acceptance(baseline_run):
@@ -116,14 +116,12 @@ def test_bench_cli_prints_a_table(engine_spec, tmp_path):
 
 def test_recommended_json_verbatim_starts_a_real_server(engine_spec, tmp_path):
     """recommendation.json's --speculative-config, passed verbatim to vLLM, is accepted."""
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-    from study_fakes import realistic_study  # noqa: E402
+    from study_fakes import realistic_study
 
-    from tuner import report
-    from tuner.engine import Engine
+    from tuner.measure.engine import Engine
 
     study = realistic_study(with_failures=False)
-    report.write_outputs(study, tmp_path / "study")
+    api.write_report(study, tmp_path / "study")
     rec = json.loads((tmp_path / "study" / "recommendation.json").read_text())
     specs = [lv["speculative_config"] for lv in rec["levels"] if lv["speculative_config"]]
     assert specs, rec["levels"]
@@ -139,8 +137,9 @@ def test_recommended_json_verbatim_starts_a_real_server(engine_spec, tmp_path):
 
 def test_per_batch_size_schedule_is_honoured_by_the_real_engine(engine_spec, tmp_path):
     """Our emitted schedule format, once against the real engine: K=5 at batch 1, off above."""
-    from tuner import policy as rules
-    from tuner import runner, workloads
+    from tuner.analysis import policy as rules
+    from tuner.measure import trial as runner
+    from tuner.measure import workloads
 
     per_k = {5: {1: {"speedup": 2.0, "noise": 0.03}, 2: {"speedup": 0.9, "noise": 0.03}}}
     schedule = rules.bands(rules.choose_k(per_k), per_k, max_batch=256)

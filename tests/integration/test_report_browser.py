@@ -6,13 +6,9 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from study_fakes import realistic_study  # noqa: E402
+from study_fakes import realistic_study
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -22,10 +18,10 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not instal
 
 
 def test_report_renders_recommendation_and_plots_in_chromium(tmp_path):
-    from tuner import report
+    from tuner import api
 
     study = realistic_study()
-    paths = report.write_outputs(study, tmp_path / "study")
+    paths = api.write_report(study, tmp_path / "study")
     url = paths["report_html"].resolve().as_uri()
     profile = ["--user-data-dir=" + str(tmp_path / "profile")]
     dom = subprocess.run([CHROMIUM, *FLAGS, *profile, "--dump-dom", url], capture_output=True,

@@ -13,15 +13,14 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+from conftest import fake_engine_spec
 
-from tuner import api, cli, workloads
-from tuner import study as st
+from tuner import api, cli
+from tuner.api import write_report as write_outputs
+from tuner.measure import workloads
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import BenchResult, MeasureSettings, TrialConfig, WorkloadSpec
-from tuner.report import write_outputs
-from tuner.workloads import EMBEDDED_TOKENIZER
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import fake_engine_spec  # noqa: E402
+from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8)
 OLD_STUDY = Path(__file__).resolve().parent.parent / "data" / "old_study_grid"
@@ -82,7 +81,7 @@ def test_every_trial_failed_exits_1_naming_the_most_common_failure(tmp_path, cap
                          "crash_on_start": "ValueError: the GPU is not there"})
     out = tmp_path / "study"
     rc = cli.main(["optimize", "--model", str(EMBEDDED_TOKENIZER),
-                   "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+                   "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
                    f"--engine-args=--fake-script '{script}'", "--space", "ngram",
                    "--n-trials", "3", "--num-prompts", "2", "--output-len", "8",
                    "--concurrency", "1", "--output-dir", str(out)])

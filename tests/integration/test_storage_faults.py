@@ -16,15 +16,16 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import cli, storage
-from tuner import study as st
-from tuner.workloads import EMBEDDED_TOKENIZER
+from tuner import cli
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.search import storage
+from tuner.search import study as st
 
 
 def _driver_cmd(out: Path, n_trials: int, *, tpot_ms: float = 2) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": tpot_ms, "startup_s": 0})
     return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
-            "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+            "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--space", "ngram",
             "--n-trials", str(n_trials), "--num-prompts", "2", "--output-len", "24",
             "--concurrency", "1", "--output-dir", str(out), "--no-report"]

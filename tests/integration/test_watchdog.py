@@ -1,5 +1,5 @@
-"""No engine process survives, whatever kills the driver (tuner/watchdog.py), and a second
-Ctrl-C cannot cut the engine's teardown short (tuner/engine.py, tuner/cli.py).
+"""No engine process survives, whatever kills the driver (tuner/measure/watchdog.py), and a second
+Ctrl-C cannot cut the engine's teardown short (tuner/measure/engine.py, tuner/cli.py).
 
 Every driver these tests start carries a marker in its environment, and so does everything it
 starts (watchdog, engine, the engine's children), so "nothing left" means: no live process with
@@ -21,16 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import _PYTHONPATH, fake_engine_spec
+from test_faults import INTERRUPTED, MARK, _marked
 
-from tuner import cli, engine
-from tuner.engine import TEARDOWN_GRACE_S, Engine, live_engines
+from tuner import cli
+from tuner.measure import engine
+from tuner.measure.engine import TEARDOWN_GRACE_S, Engine, live_engines
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import TrialConfig
-from tuner.workloads import EMBEDDED_TOKENIZER
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import _PYTHONPATH, fake_engine_spec  # noqa: E402
-from test_faults import INTERRUPTED, MARK, _group_members, _marked  # noqa: E402
+from tuner.testing import leaks
+from tuner.testing.leaks import group_members as _group_members
 
 GONE_WITHIN_S = 10.0
 
@@ -44,7 +44,7 @@ def tag() -> Iterator[str]:
     # Whatever a failed test left, it must not outlive the test run.
     for line in _marked(tag):
         try:
-            os.kill(int(line.split()[0]), signal.SIGKILL)
+            os.kill(int(line.split()[1].rstrip(':')), signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -74,7 +74,7 @@ def _bench_cmd(out: Path, script: dict, *, tokenizer: str | None = None) -> list
     if script is None:  # the real engine with the embedded model
         return cmd
     return cmd + ["--model", tokenizer or str(EMBEDDED_TOKENIZER),
-                  "--vllm-cmd", f"{sys.executable} -m tuner.fake_engine",
+                  "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
                   f"--engine-args=--fake-script '{json.dumps(script)}'"]
 
 
@@ -135,7 +135,7 @@ DAEMON_ENGINE = textwrap.dedent("""
 
 DRIVER = textwrap.dedent("""
     import json, os, sys, time
-    from tuner import watchdog
+    from tuner.measure import watchdog
     with open(sys.argv[1], "ab") as log:
         proc = watchdog.spawn([sys.executable, "-c", sys.argv[2]], env=dict(os.environ), log=log,
                               grace_s=1.0)
@@ -157,8 +157,8 @@ def test_an_orphan_that_left_the_engines_group_reparents_to_the_watchdog_and_die
         _wait_log(proc, log, "engine up", timeout_s=30)
         deadline = time.monotonic() + 10
         while True:
-            others = [int(line.split()[0]) for line in _marked(tag)
-                      if int(line.split()[0]) not in (proc.pid, *pids.values())]
+            others = [int(line.split()[1].rstrip(':')) for line in _marked(tag)
+                      if int(line.split()[1].rstrip(':')) not in (proc.pid, *pids.values())]
             orphans = [p for p in others if _state(p)[1] == pids["watchdog"]]
             if orphans or time.monotonic() > deadline:
                 break
@@ -250,19 +250,7 @@ def test_interrupted_says_which_engine_is_still_running(tmp_path, tag, monkeypat
 
 
 # --- the real engine ---------------------------------------------------------------------------
-def _session(sid: int) -> list[str]:
-    """Live processes of a session, as "pid cmdline". vLLM renames EngineCore and its workers
-    with setproctitle, which overwrites /proc/PID/environ: the marker is not seen there."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in "ZX":
-            found.append(f"{pid} {cmd.strip()[:80]}")
-    return found
+_session = leaks.session_members  # the real engine's processes, renamed by vLLM
 
 
 @pytest.mark.engine

@@ -1,19 +1,16 @@
-"""tuner.analysis: fronts, speedups and every refusal rule, on hand-checked numbers."""
+"""tuner.analysis.recommend: fronts, speedups and every refusal rule, on hand-checked numbers."""
 
 from __future__ import annotations
 
 import json
 import math
 import shlex
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 # tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study_fakes import (  # noqa: E402
+from study_fakes import (
     add_complete,
     add_failed,
     add_running,
@@ -24,15 +21,10 @@ from study_fakes import (  # noqa: E402
     suffix,
 )
 
-from tuner.analysis import (  # noqa: E402
-    Recommendation,
-    knee,
-    pareto_front,
-    recommend,
-    recommendations,
-    speedups,
-    trials_frame,
-)
+from tuner.analysis.frame import trials_frame
+from tuner.analysis.pareto import knee, pareto_front, speedups
+from tuner.analysis.recommend import recommend, recommendations
+from tuner.records import Recommendation
 
 
 def points(*rows: tuple) -> pd.DataFrame:
@@ -179,7 +171,8 @@ def test_recommends_the_knee_with_commands():
 
 
 def test_verify_command_parses_with_the_cli():
-    from tuner.cli import build_parser, parse_spec_config
+    from tuner.cli import build_parser
+    from tuner.settings import speculative_config as parse_spec_config
 
     study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
                        (suffix(8), {1: (50.0, 20.0)}))
@@ -267,19 +260,19 @@ def test_slos_nobody_meets_and_only_the_baseline_meets():
 
 def test_recommendations_cover_every_level_with_stored_slos():
     study = realistic_study()
-    recs = recommendations(study)
+    recs = recommendations(trials_frame(study))
     assert [r.concurrency for r in recs] == [1, 8]
     assert all(r.status == "recommend" for r in recs)
     assert recs[0].trial == 2 and recs[0].n_repeats == 0
     constrained = realistic_study(name="slo", max_tpot_ms=17.0)
-    assert recommendations(constrained)[0].slos["max_tpot_ms"] == 17.0
+    assert recommendations(trials_frame(constrained))[0].slos["max_tpot_ms"] == 17.0
 
 
 def test_a_study_with_only_a_baseline_is_not_a_crash():
     study = study_with((None, {1: (20.0, 50.0)}))
-    (rec,) = recommendations(study)
+    (rec,) = recommendations(trials_frame(study))
     assert rec.status == "insufficient_data" and "Only 0" in rec.reason
-    assert recommendations(fake_study(name="empty"))[0].status == "insufficient_data"
+    assert recommendations(trials_frame(fake_study(name="empty")))[0].status == "insufficient_data"
 
 
 def test_a_baseline_still_running_is_named_as_the_reason():

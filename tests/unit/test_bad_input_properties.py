@@ -2,9 +2,9 @@
 message comes out (the CLI turns it into one line and exit status 2). Any other exception is a
 bug in the loader.
 
-Loaders: search spaces (tuner.space.parse and .load), dataset files (tuner.workloads.read_rows
+Loaders: search spaces (tuner.search.space.parse and .load), dataset files (tuner.measure.workloads.read_rows
 and .load of a custom workload with the packaged tokenizer), --speculative-config
-(tuner.cli.parse_spec_config) and --concurrency (tuner.cli.parse_concurrency). Every numeric
+(tuner.settings.speculative_config) and --concurrency (tuner.settings.int_list). Every numeric
 option of the CLI goes through tuner.cli.main itself, with the api replaced by a recorder: it
 either reaches the api with a value inside its tuner.settings bound, or exits 2 with exactly
 one "tuner: error:" line. The last test prints how many inputs each property tried and how
@@ -28,11 +28,13 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tuner import api, cli, space, workloads
+from tuner import api, cli
 from tuner import settings as bounds
-from tuner import study as study_module
 from tuner.errors import ConfigError
+from tuner.measure import workloads
 from tuner.records import WorkloadSpec
+from tuner.search import space
+from tuner.search import study as study_module
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -90,7 +92,7 @@ param_spec = st.one_of(
                                     "at_least": st.sampled_from(["k", "lo", "x"])}))
 params = st.dictionaries(st.one_of(st.sampled_from(["k", "lo", "model"]), yaml_keys),
                          param_spec, max_size=4)
-method_names = st.one_of(st.sampled_from([*space.METHODS, "magic"]), yaml_keys)
+method_names = st.one_of(st.sampled_from([*bounds.METHODS, "magic"]), yaml_keys)
 space_like = st.one_of(
     yaml_like,
     st.fixed_dictionaries({"methods": st.one_of(
@@ -204,7 +206,7 @@ def test_custom_workload_raises_only_config_error(cached_tokenizer, content, n, 
 spec_texts = st.one_of(
     any_text, deep, json_like.map(json.dumps),
     st.dictionaries(st.sampled_from(["method", "num_speculative_tokens", "model"]),
-                    st.one_of(json_like, st.sampled_from(list(space.METHODS))),
+                    st.one_of(json_like, st.sampled_from(list(bounds.METHODS))),
                     max_size=3).map(json.dumps),
     st.sampled_from(["none", " NULL ", "off", "", "null", "{}", "[]", "NaN", "1e999"]))
 
@@ -213,9 +215,9 @@ spec_texts = st.one_of(
 @given(spec_texts)
 @example('{"method": []}')  # unhashable: `in METHODS` raised TypeError
 def test_parse_spec_config_raises_only_config_error(text):
-    value = only_config_error("cli.parse_spec_config", cli.parse_spec_config, text)
+    value = only_config_error("settings.speculative_config", bounds.speculative_config, text)
     if value is not None:
-        assert value["method"] in space.METHODS and value["method"] != "none"
+        assert value["method"] in bounds.METHODS and value["method"] != "none"
 
 
 concurrency_texts = st.one_of(
@@ -227,7 +229,7 @@ concurrency_texts = st.one_of(
 @PROPERTY
 @given(concurrency_texts)
 def test_parse_concurrency_raises_only_config_error(text):
-    levels = only_config_error("cli.parse_concurrency", cli.parse_concurrency, text)
+    levels = only_config_error("settings.int_list", bounds.int_list, text, "concurrency")
     if levels is not None:
         assert levels and all(isinstance(c, int) and c >= 1 for c in levels)
         assert len(set(levels)) == len(levels)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.workloads import EMBEDDED_TOKENIZER
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
 
 TOK = str(EMBEDDED_TOKENIZER)  # a folder with tokenizer files stands in for a model here
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner import loadgen
-from tuner.loadgen import _Response
+from tuner.measure import loadgen
+from tuner.measure.loadgen import _Response
 
 
 def _sse(tokens: int, *, usage: bool = True) -> bytes:

@@ -1,4 +1,4 @@
-"""tuner/metrics.py: Prometheus parsing, counter deltas, percentiles and the level definitions."""
+"""tuner/measure/metrics.py: Prometheus parsing, counter deltas, percentiles and the level definitions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner import metrics
+from tuner.measure import metrics
 from tuner.records import RequestRecord, SpecDecodeCounts
 
 # Two engines (data parallel), prometheus_client's exposition with HELP/TYPE and _created lines.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import policy as P
+from tuner.analysis import policy as P
 
 
 def stats_from(speedups: dict[int, float], noise: float = 0.03) -> dict[int, dict]:

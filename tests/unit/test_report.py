@@ -1,9 +1,8 @@
-"""tuner.report: outputs regenerated from a real Optuna storage in tmp_path."""
+"""tuner.outputs.report: outputs regenerated from a real Optuna storage in tmp_path."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import optuna
@@ -11,8 +10,7 @@ import pandas as pd
 import pytest
 
 # tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study_fakes import (  # noqa: E402
+from study_fakes import (
     add_complete,
     add_failed,
     fake_level,
@@ -21,8 +19,10 @@ from study_fakes import (  # noqa: E402
     realistic_study,
 )
 
-from tuner.analysis import recommendations  # noqa: E402
-from tuner.report import format_recommendation, write_outputs  # noqa: E402
+from tuner.analysis.frame import trials_frame
+from tuner.analysis.recommend import recommendations
+from tuner.api import write_report as write_outputs
+from tuner.outputs.console import format_recommendation
 
 EVIL = "<script>alert('x')</script>"
 
@@ -152,7 +152,7 @@ def test_rewriting_replaces_the_outputs(outputs, tmp_path):
 
 def test_format_recommendation_for_the_terminal():
     study = realistic_study()
-    text = format_recommendation(recommendations(study)[0])
+    text = format_recommendation(recommendations(trials_frame(study))[0])
     assert text.startswith("Concurrency 1: Turn on suffix k=8")
     assert "2.52x baseline" in text and "serve:  vllm serve" in text and "verify: tuner bench" \
         in text
@@ -160,5 +160,5 @@ def test_format_recommendation_for_the_terminal():
     for spec, t in ((None, 111.0), (ngram(5), 96.0), (ngram(2), 100.0)):
         add_complete(off, spec, [fake_level(8, output_throughput=t, mean_tpot_ms=8000 / t)],
                      role="baseline" if spec is None else "search")
-    text = format_recommendation(recommendations(off)[0])
+    text = format_recommendation(recommendations(trials_frame(off))[0])
     assert text.startswith("Concurrency 8: Leave speculation off")

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import api, cli, settings, space, workloads
+from tuner import api, cli, commands, settings
 from tuner.errors import ConfigError
-from tuner.records import MeasureSettings, WorkloadSpec
+from tuner.measure import workloads
+from tuner.records import EngineSpec, MeasureSettings, WorkloadSpec
+from tuner.search import space
 
 TOK = str(workloads.EMBEDDED_TOKENIZER)
 
@@ -99,13 +101,18 @@ def test_ladder_must_rise_and_k_values_keep_repeats():
     (("--max-model-len", "1", "--max-model-len", "64"), 64),
 ])
 def test_max_model_len_is_read_as_vllm_reads_it(args, want):
-    assert settings.max_model_len(args) == want
+    assert commands.read_engine_args(args).get("max_model_len") == want
+
+
+def _engine(*args: str) -> EngineSpec:
+    # A --vllm-cmd of its own: the fallback reader, not vLLM's parser (tests/unit/test_commands).
+    return EngineSpec(model="m", vllm_cmd=("serve",), extra_args=args)
 
 
 def test_a_level_above_max_num_seqs_is_refused_with_both_ways_out():
-    settings.check_levels_fit_engine((1, 8), ("--max-num-seqs", "8"))
-    settings.check_levels_fit_engine((1, 512), ())  # unknown: vLLM's default applies
-    m = refused(settings.check_levels_fit_engine, (1, 16), ("--max-num-seqs=8",))
+    settings.check_levels_fit_engine((1, 8), _engine("--max-num-seqs", "8"))
+    settings.check_levels_fit_engine((1, 512), _engine())  # unknown: vLLM's default applies
+    m = refused(settings.check_levels_fit_engine, (1, 16), _engine("--max-num-seqs=8"))
     assert "--concurrency 16" in m and "--max-num-seqs 8" in m and "queueing" in m
     assert "raise --max-num-seqs" in m
 

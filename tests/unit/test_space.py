@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner import space
 from tuner.errors import ConfigError
+from tuner.search import space
 
 
 def test_builtin_spaces_load_and_include_the_baseline():

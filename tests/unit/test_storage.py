@@ -1,4 +1,4 @@
-"""tuner.storage: the journal check on open (torn tail quarantined by the lock holder only, bad
+"""tuner.search.storage: the journal check on open (torn tail quarantined by the lock holder only, bad
 middle lines refused with their line number, `tuner repair`), the study lock, and studies the
 tuner must refuse (another tool's, a half-written one) before writing anything there."""
 
@@ -12,9 +12,10 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from tuner import cli, storage
-from tuner import study as st
+from tuner import cli
 from tuner.errors import ConfigError
+from tuner.search import storage
+from tuner.search import study as st
 
 SETTINGS = {"engine_spec": {"model": "fake"}, "workload": {"name": "random"},
             "objectives": ["output_throughput"]}

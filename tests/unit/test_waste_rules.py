@@ -1,24 +1,19 @@
-"""The rules that keep launches off what a study already knows (tuner.study), the sampled
-space without the baseline (tuner.space), and trials.csv's one row per config and level
-(tuner.analysis.configs_frame): pure, on in-memory Optuna studies."""
+"""The rules that keep launches off what a study already knows (tuner.search.study), the sampled
+space without the baseline (tuner.search.space), and trials.csv's one row per config and level
+(tuner.analysis.recommend.configs_frame): pure, on in-memory Optuna studies."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
+from study_fakes import add_complete, add_failed, fake_level, ngram, realistic_study
 
-from tuner import space
-from tuner import study as st
-from tuner.analysis import configs_frame, trials_frame
+from tuner.analysis.frame import configs_frame, trials_frame
 from tuner.records import TrialConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study_fakes import add_complete, add_failed, fake_level, ngram, realistic_study  # noqa: E402
+from tuner.search import space
+from tuner.search import study as st
 
 ENGINE = "e1"
 REFUSED = "vLLM exited with status 1 after 3 s, before /health answered: ValueError: k too big"

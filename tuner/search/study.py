@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, TrialFailed
-from tuner.metrics import OBJECTIVES
-from tuner.records import BenchResult, EngineSpec, TrialConfig
+from tuner.measure.metrics import OBJECTIVES
+from tuner.records import BenchResult, EngineSpec, Role, TrialAttr, TrialConfig
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
 
 
 def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
-    """The study's storage (tuner.storage checks the journal). `write`: this driver writes the
+    """The study's storage (tuner.search.storage checks the journal). `write`: this driver writes the
     study, so it holds the study lock; readers never change the journal."""
-    from tuner import storage as store
+    from tuner.search import storage as store
 
     if url:
         if "://" not in url:
@@ -117,7 +117,7 @@ def make_sampler(name: str, *, seed: int | None, constrained: bool) -> Any:
 
 
 def _constraints(trial: Any) -> list[float]:
-    return list(trial.user_attrs.get("constraint", [0.0]))
+    return list(trial.user_attrs.get(TrialAttr.CONSTRAINT, [0.0]))
 
 
 def create(
@@ -151,16 +151,16 @@ def recover_orphans(study: Any) -> list[dict[str, Any]]:
     """Mark trials a dead driver left RUNNING as FAIL and return their params for a retry.
 
     Under the study folder's lock every RUNNING trial is a dead driver's; in a database shared
-    by hosts only those whose heartbeat went stale are (tuner.storage.orphans)."""
+    by hosts only those whose heartbeat went stale are (tuner.search.storage.orphans)."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    from tuner import storage as store
+    from tuner.search import storage as store
 
     retry = []
     for t in store.orphans(study):
         try:
-            study._storage.set_trial_user_attr(t._trial_id, "failure", {
+            study._storage.set_trial_user_attr(t._trial_id, TrialAttr.FAILURE, {
                 "reason": "the driver stopped while this trial ran (killed or crashed); retried",
                 "kind": "driver_died", "log_tail": ""})
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -177,8 +177,8 @@ def completed(study: Any) -> dict[str, Any]:
 
     out = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        key = t.user_attrs.get("key")
-        if key and t.user_attrs.get("role") != "repeat" and key not in out:
+        key = t.user_attrs.get(TrialAttr.CONFIG_KEY)
+        if key and t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT and key not in out:
             out[key] = t
     return out
 
@@ -219,18 +219,18 @@ def rejected(study: Any, *, engine: str) -> dict[str, Any]:
 
     trials = [t for t in study.get_trials(deepcopy=False,
                                           states=(TrialState.COMPLETE, TrialState.FAIL))
-              if "duplicate_of" not in t.user_attrs and t.user_attrs.get(ENGINE_ATTR) == engine]
+              if TrialAttr.DUPLICATE_OF not in t.user_attrs and t.user_attrs.get(ENGINE_ATTR) == engine]
     if not any(t.state == TrialState.COMPLETE for t in trials):
         return {}
     crashes: dict[str, list[Any]] = {}
     for t in trials:
-        failure = t.user_attrs.get("failure") or {}
-        if t.state == TrialState.FAIL and t.user_attrs.get("key") and \
+        failure = t.user_attrs.get(TrialAttr.FAILURE) or {}
+        if t.state == TrialState.FAIL and t.user_attrs.get(TrialAttr.CONFIG_KEY) and \
                 failure.get("kind") in REJECTED_KINDS:
-            crashes.setdefault(t.user_attrs["key"], []).append(t)
+            crashes.setdefault(t.user_attrs[TrialAttr.CONFIG_KEY], []).append(t)
     out = {}
     for key, ts in crashes.items():
-        firm = [t for t in ts if not _transient(t.user_attrs["failure"])]
+        firm = [t for t in ts if not _transient(t.user_attrs[TrialAttr.FAILURE])]
         if firm or len(ts) >= MAX_START_CRASHES:
             out[key] = (firm or ts)[0]
     return out
@@ -247,11 +247,11 @@ def tell_known_failure(study: Any, trial: Any, original: Any) -> None:
     reason and kind, `duplicate_of` pointing at it, no launch (and none counted)."""
     import optuna
 
-    failure = original.user_attrs.get("failure") or {}
-    trial.set_user_attr("failure", {"reason": failure.get("reason", ""),
+    failure = original.user_attrs.get(TrialAttr.FAILURE) or {}
+    trial.set_user_attr(TrialAttr.FAILURE, {"reason": failure.get("reason", ""),
                                     "kind": failure.get("kind", "failed"),
                                     "log_tail": f"(not launched; see trial {original.number})"})
-    trial.set_user_attr("duplicate_of", original.number)
+    trial.set_user_attr(TrialAttr.DUPLICATE_OF, original.number)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
@@ -259,9 +259,9 @@ def is_baseline(trial: Any) -> bool:
     """The plain no-speculation baseline (not the aligned one), by its stored config, or by its
     "method" param (or enqueued value) in studies stored while "none" was a sampled choice."""
     attrs = trial.user_attrs
-    if attrs.get("role") == "aligned_baseline":
+    if attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE:
         return False
-    config = attrs.get("config") or attrs.get("config_override")
+    config = attrs.get(TrialAttr.CONFIG) or attrs.get(TrialAttr.CONFIG_OVERRIDE)
     if isinstance(config, dict):
         return not config.get("speculative_config")
     fixed = (getattr(trial, "system_attrs", None) or {}).get("fixed_params") or {}
@@ -299,7 +299,7 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
 
     from optuna.trial import TrialState
 
-    trials = [t for t in study.get_trials(deepcopy=False) if "duplicate_of" not in t.user_attrs]
+    trials = [t for t in study.get_trials(deepcopy=False) if TrialAttr.DUPLICATE_OF not in t.user_attrs]
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     if any(is_baseline(t) for t in done):
         return None
@@ -307,12 +307,12 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
     base_failed = [t for t in failed if is_baseline(t)]
     pool = failed if not done else base_failed
     if pool:
-        kinds = Counter(str((t.user_attrs.get("failure") or {}).get("kind", "failed"))
+        kinds = Counter(str((t.user_attrs.get(TrialAttr.FAILURE) or {}).get("kind", "failed"))
                         for t in pool)
         kind, count = kinds.most_common(1)[0]
-        last = [t for t in pool if (t.user_attrs.get("failure") or {}).get("kind", "failed")
+        last = [t for t in pool if (t.user_attrs.get(TrialAttr.FAILURE) or {}).get("kind", "failed")
                 == kind][-1]
-        reason = " ".join(str(last.user_attrs["failure"].get("reason", "")).split())
+        reason = " ".join(str(last.user_attrs[TrialAttr.FAILURE].get("reason", "")).split())
         reason = reason if len(reason) <= 300 else reason[:297] + "..."
         why = f"most common: {kind} x{count}: {reason.rstrip('.')}"
         # The log last, so the path can be copied without punctuation stuck to it.
@@ -334,9 +334,10 @@ def counted_trials(study: Any) -> int:
 
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if t.user_attrs.get("role") == "repeat" or "duplicate_of" in t.user_attrs:
+        if t.user_attrs.get(TrialAttr.ROLE) == Role.REPEAT or \
+                TrialAttr.DUPLICATE_OF in t.user_attrs:
             continue  # repeats and configs answered from storage cost no engine launch
-        if t.user_attrs.get("failure", {}).get("kind") == "driver_died":
+        if t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died":
             continue
         n += 1
     return n
@@ -375,10 +376,10 @@ def tell_result(study: Any, trial: Any, result: BenchResult, *, objectives: list
     except TrialFailed as e:
         tell_failure(study, trial, e)
         return []
-    trial.set_user_attr("result", json.loads(result.model_dump_json()))
-    trial.set_user_attr("constraint", constraint_of(result, concurrency, constraints))
+    trial.set_user_attr(TrialAttr.RESULT, json.loads(result.model_dump_json()))
+    trial.set_user_attr(TrialAttr.CONSTRAINT, constraint_of(result, concurrency, constraints))
     if duplicate_of is not None:
-        trial.set_user_attr("duplicate_of", duplicate_of)
+        trial.set_user_attr(TrialAttr.DUPLICATE_OF, duplicate_of)
     study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE)
     return values
 
@@ -386,13 +387,14 @@ def tell_result(study: Any, trial: Any, result: BenchResult, *, objectives: list
 def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
     import optuna
 
-    trial.set_user_attr("failure", {"reason": str(exc), "kind": exc.kind,
+    trial.set_user_attr(TrialAttr.FAILURE, {"reason": str(exc), "kind": exc.kind,
                                     "log_tail": exc.log_tail[-4000:]})
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
 def label_trial(trial: Any, config: TrialConfig, role: str) -> None:
-    trial.set_user_attr("config", json.loads(config.model_dump_json()))
-    trial.set_user_attr("label", config.label())
-    trial.set_user_attr("key", config.key())
-    trial.set_user_attr("role", role)
+    """Store what a trial is: its config, label, config key and Role (as its plain value)."""
+    trial.set_user_attr(TrialAttr.CONFIG, json.loads(config.model_dump_json()))
+    trial.set_user_attr(TrialAttr.LABEL, config.label())
+    trial.set_user_attr(TrialAttr.CONFIG_KEY, config.key())
+    trial.set_user_attr(TrialAttr.ROLE, Role(role).value)

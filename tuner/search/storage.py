@@ -344,7 +344,7 @@ def _lock(study_dir: Path) -> Say:
     """Take the study lock for the current driver (once); returns where to say things."""
     if not _DRIVERS:
         raise RuntimeError("writing a study needs the study lock: open it inside "
-                           "tuner.storage.driver() (api.optimize/policy/repair do)")
+                           "tuner.search.storage.driver() (api.optimize/policy/repair do)")
     key = study_dir.resolve()
     for d in _DRIVERS:
         if key in d.fds:

@@ -1,5 +1,6 @@
-"""Report stage: what people read. Tables on the terminal; recommendation.json, trials.csv,
-report.md and a self-contained report.html regenerated from the study's storage.
+"""Outputs stage, the report: recommendation.json, trials.csv, trials_raw.csv, report.md and a
+self-contained report.html, rendered from what the analysis computed (tuner.api.report runs the
+analysis on the study's storage and hands the frames here), so every file can be regenerated.
 """
 
 from __future__ import annotations
@@ -8,52 +9,21 @@ import base64
 import html
 import json
 import math
-import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.records import BenchResult
+from tuner.outputs import files
+from tuner.outputs.console import HEADLINES, break_even_text, pct, policy_rows
 
 if TYPE_CHECKING:
-    import optuna
     import pandas as pd
 
-    from tuner.analysis import Recommendation
-
-
-def _f(value: float | None, fmt: str = "{:.1f}") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
-def bench_table(result: BenchResult) -> str:
-    """A fixed-width table of one bench run, a row per concurrency level."""
-    head = ["conc", "ok/req", "out tok/s", "TPOT mean", "TPOT p50", "TPOT p99", "TTFT mean",
-            "chunk ITL", "accept %", "accept len"]
-    rows = []
-    for lv in result.levels:
-        rows.append([
-            str(lv.concurrency), f"{lv.completed}/{lv.num_requests}",
-            _f(lv.output_throughput), _f(lv.mean_tpot_ms), _f(lv.median_tpot_ms),
-            _f(lv.p99_tpot_ms), _f(lv.mean_ttft_ms), _f(lv.mean_itl_ms),
-            _f(None if lv.spec_decode_acceptance_rate is None
-               else 100 * lv.spec_decode_acceptance_rate),
-            _f(lv.spec_decode_acceptance_length, "{:.2f}"),
-        ])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = [f"{result.config.label()}  (engine start {result.engine.start_s:.0f} s; "
-             f"latencies in ms)",
-             "  ".join(h.rjust(w) for h, w in zip(head, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
+    from tuner.records import Recommendation
 
 
 # --- study outputs, regenerated from storage ----------------------------------------------
 
-_HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
-              "insufficient_data": "No recommendation yet"}
 _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
                 ("mean_tpot_ms", "mean TPOT (ms)", "{:.1f}"),
                 ("p99_tpot_ms", "p99 TPOT (ms)", "{:.1f}"),
@@ -63,78 +33,42 @@ _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
                 ("acceptance_length", "mean acceptance length (tokens/step)", "{:.2f}"))
 
 
-def write_outputs(study: optuna.Study, out_dir: Path) -> dict[str, Path]:
-    """Regenerate trials.csv (a row per config and level), trials_raw.csv (a row per trial and
-    level), recommendation.json, the plots, report.md and report.html.
+def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
+                  recs: Sequence[Recommendation], out_dir: Path) -> dict[str, Path]:
+    """Write trials.csv (`configs`: a row per config and level), trials_raw.csv (`df`: a row per
+    trial and level), recommendation.json, the plots, report.md and report.html.
 
-    Everything comes from the study's storage, so this runs as well on a finished study as on
-    one still running or whose driver was killed. Returns {name: path}.
+    The caller computed the analysis from the study's storage (tuner.api.report), so this runs
+    as well on a finished study as on one still running or whose driver was killed. A
+    policy.json in `out_dir` is shown too. Returns {name: path}.
     """
-    from tuner import analysis, plots
+    from tuner.outputs import plots
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    df = analysis.speedups(analysis.trials_frame(study))
     meta = dict(df.attrs.get("tuner") or {})
-    recs = analysis.recommendations(study, df)
     workload = str((meta.get("workload") or {}).get("name") or "")
     drawn, notes = plots.draw_all(df, out_dir / "plots", workload=workload,
                                   recommendations=recs)
     policy = _load_policy(out_dir)
     if policy:
         drawn["policy"] = plots.policy_plot(policy, out_dir / "plots", notes=notes)
-    doc = _Doc(study_name=study.study_name, meta=meta, df=df, recs=recs, plots=drawn,
+    doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
     doc.policy = policy
     paths = {
         # Each config once, repeats pooled; every trial (copies answered from storage too)
         # stays in trials_raw.csv for whoever wants the single measurements.
-        "trials_csv": _write_atomic(
-            out_dir / "trials.csv", _csv_text(analysis.speedups(analysis.configs_frame(df)))),
-        "trials_raw_csv": _write_atomic(out_dir / "trials_raw.csv", _csv_text(df)),
-        "recommendation_json": _write_atomic(
+        "trials_csv": files.write_atomic(out_dir / "trials.csv", _csv_text(configs)),
+        "trials_raw_csv": files.write_atomic(out_dir / "trials_raw.csv", _csv_text(df)),
+        "recommendation_json": files.write_atomic(
             out_dir / "recommendation.json", json.dumps(doc.summary(), indent=2) + "\n"),
-        "report_md": _write_atomic(out_dir / "report.md", doc.markdown()),
-        "report_html": _write_atomic(out_dir / "report.html", doc.html()),
+        "report_md": files.write_atomic(out_dir / "report.md", doc.markdown()),
+        "report_html": files.write_atomic(out_dir / "report.html", doc.html()),
     }
-    for files in drawn.values():
-        paths.update({f"plot_{p.stem}": p for p in files})
+    for drawn_files in drawn.values():
+        paths.update({f"plot_{p.stem}": p for p in drawn_files})
     return paths
-
-
-def format_recommendation(rec: Recommendation) -> str:
-    """A few terminal lines: the verdict, the numbers against the baseline, the command."""
-    head = _HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else "")
-    lines = [f"Concurrency {rec.concurrency}: {head}", f"  {rec.reason}"]
-    m, b = rec.metrics, rec.baseline_metrics
-    if rec.status == "recommend" and m:
-        lines.append(
-            f"  {_f(m.get('output_throughput'))} tok/s ({_x(rec.speedup_throughput)} baseline), "
-            f"TPOT mean {_f(m.get('mean_tpot_ms'))} / p99 {_f(m.get('p99_tpot_ms'))} ms "
-            f"(baseline {_f(b.get('mean_tpot_ms'))}), TTFT {_f(m.get('mean_ttft_ms'), '{:.0f}')}"
-            f" ms, acceptance {_pct(m.get('acceptance_rate'))} "
-            f"(length {_f(m.get('acceptance_length'), '{:.2f}')})")
-    if rec.confidence:
-        lines.append(f"  confidence: {rec.confidence}")
-    if rec.serve_command:
-        lines.append(f"  serve:  {rec.serve_command}")
-    if rec.verify_command:
-        lines.append(f"  verify: {rec.verify_command}")
-    return "\n".join(lines)
-
-
-def _write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write beside the final name, then rename: a reader never sees half a report."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def _csv_text(df: pd.DataFrame) -> str:
@@ -146,19 +80,10 @@ def _csv_text(df: pd.DataFrame) -> str:
     return out.to_csv(index=False)
 
 
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else f"{100 * value:.0f}%"
-
-
 def _cell(value: Any, fmt: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return _pct(value) if fmt == "pct" else fmt.format(value)
+    return pct(value) if fmt == "pct" else fmt.format(value)
 
 
 class _Doc:
@@ -239,7 +164,7 @@ class _Doc:
         return rows
 
     def trial_rows(self) -> tuple[list[str], list[list[str]]]:
-        from tuner.analysis import with_medians
+        from tuner.analysis.frame import with_medians
 
         head = ["trial", "state", "role", "config", "runs"]
         for c in self.levels:
@@ -260,7 +185,7 @@ class _Doc:
                 r = lv.iloc[0]
                 acc = _cell(r["spec_decode_acceptance_length"], "{:.2f}")
                 if acc != "-":
-                    acc += f" ({_pct(r['spec_decode_acceptance_rate'])})"
+                    acc += f" ({pct(r['spec_decode_acceptance_rate'])})"
                 row += [_cell(r["output_throughput"], "{:.1f}"), _cell(r["mean_tpot_ms"], "{:.1f}"),
                         _cell(r["speedup_throughput"], "{:.2f}x"), acc]
             rows.append(row)
@@ -281,7 +206,7 @@ class _Doc:
             out += [f"> **Incomplete:** {e(self.incomplete_note())}", ""]
         out += ["## Recommendation", ""]
         for rec in self.recs:
-            head = _HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
+            head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
             out += [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
             if rec.serve_command:
                 out += [_fence(rec.serve_command), ""]
@@ -299,10 +224,10 @@ class _Doc:
         out += ["## What was tuned, on what", "", "| | |", "|---|---|"]
         out += [f"| {e(k)} | {e(v)} |" for k, v in self.context_rows()]
         out.append("")
-        for title, files in self.plot_groups():
-            if files:
+        for title, pngs in self.plot_groups():
+            if pngs:
                 out += [f"## {title}", ""]
-                out += [f"![{e(p.stem)}]({p.relative_to(self.out_dir).as_posix()})" for p in files]
+                out += [f"![{e(p.stem)}]({p.relative_to(self.out_dir).as_posix()})" for p in pngs]
                 out.append("")
         if self.notes:
             out += ["Plots left out:", ""] + [f"- {e(n)}" for n in self.notes] + [""]
@@ -334,11 +259,11 @@ class _Doc:
         body.append("<h2>What was tuned, on what</h2><table class='kv'>")
         body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.context_rows()]
         body.append("</table>")
-        for title, files in self.plot_groups():
-            if files:
+        for title, pngs in self.plot_groups():
+            if pngs:
                 body.append(f"<h2>{e(title)}</h2>")
                 body += [f"<img alt='{e(p.stem)}' src='data:image/png;base64,"
-                         f"{base64.b64encode(p.read_bytes()).decode()}'>" for p in files]
+                         f"{base64.b64encode(p.read_bytes()).decode()}'>" for p in pngs]
         if self.notes:
             body.append("<p class='sub'>Plots left out: " + "; ".join(map(e, self.notes))
                         + "</p>")
@@ -367,7 +292,7 @@ class _Doc:
 
     def _html_rec(self, rec: Recommendation) -> str:
         e = html.escape
-        head = _HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
+        head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
         parts = [f"<div class='rec {rec.status}'><h3>Concurrency {rec.concurrency} \u2014 "
                  f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
         if rec.serve_command:
@@ -442,60 +367,12 @@ def _policy_summary(policy: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def _policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    configs = policy.get("configs", [])
-    ver = {int(r["concurrency"]): r for r in (policy.get("verification") or {}).get("rows", [])}
-    head = ["concurrency"] + [c["label"] for c in configs] + (["policy"] if ver else [])
-    rows = []
-    for c in policy.get("ladder", []):
-        row = [str(c)]
-        for cfg in configs:
-            st = (cfg.get("stats") or {}).get(str(c)) or (cfg.get("stats") or {}).get(c)
-            row.append("-" if not st else f"{st['speedup']:.2f}x \u00b1{st['noise']:.0%}")
-        if ver:
-            r = ver.get(int(c))
-            row.append("-" if not r else f"{r['policy_speedup']:.2f}x \u00b1{r['policy_noise']:.0%}"
-                       + (" (below baseline)" if r["below_baseline_beyond_noise"] else ""))
-        rows.append(row)
-    return head, rows
-
-
-def _break_even_text(cfg: dict[str, Any]) -> str:
-    be = cfg.get("break_even") or {}
-    if be.get("status") == "always_pays":
-        return f"pays at every measured level (up to {be.get('last_paying')})"
-    if be.get("status") == "never_pays":
-        return "does not pay beyond the noise even at the lowest level"
-    if be.get("status") == "crosses":
-        return (f"break-even at concurrency ~{be['concurrency']:.1f} (pays at "
-                f"{be['last_paying']}, not at {be['first_not_paying']})")
-    return "not measured"
-
-
-def format_policy(policy: dict[str, Any]) -> str:
-    """Terminal lines: verdict, break-evens, the schedule and the serve command."""
-    lines = ["Load-aware policy: " + str(policy.get("verdict", ""))]
-    for cfg in policy.get("configs", []):
-        lines.append(f"  {cfg['label']}: {_break_even_text(cfg)}")
-    lines.append(f"  K by measured concurrency: {policy.get('k_by_level')}")
-    lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
-    if policy.get("serve_command"):
-        lines.append(f"  serve:  {policy['serve_command']}")
-    for band in policy.get("fallback_bands") or []:
-        lines.append(f"  router band: {band}")
-    head, rows = _policy_rows(policy)
-    lines.append("  speedup over baseline (median, noise):")
-    lines.append("    " + " | ".join(head))
-    lines += ["    " + " | ".join(r) for r in rows]
-    return "\n".join(lines)
-
-
 def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
     if not policy:
         return []
     e = _md
     out = ["## Load-aware policy", "", e(str(policy.get("verdict", ""))), ""]
-    out += [f"- {e(c['label'])}: {e(_break_even_text(c))}" for c in policy.get("configs", [])]
+    out += [f"- {e(c['label'])}: {e(break_even_text(c))}" for c in policy.get("configs", [])]
     out.append("")
     if policy.get("speculative_config"):
         out += ["`--speculative-config` with the per-batch-size schedule:", "",
@@ -505,7 +382,7 @@ def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
     if policy.get("fallback_bands"):
         out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy["fallback_bands"]]
         out.append("")
-    head, rows = _policy_rows(policy)
+    head, rows = policy_rows(policy)
     out += ["| " + " | ".join(e(h) for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
     out.append("")
@@ -518,7 +395,7 @@ def policy_html(policy: dict[str, Any] | None) -> str:
     e = html.escape
     parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(str(policy.get('verdict', '')))}</b></p>",
              "<ul>"]
-    parts += [f"<li>{e(c['label'])}: {e(_break_even_text(c))}</li>"
+    parts += [f"<li>{e(c['label'])}: {e(break_even_text(c))}</li>"
               for c in policy.get("configs", [])]
     parts.append("</ul>")
     if policy.get("speculative_config"):
@@ -529,7 +406,7 @@ def policy_html(policy: dict[str, Any] | None) -> str:
     if policy.get("fallback_bands"):
         parts.append("<p>Band table for a router:</p><ul>" + "".join(
             f"<li>{e(b)}</li>" for b in policy["fallback_bands"]) + "</ul>")
-    head, rows = _policy_rows(policy)
+    head, rows = policy_rows(policy)
     parts.append("<table class='trials'><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
                  + "</tr>" + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
                                      for r in rows) + "</table>")

@@ -21,22 +21,8 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 from tuner.records import TrialConfig
-from tuner.settings import Bound, show
+from tuner.settings import METHODS, NEEDS_MODEL, Bound, show
 
-# Methods vLLM accepts in --speculative-config, and what each needs besides the target model.
-METHODS = {
-    "none": "no speculation (the baseline)",
-    "ngram": "n-gram prompt lookup on the CPU",
-    "ngram_gpu": "n-gram prompt lookup on the GPU",
-    "suffix": "suffix-tree decoding (needs the arctic-inference package)",
-    "draft_model": "a smaller draft model (needs `model`)",
-    "eagle": "EAGLE head (needs `model`)",
-    "eagle3": "EAGLE-3 head (needs `model`)",
-    "mtp": "the target model's own multi-token-prediction layers",
-    "medusa": "Medusa heads (needs `model`)",
-    "mlp_speculator": "MLP speculator (needs `model`)",
-}
-NEEDS_MODEL = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator"}
 PARAM_TYPES = ("int", "float", "choice")
 
 
@@ -135,7 +121,7 @@ class SearchSpace(BaseModel):
         sampler free to pick it kept proposing that measured point (TPE did six times in a row
         on a GPU). Optuna refuses a categorical whose choices change within one study, so a
         study stored while "none" was a choice passes those choices (`method_choices`, see
-        tuner.study.method_choices) and samples as it always did.
+        tuner.search.study.method_choices) and samples as it always did.
         """
         choices = self.speculative_methods()
         if method_choices and set(method_choices) - {"none"} == set(choices):
@@ -236,43 +222,6 @@ def _domain(p: Param, values: dict[str, Any], where: str) -> list[Any]:
         raise ConfigError(f"{where}: a float range needs `step` for the grid sampler.")
     n = int(math.floor((high - low) / p.step + 1e-9))
     return [round(low + i * p.step, 10) for i in range(n + 1)]
-
-
-def with_acceptance_profile(config: TrialConfig, rates: list[float] | None) -> TrialConfig:
-    """Use vLLM's synthetic rejection sampling with a measured per-position acceptance profile
-    (for dummy-weight models, whose own acceptance is meaningless). Positions beyond the
-    profile repeat its last rate; vLLM wants the rates non-increasing."""
-    if not rates or not config.speculative_config:
-        return config
-    k = int(config.speculative_config.get("num_speculative_tokens", len(rates)))
-    profile = [min(rates[: i + 1]) for i in range(len(rates))]
-    profile = (profile + [profile[-1]] * k)[:k]
-    spec = {**config.speculative_config, "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_rates": [round(r, 4) for r in profile]}
-    return config.model_copy(update={"speculative_config": spec})
-
-
-def load_acceptance_profile(path: str) -> list[float]:
-    """Per-position acceptance rates from a `tuner bench` result.json (its first level that
-    has them), or a JSON list of rates."""
-    import json
-
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--acceptance-profile '{path}': cannot read JSON ({e}). Pass the "
-                          f"result.json of a `tuner bench` run with a real model.") from None
-    if isinstance(data, list):
-        rates = data
-    else:
-        rates = next((lv.get("spec_decode_per_position_acceptance_rates") for lv in
-                      data.get("levels", []) if lv.get("spec_decode_per_position_acceptance_rates")),
-                     None)
-    if not rates or not all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in rates):
-        raise ConfigError(f"--acceptance-profile '{path}': no per-position acceptance rates in "
-                          f"[0, 1] found. Use the result.json of `tuner bench` with a "
-                          f"speculative config on a real model, or a JSON list like [0.7, 0.5].")
-    return [float(r) for r in rates]
 
 
 def build_config(method: str, values: dict[str, Any], engine: dict[str, Any]) -> TrialConfig:

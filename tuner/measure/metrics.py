@@ -80,7 +80,7 @@ def delta(before: SpecDecodeCounts, after: SpecDecodeCounts) -> SpecDecodeCounts
         num_drafts=after.num_drafts - before.num_drafts,
         num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
         num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos=tuple(x - y for x, y in zip(a, b)),
+        accepted_per_pos=tuple(x - y for x, y in zip(a, b, strict=True)),
     )
 
 

@@ -5,7 +5,7 @@ random per-trial API key, writes everything to the trial's engine.log, is declar
 when /health answers 200 (a crash and a timeout are told apart), and is always reaped: SIGTERM
 to the whole group, SIGKILL after a grace period, on normal exit, exceptions and Ctrl-C (a
 second Ctrl-C waits until the reaping is done). Whatever kills the driver instead, the
-engine's watchdog (tuner/watchdog.py) stops the engine's whole process tree.
+engine's watchdog (tuner/measure/watchdog.py) stops the engine's whole process tree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -25,11 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner import watchdog
+from tuner import commands
 from tuner.errors import EngineCrashed, EngineStartTimeout
+from tuner.measure import watchdog
 from tuner.records import EngineInfo, EngineSpec, TrialConfig
 
-DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 TEARDOWN_GRACE_S = 15.0
 # Once the driver is dead nobody waits for a graceful exit: a short grace lets vLLM free its
 # memory itself and keeps the whole teardown well under 10 s.
@@ -96,42 +95,6 @@ def vllm_reason(tail: str) -> str:
     return lines[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
 
 
-def engine_flags(config: TrialConfig) -> list[str]:
-    """A trial's engine knobs as vLLM flags: True -> `--flag`, False/None -> omitted."""
-    flags: list[str] = []
-    for name, value in sorted(config.engine_args.items()):
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False and value is not None:
-            flags += [flag, str(value)]
-    return flags
-
-
-def build_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
-    """The exact command line; a list, never a shell string, so paths reach vLLM intact."""
-    argv = list(spec.vllm_cmd or DEFAULT_VLLM_CMD)
-    argv += ["--model", spec.model, "--served-model-name", spec.served_model_name,
-             "--host", spec.host, "--port", str(port), "--api-key", api_key]
-    if spec.tokenizer:
-        argv += ["--tokenizer", spec.tokenizer]
-    if config.speculative_config:
-        argv += ["--speculative-config", config.spec_json()]
-    argv += engine_flags(config)
-    argv += list(spec.extra_args)
-    return argv
-
-
-def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
-    """The `vllm serve` command a user pastes into production for this config."""
-    import shlex
-
-    parts = ["vllm", "serve", spec.model]
-    if config.speculative_config:
-        parts += ["--speculative-config", config.spec_json()]
-    return shlex.join(parts + engine_flags(config))
-
-
 class Engine:
     """A running vLLM server. Use as a context manager: `with Engine(...) as eng: eng.url`."""
 
@@ -172,7 +135,8 @@ class Engine:
 
     def _start_once(self) -> EngineInfo:
         self.port = free_port(self.spec.host)
-        argv = build_argv(self.spec, self.config, port=self.port, api_key=self.api_key)
+        argv = commands.engine_argv(self.spec, self.config, port=self.port,
+                                     api_key=self.api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, **self.config.engine_env}
         t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""Campaign stage: measure a fixed list of configs on a concurrency ladder, with repeats.
+"""Search stage, campaigns: measure a fixed list of configs on a concurrency ladder, with repeats.
 
 Used by the load-aware policy step. Runs are interleaved (baseline, A, B, ..., then the next
 repeat) so slow drift of a shared machine hits every config alike. Each run is one engine
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.records import BenchResult, EngineSpec, MeasureSettings, TrialConfig, Workload
+from tuner.records import EngineSpec, MeasureSettings, TrialAttr, TrialConfig, Workload
 
 
 def companion(study: Any) -> Any:
@@ -34,13 +34,13 @@ def measure(
     this phase as {role, label, key, repeat, config, result | failure}."""
     from optuna.trial import TrialState
 
-    from tuner import runner
+    from tuner.measure import trial as runner
 
     comp = companion(study)
     settings = MeasureSettings(concurrencies=tuple(ladder), requests_per_slot=requests_per_slot)
     for t in comp.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         comp._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-    done = {(t.user_attrs.get("phase"), t.user_attrs.get("key"), t.user_attrs.get("repeat"))
+    done = {(t.user_attrs.get(TrialAttr.PHASE), t.user_attrs.get(TrialAttr.CONFIG_KEY), t.user_attrs.get(TrialAttr.REPEAT))
             for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     total = len(runs) * repeats
     n = 0
@@ -50,20 +50,22 @@ def measure(
             if (phase, config.key(), rep) in done:
                 continue
             trial = comp.ask()
-            for k, v in {"phase": phase, "role": role, "key": config.key(), "repeat": rep,
-                         "label": config.label(), "ladder": list(ladder),
-                         "config": json.loads(config.model_dump_json())}.items():
+            for k, v in {TrialAttr.PHASE: phase, TrialAttr.ROLE: role,
+                         TrialAttr.CONFIG_KEY: config.key(), TrialAttr.REPEAT: rep,
+                         TrialAttr.LABEL: config.label(), "ladder": list(ladder),
+                         TrialAttr.CONFIG: json.loads(config.model_dump_json())}.items():
                 trial.set_user_attr(k, v)
             outcome = runner.measure_outcome(engine, config, workload, settings,
                                              str(out_dir / "policy" / f"run{trial.number}"))
-            if "failure" in outcome:
-                trial.set_user_attr("failure", outcome["failure"])
+            if outcome.failure is not None:
+                trial.set_user_attr(TrialAttr.FAILURE, outcome.failure.model_dump())
                 comp.tell(trial, state=TrialState.FAIL)
                 say(f"  [{phase} {n}/{total}] {config.label()}: FAIL "
-                    f"({outcome['failure']['kind']}) {outcome['failure']['reason'][:200]}")
+                    f"({outcome.failure.kind}) {outcome.failure.reason[:200]}")
                 continue
-            result = BenchResult.model_validate(outcome["result"])
-            trial.set_user_attr("result", outcome["result"])
+            result = outcome.result
+            assert result is not None  # an outcome holds a result or a failure
+            trial.set_user_attr(TrialAttr.RESULT, json.loads(result.model_dump_json()))
             comp.tell(trial, result.levels[0].output_throughput)
             say(f"  [{phase} {n}/{total}] {config.label()}: " + " | ".join(
                 f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s" for lv in result.levels))
@@ -71,9 +73,8 @@ def measure(
 
 
 def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
-    from optuna.trial import TrialState
-
     import optuna
+    from optuna.trial import TrialState
 
     try:
         comp = optuna.load_study(study_name=f"{study.study_name}.policy", storage=study._storage)
@@ -81,24 +82,8 @@ def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
         return []
     out = []
     for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if phase is not None and t.user_attrs.get("phase") != phase:
+        if phase is not None and t.user_attrs.get(TrialAttr.PHASE) != phase:
             continue
         out.append({k: t.user_attrs.get(k) for k in ("phase", "role", "label", "key", "repeat",
                                                       "config", "result", "failure")})
     return out
-
-
-def throughput_series(runs: Sequence[dict[str, Any]], key: str, metric: str = "output_throughput"
-                      ) -> dict[int, list[float]]:
-    """{concurrency: [value per successful run]} for one config key."""
-    out: dict[int, list[float]] = {}
-    for r in runs:
-        if r["key"] != key or not r.get("result"):
-            continue
-        for lv in r["result"]["levels"]:
-            out.setdefault(int(lv["concurrency"]), []).append(float(lv[metric]))
-    return out
-
-
-def drafts_series(runs: Sequence[dict[str, Any]], key: str) -> dict[int, list[float]]:
-    return throughput_series(runs, key, "spec_decode_num_drafts")

@@ -21,7 +21,7 @@ from tuner import settings as checks
 from tuner.errors import ConfigError
 from tuner.records import Prompt, Workload, WorkloadSpec
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUNDLED = {
     "instructcoder": DATA_DIR / "instructcoder" / "editeval.jsonl",
     "sharegpt": DATA_DIR / "sharegpt" / "sharegpt_v3_subset.jsonl",

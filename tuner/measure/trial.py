@@ -1,23 +1,32 @@
-"""Runner stage: one trial end to end (engine up, every concurrency level, engine down), and
-the Ray fan-out that runs several trials at once, one per GPU set.
+"""Measure stage, one trial end to end: engine up, every concurrency level, engine down.
 
 `measure` is the single place where an engine and the load generator meet. It raises a
-TrialFailed subclass when the trial cannot be measured; callers record that as data.
+TrialFailed subclass when the trial cannot be measured; `measure_outcome` turns that into
+data (a TrialOutcome), which is what executors run, inline or in a Ray worker.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner import loadgen, metrics
-from tuner.engine import Engine, log_tail
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
-from tuner.records import (BenchResult, EngineSpec, LevelMetrics, MeasureSettings, Prompt,
-                           RequestRecord, TrialConfig, Workload)
+from tuner.measure import loadgen, metrics
+from tuner.measure.engine import Engine, log_tail
+from tuner.records import (
+    BenchResult,
+    EngineSpec,
+    Failure,
+    LevelMetrics,
+    MeasureSettings,
+    Prompt,
+    RequestRecord,
+    TrialConfig,
+    TrialOutcome,
+    Workload,
+)
 
 MAX_FAILED_FRACTION = 0.2
 
@@ -124,30 +133,15 @@ def _bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="req", leave=False, file=sys.stderr)
 
 
-def write_result(result: BenchResult, path: Path, **extra: object) -> None:
-    """Atomic JSON write: a killed process never leaves a half-written result behind."""
-    payload = {**extra, **json.loads(result.model_dump_json())}
-    write_json_atomic(path, payload)
+def failure_of(exc: TrialFailed) -> Failure:
+    """A TrialFailed as data: what is stored with the FAIL trial."""
+    return Failure(reason=str(exc), kind=exc.kind, log_tail=exc.log_tail[-4000:],
+                   at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def write_json_atomic(path: Path, payload: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(payload, indent=2, default=str))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)  # gone after a rename; after a failure, not left behind
-
-
-def failure_record(exc: TrialFailed) -> dict:
-    return {"reason": str(exc), "kind": exc.kind, "log_tail": exc.log_tail[-4000:],
-            "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-
-
-# --- fan-out ---------------------------------------------------------------------------------
 def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Workload,
-                    settings: MeasureSettings, trial_dir: str) -> dict:
-    """One trial as plain data: {"result": ...} or {"failure": ...}; runs in a Ray worker too.
+                    settings: MeasureSettings, trial_dir: str) -> TrialOutcome:
+    """One trial as data, a result or a failure, never an exception; runs in a Ray worker too.
 
     Ray sets CUDA_VISIBLE_DEVICES in the worker; the engine inherits it. We record it so a
     user can check that each engine got its own GPU.
@@ -159,76 +153,5 @@ def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Work
     try:
         result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir))
     except TrialFailed as e:
-        return {"failure": failure_record(e), **where, "ran_to": time.time()}
-    return {"result": json.loads(result.model_dump_json()), **where, "ran_to": time.time()}
-
-
-class InlineExecutor:
-    """Runs each trial in the driver process, one at a time (CPU machines, no GPU to share)."""
-
-    parallel = 1
-
-    def submit(self, key: object, *args: object, num_gpus: float = 0) -> None:
-        self._done = getattr(self, "_done", [])
-        self._done.append((key, measure_outcome(*args)))
-
-    def wait_one(self) -> tuple[object, dict]:
-        return self._done.pop(0)
-
-    def pending(self) -> int:
-        return len(getattr(self, "_done", []))
-
-    def shutdown(self) -> None:
-        pass
-
-
-class RayExecutor:
-    """One Ray task per trial holding `num_gpus` GPUs; at most `parallel` in flight.
-
-    Ask/tell stays in the driver; a worker that dies is reported as a failure of its trial.
-    """
-
-    def __init__(self, *, address: str | None, parallel: int | None, num_gpus: int | None = None
-                 ) -> None:
-        import ray
-
-        kwargs: dict = {"ignore_reinit_error": True, "log_to_driver": False,
-                        "include_dashboard": False}
-        if address:
-            kwargs["address"] = address
-        elif num_gpus is not None:
-            kwargs["num_gpus"] = num_gpus
-        if not ray.is_initialized():
-            ray.init(**kwargs)
-        total = int(ray.cluster_resources().get("GPU", 0))
-        self.total_gpus = total
-        self.parallel = max(1, min(parallel or max(total, 1), max(total, 1)))
-        self._remote = ray.remote(max_retries=0)(measure_outcome)
-        self._refs: dict = {}
-
-    def submit(self, key: object, *args: object, num_gpus: float = 1) -> None:
-        ref = self._remote.options(num_gpus=num_gpus, num_cpus=1).remote(*args)
-        self._refs[ref] = key
-
-    def pending(self) -> int:
-        return len(self._refs)
-
-    def wait_one(self) -> tuple[object, dict]:
-        import ray
-
-        ready, _ = ray.wait(list(self._refs), num_returns=1)
-        ref = ready[0]
-        key = self._refs.pop(ref)
-        try:
-            return key, ray.get(ref)
-        except ray.exceptions.RayError as e:  # worker died, node lost, task cancelled
-            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            return key, {"failure": {"reason": f"Ray worker failed: {type(e).__name__}: {reason}",
-                                     "kind": "worker_died", "log_tail": str(e)[-2000:]}}
-
-    def shutdown(self) -> None:
-        import ray
-
-        for ref in list(self._refs):
-            ray.cancel(ref, force=True)
-        self._refs.clear()
+        return TrialOutcome(failure=failure_of(e), **where, ran_to=time.time())
+    return TrialOutcome(result=result, **where, ran_to=time.time())

@@ -1,4 +1,4 @@
-"""Plots stage: seaborn figures drawn from the analysis frames, saved as PNG files.
+"""Outputs stage, plots: seaborn figures drawn from the analysis frames, saved as PNG files.
 
 Every figure is drawn from a frame computed by tuner.analysis (never from raw storage), has
 units on its axes, is drawn on its own Agg canvas rather than through pyplot (nothing global
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tuner.analysis import Recommendation, pareto_front, speedups, with_medians
+from tuner.analysis.frame import with_medians
+from tuner.analysis.pareto import pareto_front, speedups
+from tuner.records import Recommendation, Role
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,7 +54,7 @@ def pareto_plots(
             sns.scatterplot(data=lv, x="mean_tpot_ms", y="output_throughput", hue="method",
                             palette=palette, s=55, alpha=0.85, edgecolor="white", ax=ax,
                             zorder=3)
-            base = lv[(lv["method"] == "none") & (lv["role"] == "baseline")]
+            base = lv[(lv["method"] == "none") & (lv["role"] == Role.BASELINE)]
             if not base.empty:
                 b = base.sort_values("trial").iloc[0]
                 ax.scatter([b["mean_tpot_ms"]], [b["output_throughput"]], s=200, marker="s",
@@ -387,7 +389,7 @@ def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None =
         fig = _figure(9.6, 5.0)
         ax = fig.add_subplot()
         series = list(dict.fromkeys(df["series"]))
-        palette = dict(zip(series, sns.color_palette("tab10", len(series))))
+        palette = dict(zip(series, sns.color_palette("tab10", len(series)), strict=True))
         palette["baseline (no speculation)"] = BASELINE_COLOR
         for name in series:
             part = df[df["series"] == name].sort_values("concurrency")

@@ -1,0 +1,73 @@
+"""tuner.commands: the engine flags the tuner reads mean what they mean to vLLM, in every form
+vLLM accepts; argv, serve and verify commands come from one place."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+
+import pytest
+
+from tuner import commands
+from tuner.errors import ConfigError
+from tuner.records import EngineSpec, TrialConfig
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+TP_FORMS = [
+    (("--tensor-parallel-size", "2"), 2), (("--tensor-parallel-size=2",), 2),
+    (("-tp", "2"), 2), (("-tp=2",), 2), (("--tensor_parallel_size", "2"), 2),
+    (("-tp", "4", "-tp", "2"), 2), (("--enforce-eager",), None),
+]
+
+
+@pytest.mark.parametrize("args, want", TP_FORMS)
+def test_the_fallback_reads_tensor_parallel_in_every_form(args, want):
+    assert commands.read_engine_args(args).get("tensor_parallel_size") == want
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here")
+@pytest.mark.parametrize("args, want", TP_FORMS)
+def test_vllms_own_parser_agrees_with_the_fallback(args, want):
+    assert commands.read_engine_args(args, with_vllm=True).get("tensor_parallel_size") == want
+
+
+@pytest.mark.parametrize("args, gpus", [
+    (("--tensor-parallel-size=2",), 2), (("-tp", "2"), 2), (("-tp=2",), 2),
+    (("-tp", "2", "--pipeline-parallel-size", "2"), 4), ((), 1),
+])
+def test_an_engine_reserves_one_gpu_per_rank(args, gpus):
+    # The bug this replaces scanned for "--tensor-parallel-size" followed by a separate value
+    # and reserved one GPU for `--tensor-parallel-size=2` or `-tp=2`.
+    spec = EngineSpec(model="m", vllm_cmd=("serve",), extra_args=args)
+    assert commands.gpus_per_engine(spec) == gpus
+
+
+@pytest.mark.parametrize("text, want", [("4096", 4096), ("4k", 4000), ("4K", 4096),
+                                        ("auto", None), ("-1", None), ("", None)])
+def test_human_readable_integers_read_as_vllm_reads_them(text, want):
+    assert commands.human_int(text) == want
+
+
+def test_the_engine_argv_carries_the_config_and_the_users_flags_last():
+    spec = EngineSpec(model="/m", extra_args=("--max-num-seqs", "8"))
+    config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                         engine_args={"enforce_eager": True, "block_size": 32})
+    argv = commands.engine_argv(spec, config, port=8123, api_key="k")
+    assert argv[argv.index("--speculative-config") + 1] == config.spec_json()
+    assert argv[-5:] == ["--block-size", "32", "--enforce-eager", "--max-num-seqs", "8"]
+    assert argv[argv.index("--port") + 1] == "8123"
+
+
+def test_the_serve_command_is_what_was_measured_and_pastes_into_a_shell():
+    spec = EngineSpec(model="/models/a b", extra_args=("--enforce-eager",))
+    config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 5})
+    parts = shlex.split(commands.serve_command(spec, config))
+    assert parts[:3] == ["vllm", "serve", "/models/a b"]
+    assert json.loads(parts[parts.index("--speculative-config") + 1])["method"] == "ngram"
+    assert parts[-1] == "--enforce-eager"
+
+
+def test_bad_quoting_is_a_user_mistake():
+    with pytest.raises(ConfigError, match="check the quotes"):
+        commands.split("--model 'unterminated", flag="--engine-args")

@@ -1,0 +1,120 @@
+"""The package's structure is part of the product: imports point one way.
+
+    cli -> api -> {search, measure, analysis, outputs} -> {settings, commands} -> records, errors
+
+measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials);
+analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
+(no measure, no search); nothing imports api or cli; records and errors import no stage.
+settings resolves the embedded default, so it may import tuner.measure.model and nothing
+else of the stages. Every import counts, including the ones inside
+functions (heavy imports are deferred there, and that is where layering slips).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tuner
+
+PACKAGE = Path(tuner.__file__).resolve().parent
+STAGES = ("measure", "search", "analysis", "outputs", "testing")
+
+# module group -> tuner groups it must never import
+FORBIDDEN = {
+    "records": {"*"},
+    "errors": {"*"},
+    "commands": {"api", "cli", "settings", *STAGES},
+    "settings": {"api", "cli", "search", "analysis", "outputs", "testing"},
+    "measure": {"api", "cli", "search", "analysis", "outputs", "testing"},
+    "search": {"api", "cli", "analysis", "outputs", "testing"},
+    "analysis": {"api", "cli", "settings", "measure", "search", "outputs", "testing"},
+    "outputs": {"api", "cli", "settings", "measure", "search", "testing"},
+    "testing": {"api", "cli", "settings", "search", "analysis", "outputs"},
+    "api": {"cli", "testing"},
+    "cli": {"testing"},
+}
+# third-party packages a group must never import
+FORBIDDEN_THIRD_PARTY = {
+    "measure": {"optuna", "ray"},
+    "analysis": {"vllm", "ray"},
+    "records": {"optuna", "ray", "vllm", "pandas"},
+}
+
+
+def _group(module: str) -> str:
+    """tuner.measure.engine -> measure; tuner.cli -> cli; tuner -> tuner."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        out[name] = path
+    return out
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every module name imported anywhere in the file, resolved to absolute names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            # `from tuner import api` imports the module tuner.api
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+EDGES = {name: _imports(name, path) for name, path in _modules().items()}
+
+
+def test_the_layout_has_its_stage_folders():
+    for stage in STAGES:
+        assert (PACKAGE / stage / "__init__.py").is_file(), stage
+    for top in ("cli", "api", "settings", "records", "errors", "commands"):
+        assert (PACKAGE / f"{top}.py").is_file(), top
+
+
+@pytest.mark.parametrize("module", sorted(EDGES))
+def test_imports_point_one_way(module):
+    group = _group(module)
+    banned = FORBIDDEN.get(group, set())
+    bad = []
+    for target in EDGES[module]:
+        if target.startswith("tuner.") and target.count(".") >= 1:
+            tgroup = _group(target)
+            if tgroup == group or tgroup in ("records", "errors"):
+                continue
+            if "*" in banned or tgroup in banned:
+                bad.append(target)
+            elif group == "settings" and tgroup == "measure" and \
+                    target not in ("tuner.measure", "tuner.measure.model"):
+                bad.append(target)
+        top = target.split(".")[0]
+        if top in FORBIDDEN_THIRD_PARTY.get(group, set()):
+            bad.append(target)
+    assert not bad, f"{module} imports {sorted(set(bad))}, against the one-way layout"
+
+
+def test_nothing_imports_api_or_cli():
+    for module, targets in EDGES.items():
+        allowed = {"tuner.cli": {"tuner.api"}, "tuner.__main__": {"tuner.cli"}}.get(module, set())
+        assert not ({"tuner.api", "tuner.cli"} & targets) - allowed, module
+
+
+def test_the_checker_sees_function_level_imports():
+    # A canary for the checker itself: api imports stage modules inside functions too.
+    assert any(t.startswith("tuner.search") for t in EDGES["tuner.api"])

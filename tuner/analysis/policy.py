@@ -1,0 +1,357 @@
+"""Policy stage: where speculation stops paying, and the per-batch-size schedule vLLM takes.
+
+From the leading configs of a study we measure a concurrency ladder (1, 2, 4, ... in one engine
+launch per config and repeat, interleaved with the baseline), find each config's break-even
+concurrency (speedup over the baseline falls to 1 within the measured noise), choose per band
+of concurrency the best K for the chosen method (K never rises with load, so neighbouring
+bands cannot flip-flop), emit `num_speculative_tokens_per_batch_size`, and verify the emitted
+config on the same ladder. This module holds the rules (pure functions of measured runs);
+tuner/search/campaign.py measures and tuner/api.py's policy() runs the whole step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuner.analysis import frame
+from tuner.errors import ConfigError
+from tuner.records import TrialConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
+MAX_BATCH = 1024  # end of the last range when the engine's max_num_seqs is not known
+
+
+# --- rules (pure) ---------------------------------------------------------------------------
+def level_stats(throughputs: dict[int, Sequence[float]],
+                baseline: dict[int, Sequence[float]]) -> dict[int, dict[str, float]]:
+    """Per level: median speedup over the baseline and the relative noise (larger MAD/median
+    of the two series, or UNMEASURED_NOISE with a single measurement)."""
+    out = {}
+    for c in sorted(throughputs):
+        xs, bs = list(throughputs[c]), list(baseline.get(c, ()))
+        if not xs or not bs:
+            continue
+        mx, mb = statistics.median(xs), statistics.median(bs)
+        noise = max(_rel_mad(xs), _rel_mad(bs))
+        out[c] = {"speedup": mx / mb if mb > 0 else math.nan, "noise": noise,
+                  "throughput": mx, "baseline": mb, "n": len(xs), "n_baseline": len(bs)}
+    return out
+
+
+def _rel_mad(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return UNMEASURED_NOISE
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    # A MAD of two runs understates the spread; never claim less than 1%.
+    return max(mad / med if med > 0 else math.inf, 0.01)
+
+
+def pays(stat: dict[str, float]) -> bool:
+    return stat["speedup"] > 1.0 + stat["noise"]
+
+
+def loses(stat: dict[str, float]) -> bool:
+    return stat["speedup"] < 1.0 - stat["noise"]
+
+
+def break_even(stats: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """The concurrency where a config's speedup falls to 1 within the noise.
+
+    Returns {"status": "always_pays" | "never_pays" | "crosses", "concurrency": float | None,
+    "last_paying": int | None, "first_not_paying": int | None}. The crossing is interpolated
+    in log2(concurrency) between the last paying and the first non-paying level.
+    """
+    levels = sorted(stats)
+    first_not = next((c for c in levels if not pays(stats[c])), None)
+    if first_not is None:
+        return {"status": "always_pays", "concurrency": None, "last_paying": levels[-1],
+                "first_not_paying": None}
+    paying_before = [c for c in levels if c < first_not]
+    if not paying_before:
+        return {"status": "never_pays", "concurrency": None, "last_paying": None,
+                "first_not_paying": first_not}
+    lo, hi = paying_before[-1], first_not
+    s_lo, s_hi = stats[lo]["speedup"], stats[hi]["speedup"]
+    if s_lo > 1.0 >= s_hi and s_lo != s_hi:
+        f = (s_lo - 1.0) / (s_lo - s_hi)
+        cross = 2 ** (math.log2(lo) + f * (math.log2(hi) - math.log2(lo)))
+    else:  # still above 1 but within noise at `hi`: the crossing is at or after hi
+        cross = float(hi)
+    return {"status": "crosses", "concurrency": round(cross, 2), "last_paying": lo,
+            "first_not_paying": hi}
+
+
+def choose_k(per_k: dict[int, dict[int, dict[str, float]]]) -> dict[int, int]:
+    """Per measured level, the K whose speedup is highest among those that pay beyond the
+    noise (0 = speculation off); then K is made non-increasing with concurrency."""
+    levels = sorted({c for stats in per_k.values() for c in stats})
+    chosen: dict[int, int] = {}
+    cap = math.inf
+    for c in levels:
+        best_k, best_s = 0, 1.0
+        for k, stats in per_k.items():
+            st = stats.get(c)
+            if st is not None and pays(st) and st["speedup"] > best_s:
+                best_k, best_s = k, st["speedup"]
+        best_k = int(min(best_k, cap))
+        cap = best_k
+        chosen[c] = best_k
+    return chosen
+
+
+def bands(chosen: dict[int, int], per_k: dict[int, dict[int, dict[str, float]]], *,
+          max_batch: int = MAX_BATCH) -> list[tuple[int, int, int]]:
+    """Inclusive batch-size ranges covering 1..max_batch, one per run of equal K.
+
+    A boundary between two measured levels lies at the interpolated break-even of the higher
+    K when it crosses there, else just above the lower level (conservative: spend as little
+    of the unmeasured stretch as possible on a K that was not shown to pay)."""
+    levels = sorted(chosen)
+    out: list[list[int]] = []
+    for i, c in enumerate(levels):
+        k = chosen[c]
+        if out and out[-1][2] == k:
+            continue
+        if not out:
+            out.append([1, 0, k])
+            continue
+        prev_c, prev_k = levels[i - 1], out[-1][2]
+        start = prev_c + 1
+        if prev_k > 0 and prev_k in per_k:
+            be = break_even({lc: s for lc, s in per_k[prev_k].items() if lc <= c})
+            if be["status"] == "crosses" and be["concurrency"] is not None:
+                start = min(max(prev_c + 1, math.floor(be["concurrency"]) + 1), c)
+        out[-1][1] = start - 1
+        out.append([start, 0, k])
+    out[-1][1] = max(max_batch, out[-1][0])
+    return [tuple(b) for b in out]
+
+
+def validate_schedule(schedule: Sequence[Sequence[int]], *, num_speculative_tokens: int
+                      ) -> list[str]:
+    """Problems with a schedule under vLLM's published rules (empty list = valid): entries are
+    (start, end, K) with positive bounds, start <= end, K >= 0, sorted non-overlapping ranges,
+    the first starting at 1; K above num_speculative_tokens is capped by vLLM (we flag it)."""
+    problems = []
+    if not schedule:
+        return ["the schedule is empty"]
+    prev_end = 0
+    for i, entry in enumerate(schedule):
+        if len(entry) != 3 or not all(isinstance(v, int) for v in entry):
+            problems.append(f"entry {i} {entry!r} is not three integers")
+            continue
+        s, e, k = entry
+        if s <= 0 or e <= 0:
+            problems.append(f"entry {i}: range ({s}, {e}) must be positive")
+        if s > e:
+            problems.append(f"entry {i}: start {s} > end {e}")
+        if k < 0:
+            problems.append(f"entry {i}: K {k} < 0")
+        if k > num_speculative_tokens:
+            problems.append(f"entry {i}: K {k} > num_speculative_tokens {num_speculative_tokens}")
+        if s <= prev_end:
+            problems.append(f"entry {i}: range starts at {s}, overlapping or unsorted")
+        prev_end = max(prev_end, e)
+    if schedule and schedule[0][0] != 1:
+        problems.append("the first range must start at 1")
+    return problems
+
+
+def policy_config(base_spec: dict[str, Any], schedule: list[tuple[int, int, int]]
+                  ) -> dict[str, Any] | None:
+    """The complete --speculative-config; None when K is 0 everywhere (speculation off)."""
+    k_max = max(k for _, _, k in schedule)
+    if k_max == 0:
+        return None
+    spec = {**base_spec, "num_speculative_tokens": k_max}
+    if len({k for _, _, k in schedule}) > 1:
+        spec["num_speculative_tokens_per_batch_size"] = [list(b) for b in schedule]
+    return spec
+
+
+def band_table(schedule: list[tuple[int, int, int]], label: str) -> list[str]:
+    """The router fallback: plain-language bands for when the engine ignores the table."""
+    lines = []
+    for s, e, k in schedule:
+        span = f"concurrency {s}-{e}" if e < MAX_BATCH else f"concurrency {s} and above"
+        lines.append(f"{span}: " + (f"speculate with {label}, K={k}" if k else "speculation off"))
+    return lines
+
+
+# --- the step's plan and document -------------------------------------------------------------
+def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, study: str
+                ) -> list[tuple[str, TrialConfig]]:
+    """What the ladder measures: the baseline, the leaders, and K variants of the first leader
+    (by default its K and half of it)."""
+    if not picks:
+        raise ConfigError(f"Study '{study}' has no completed speculative trial yet; run "
+                          f"`tuner optimize` first (the policy starts from its leading configs).")
+    chosen = picks[0]
+    k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
+    ks = sorted(set(k_values or (k_best, max(1, round(k_best / 2)))), reverse=True)
+    runs: list[tuple[str, TrialConfig]] = [("baseline", TrialConfig())]
+    runs += [("leader", c) for c in picks]
+    for k in ks:
+        cfg = TrialConfig(speculative_config={**chosen.speculative_config,
+                                              "num_speculative_tokens": k},
+                          engine_args=chosen.engine_args)
+        if cfg.key() not in {r.key() for _, r in runs}:
+            runs.append(("k_variant", cfg))
+    return runs
+
+
+def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConfig]], *,
+                 max_batch: int, context: dict[str, Any], where: str) -> dict[str, Any]:
+    """The policy document from the ladder: per config its speedup per level and break-even,
+    K per level for the first leader's method, the schedule and the speculative config that
+    carries it (None: speculation does not pay anywhere). Verification is added later."""
+    chosen = next(c for role, c in runs if role == "leader")
+    base = throughput_series(measured, TrialConfig().key())
+    if not base:
+        raise ConfigError("The baseline could not be measured on the ladder (see the failures "
+                          f"in {where}); no policy without it.")
+    configs = [c for _, c in runs if c.method != "none"]
+    stats = {c.key(): level_stats(throughput_series(measured, c.key()), base) for c in configs}
+    per_k = {int(c.speculative_config["num_speculative_tokens"]): stats[c.key()]
+             for c in configs if c.method == chosen.method
+             and c.speculative_config_without_k() == chosen.speculative_config_without_k()
+             and stats[c.key()]}
+    picked = choose_k(per_k)
+    schedule = bands(picked, per_k, max_batch=max_batch)
+    spec = policy_config(chosen.speculative_config, schedule)
+    problems = validate_schedule(schedule, num_speculative_tokens=max(
+        [k for *_, k in schedule] + [1]))
+    doc: dict[str, Any] = {
+        **context, "method": chosen.method, "chosen": chosen.label(),
+        "configs": [{"label": c.label(), "role": role, "speculative_config":
+                     c.speculative_config, "stats": stats.get(c.key(), {}),
+                     "break_even": break_even(stats[c.key()]) if stats.get(c.key())
+                     else None} for role, c in runs if c.method != "none"],
+        "baseline": {str(c): v for c, v in base.items()},
+        "k_by_level": picked, "schedule": [list(b) for b in schedule],
+        "schedule_problems": problems, "speculative_config": spec,
+        "serve_command": None, "verification": None, "fallback_bands": None,
+    }
+    if spec is None:
+        doc["verdict"] = ("Speculation does not pay beyond the noise at any measured level: "
+                          "leave it off.")
+    return doc
+
+
+def policy_configs(doc: dict[str, Any], runs: list[tuple[str, TrialConfig]]
+                   ) -> tuple[TrialConfig, TrialConfig]:
+    """(the emitted policy, the static config it replaces: the first leader at its own K)."""
+    chosen = next(c for role, c in runs if role == "leader")
+    policy_cfg = TrialConfig(speculative_config=doc["speculative_config"],
+                             engine_args=chosen.engine_args)
+    k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
+    static = TrialConfig(speculative_config={**chosen.speculative_config,
+                                             "num_speculative_tokens": k_best},
+                         engine_args=chosen.engine_args)
+    return policy_cfg, static
+
+
+def with_verification(doc: dict[str, Any], reference: list[dict[str, Any]], *,
+                      policy_cfg: TrialConfig, static: TrialConfig, side_by_side: bool
+                      ) -> dict[str, Any]:
+    """The document with its verification, verdict and, when the engine did not run or honour
+    the schedule, the band table a router can use instead."""
+    ver = {**verification(reference, policy_cfg, static), "side_by_side": side_by_side}
+    out = {**doc, "verification": ver, "verdict": ver["verdict"]}
+    if ver.get("engine_rejected") or not ver.get("honoured", True):
+        out["fallback_bands"] = band_table([tuple(b) for b in doc["schedule"]], doc["chosen"])
+    return out
+
+
+def verification(runs: list[dict[str, Any]], policy_cfg: TrialConfig, static: TrialConfig
+                 ) -> dict[str, Any]:
+    """How the emitted policy fared on the ladder against the baseline and the static config,
+    and whether the engine honoured the schedule."""
+    base = throughput_series(runs, TrialConfig().key())
+    failures = [r["failure"] for r in runs if r["key"] == policy_cfg.key() and r.get("failure")]
+    pol = throughput_series(runs, policy_cfg.key())
+    if not pol:
+        reason = failures[0]["reason"] if failures else "no successful run"
+        return {"engine_rejected": True, "reason": reason,
+                "verdict": f"The installed vLLM did not run the schedule ({reason}); use the "
+                           f"band table below in a router instead."}
+    st_pol = level_stats(pol, base)
+    st_static = level_stats(throughput_series(runs, static.key()), base)
+    drafts = drafts_series(runs, policy_cfg.key())
+    sched = policy_cfg.speculative_config.get("num_speculative_tokens_per_batch_size") or []
+    # Honoured: where the table says K=0 the engine drafts far less than the static config
+    # at the same level (not zero: as a level drains, the batch shrinks into the K>0 range).
+    static_drafts = drafts_series(runs, static.key())
+    honoured = True
+    for c, values in drafts.items():
+        k = next((k for s, e, k in sched if s <= c <= e), None)
+        ref = median_or_none(static_drafts.get(c, []))
+        if k == 0 and values and ref and median_or_none(values) > 0.5 * ref:
+            honoured = False
+    rows = []
+    worse = []
+    for c in sorted(st_pol):
+        p, s = st_pol[c], st_static.get(c)
+        if loses(p):
+            worse.append(c)
+        rows.append({"concurrency": c, "policy_speedup": p["speedup"], "policy_noise": p["noise"],
+                     "static_speedup": s["speedup"] if s else None,
+                     "policy_drafts": median_or_none(drafts.get(c, [])),
+                     "below_baseline_beyond_noise": loses(p)})
+    low = rows[0]
+    verdict = ("Verified on the ladder: the policy is never below the baseline beyond the noise"
+               if not worse else
+               f"The policy fell below the baseline beyond the noise at concurrency "
+               f"{', '.join(map(str, worse))}")
+    verdict += (f"; at concurrency {low['concurrency']} it keeps "
+                f"{low['policy_speedup']:.2f}x against the static config's "
+                f"{(low['static_speedup'] or float('nan')):.2f}x.")
+    if not honoured:
+        verdict += (" The engine kept drafting where the table says K=0: it ignored the "
+                    "schedule; use the band table in a router.")
+    return {"engine_rejected": False, "honoured": honoured, "rows": rows, "worse_at": worse,
+            "verdict": verdict}
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def throughput_series(runs: Sequence[dict[str, Any]], key: str, metric: str = "output_throughput"
+                      ) -> dict[int, list[float]]:
+    """{concurrency: [value per successful run]} for one config key."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        if r["key"] != key or not r.get("result"):
+            continue
+        for lv in r["result"]["levels"]:
+            out.setdefault(int(lv["concurrency"]), []).append(float(lv[metric]))
+    return out
+
+
+def drafts_series(runs: Sequence[dict[str, Any]], key: str) -> dict[int, list[float]]:
+    return throughput_series(runs, key, "spec_decode_num_drafts")
+
+
+def leaders(df: pd.DataFrame, n: int) -> list[TrialConfig]:
+    """Best completed config per method at the lowest level (medians over repeats)."""
+    ok = frame.with_medians(df)
+    ok = ok[(ok["state"] == "COMPLETE") & (ok["method"] != "none")]
+    if ok.empty:
+        return []
+    low = ok[ok["concurrency"] == ok["concurrency"].min()]
+    best = low.sort_values("output_throughput", ascending=False).drop_duplicates("method")
+    out = []
+    for _, row in best.head(n).iterrows():
+        spec = json.loads(row["spec_json"]) if row["spec_json"] else None
+        eng = json.loads(row["engine_args_json"]) if row.get("engine_args_json") else {}
+        out.append(TrialConfig(speculative_config=spec, engine_args=eng or {}))
+    return out

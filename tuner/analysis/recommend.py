@@ -1,0 +1,291 @@
+"""Analysis stage, the recommendation: per concurrency level, the config to run, "leave
+speculation off", or a refusal with the reason when the data cannot support a choice; each
+says how sure it is (repeats, spread) and carries the serve and verify commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from tuner import commands
+from tuner.analysis import frame, pareto
+from tuner.records import EngineSpec, Recommendation, Role, TrialConfig
+
+# Metrics whose run-to-run spread is measured; they are the two objectives of a study.
+SPREAD_METRICS = frame.SPREAD_METRICS
+# A recommendation needs a choice: at least this many distinct speculative configs measured.
+MIN_CANDIDATES = 2
+
+
+@dataclass(frozen=True)
+class _Level:
+    """What every answer at one level carries: the level, its SLOs, the study's settings."""
+
+    concurrency: int
+    slos: dict[str, float | None]
+    meta: dict[str, Any]
+
+    def refuse(self, status: str, reason: str, **extra: Any) -> Recommendation:
+        return Recommendation(concurrency=self.concurrency, status=status, reason=reason,
+                              slos=self.slos, **extra)
+
+    def verify(self, config: TrialConfig) -> str:
+        return _verify_command(self.meta, config, self.concurrency)
+
+
+def recommend(
+    df: pd.DataFrame, *, concurrency: int, max_tpot_ms: float | None = None,
+    max_ttft_ms: float | None = None, meta: dict[str, Any] | None = None,
+) -> Recommendation:
+    """The config to run at `concurrency`, "leave speculation off", or a refusal with reasons.
+
+    With SLOs (mean TPOT, p99 TTFT: the metrics the search constrains the sampler on) the
+    winner is the highest-throughput point of the front among configs meeting them; without,
+    the knee of the front. `meta` is the study's "tuner" attributes (model, workload) for the
+    commands; default `df.attrs["tuner"]`. Each refusal is a function of its own below.
+    """
+    at = _Level(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
+                meta if meta is not None else dict(df.attrs.get("tuner") or {}))
+    rows = df[(df["concurrency"] == concurrency).fillna(False)]
+    level = pareto.speedups(frame.with_medians(rows[rows["state"] == "COMPLETE"])
+                            ).reset_index(drop=True)
+    base_rows = level[frame.is_baseline(level)].sort_values("trial")
+    if base_rows.empty:
+        return _no_baseline(df, at)
+    base = base_rows.iloc[0]
+    candidates = level[level["method"] != "none"]
+    if candidates["config_key"].nunique() < MIN_CANDIDATES:
+        return _too_few_configs(candidates, base, at)
+    feasible = level
+    if max_tpot_ms is not None:
+        feasible = feasible[feasible["mean_tpot_ms"] <= max_tpot_ms]
+    if max_ttft_ms is not None:
+        feasible = feasible[feasible["p99_ttft_ms"] <= max_ttft_ms]
+    front = pareto.pareto_front(feasible)
+    if front.empty:
+        return _nothing_meets_the_slos(level, base, at)
+    if max_tpot_ms is None and max_ttft_ms is None:
+        # Only points that raise throughput over the baseline are candidates for the knee.
+        gaining = front[front["output_throughput"] > base["output_throughput"]]
+        win_idx = pareto.knee(gaining) if not gaining.empty else base.name
+        how = "the knee of the throughput/latency front"
+    else:
+        win_idx = front.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
+                                    ascending=[False, True, True]).index[0]
+        how = f"the highest throughput meeting {_slo_text(at.slos)}"
+    win = level.loc[win_idx]
+    base_feasible = base.name in feasible.index
+    gain = float(win["speedup_throughput"]) - 1.0
+    if win["method"] == "none" or (base_feasible and gain <= 0):
+        return _speculation_off(candidates, base, at)
+    spread_rel = _spread(win, base)["relative_throughput_spread"]
+    # Without repeats the spread is unknown; a gain below the assumed noise floor is not
+    # evidence (single runs on shared machines differ by a few percent).
+    if base_feasible and gain <= (spread_rel if spread_rel is not None else UNMEASURED_NOISE):
+        return _within_noise(win, base, gain, at)
+    return _turn_on(win, base, gain, at, how=how, base_feasible=base_feasible)
+
+
+def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
+    failed = df[(df["state"] == "FAIL") & (df["role"] == Role.BASELINE)]
+    waiting = df[df["state"].isin(["RUNNING", "WAITING"]) & (df["role"] == Role.BASELINE)]
+    why = (f" The baseline trial failed: {failed['reason'].iloc[0]}" if not failed.empty
+           else " The baseline trial has not finished yet." if not waiting.empty else "")
+    return at.refuse("insufficient_data",
+                     f"No baseline (no speculation) was measured at concurrency "
+                     f"{at.concurrency}, so no speedup can be stated.{why} Measure it with: "
+                     f"{at.verify(TrialConfig())}", verify_command=at.verify(TrialConfig()))
+
+
+def _too_few_configs(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
+    n_configs = candidates["config_key"].nunique()
+    return at.refuse("insufficient_data",
+                     f"Only {n_configs} speculative config(s) completed at concurrency "
+                     f"{at.concurrency}; at least {MIN_CANDIDATES} besides the baseline are "
+                     f"needed before choosing one. Run more trials (or resume the study).",
+                     baseline_metrics=_metrics(base))
+
+
+def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: _Level
+                            ) -> Recommendation:
+    best = level.sort_values("mean_tpot_ms").iloc[0]
+    return at.refuse("insufficient_data",
+                     f"No measured config meets {_slo_text(at.slos)} at concurrency "
+                     f"{at.concurrency}; the lowest mean TPOT was {best['mean_tpot_ms']:.1f} ms "
+                     f"({best['label']}, p99 TTFT {best['p99_ttft_ms']:.0f} ms). Relax the "
+                     f"SLOs, or search other methods.", baseline_metrics=_metrics(base))
+
+
+def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
+    best = candidates.sort_values(["output_throughput", "trial"],
+                                  ascending=[False, True]).iloc[0]
+    ratio = float(best["speedup_throughput"])
+    among = (f" among the configs meeting {_slo_text(at.slos)}"
+             if any(v is not None for v in at.slos.values()) else "")
+    spread = _spread(best, base)
+    return at.refuse(
+        "speculation_off",
+        f"Leave speculation off at concurrency {at.concurrency}: no speculative config beat "
+        f"the baseline (no speculation){among}. The fastest one, {best['label']}, reached "
+        f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
+        f"{base['output_throughput']:.1f} tok/s). Serve without --speculative-config.",
+        serve_command=_serve_command(at.meta, TrialConfig()), metrics=_metrics(base),
+        baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
+        speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
+        n_repeats=int(_int(base["n_repeats"])),
+        confidence=_confidence(win=best, base=base, gain=ratio - 1.0,
+                               spread_rel=spread["relative_throughput_spread"]),
+        verify_command=at.verify(TrialConfig()))
+
+
+def _within_noise(win: pd.Series, base: pd.Series, gain: float, at: _Level) -> Recommendation:
+    spread = _spread(win, base)
+    spread_rel = spread["relative_throughput_spread"]
+    noise_text = (f"within the measured run-to-run spread (±{spread_rel:.1%})"
+                  if spread_rel is not None else
+                  f"below the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread "
+                  f"not measured; use --repeats 3)")
+    return at.refuse(
+        "insufficient_data",
+        f"The best config at concurrency {at.concurrency}, {win['label']}, gains "
+        f"{gain:+.1%} throughput over the baseline, {noise_text}: the data cannot tell it "
+        f"from noise, so speculation stays off until it is re-measured. Re-measure with "
+        f"the verify command.",
+        label=str(win["label"]), trial=int(win["trial"]), metrics=_metrics(win),
+        speedup_throughput=float(win["speedup_throughput"]),
+        speedup_tpot=float(win["speedup_tpot"]), verify_command=at.verify(_row_config(win)),
+        baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
+        confidence=_confidence(win=win, base=base, gain=gain, spread_rel=spread_rel))
+
+
+def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
+             base_feasible: bool) -> Recommendation:
+    config = _row_config(win)
+    spread = _spread(win, base)
+    reason = (f"{win['label']} is {how} at concurrency {at.concurrency}: "
+              f"{win['output_throughput']:.1f} tok/s ({float(win['speedup_throughput']):.2f}x "
+              f"the baseline's {base['output_throughput']:.1f}), mean TPOT "
+              f"{win['mean_tpot_ms']:.1f} ms (baseline {base['mean_tpot_ms']:.1f} ms).")
+    if not base_feasible:
+        reason += f" The baseline itself misses {_slo_text(at.slos)}."
+    if float(win["speedup_tpot"]) < 1.0:
+        reason += " It pays for the throughput with a higher per-token latency."
+    return Recommendation(
+        concurrency=at.concurrency, status="recommend", reason=reason,
+        speculative_config=config.speculative_config, label=str(win["label"]),
+        trial=int(win["trial"]), serve_command=_serve_command(at.meta, config),
+        metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
+        speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
+        baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
+        confidence=_confidence(win=win, base=base, gain=gain,
+                               spread_rel=spread["relative_throughput_spread"]),
+        verify_command=at.verify(config))
+
+
+def recommendations(df: pd.DataFrame) -> list[Recommendation]:
+    """One Recommendation per measured concurrency level, with the study's stored SLOs
+    (`df.attrs["tuner"]`: the study's settings, as frame.trials_frame keeps them)."""
+    meta = dict(df.attrs.get("tuner") or {})
+    slos = meta.get("constraints") or {}
+    return [recommend(df, concurrency=c, max_tpot_ms=slos.get("max_tpot_ms"),
+                      max_ttft_ms=slos.get("max_ttft_ms"), meta=meta)
+            for c in frame.levels_of(df, meta)]
+
+
+def _row_config(row: pd.Series) -> TrialConfig:
+    return TrialConfig(speculative_config=json.loads(row["spec_json"]),
+                       engine_args=json.loads(row["engine_args_json"]))
+
+
+def _metrics(row: pd.Series) -> dict[str, float | None]:
+    names = {"output_throughput": "output_throughput", "mean_tpot_ms": "mean_tpot_ms",
+             "p99_tpot_ms": "p99_tpot_ms", "mean_ttft_ms": "mean_ttft_ms",
+             "p99_ttft_ms": "p99_ttft_ms", "acceptance_rate": "spec_decode_acceptance_rate",
+             "acceptance_length": "spec_decode_acceptance_length"}
+    return {k: _opt(row.get(col)) for k, col in names.items()}
+
+
+UNMEASURED_NOISE = 0.05
+
+
+def _spread(win: pd.Series, base: pd.Series) -> dict[str, float | None]:
+    def rel(row: pd.Series) -> float | None:
+        med, mad = _opt(row["output_throughput_median"]), _opt(row["output_throughput_mad"])
+        return None if med is None or mad is None or med <= 0 else mad / med
+
+    rels = [r for r in (rel(win), rel(base)) if r is not None]
+    return {
+        "output_throughput_median": _opt(win["output_throughput_median"]),
+        "output_throughput_mad": _opt(win["output_throughput_mad"]),
+        "mean_tpot_ms_median": _opt(win["mean_tpot_ms_median"]),
+        "mean_tpot_ms_mad": _opt(win["mean_tpot_ms_mad"]),
+        "baseline_output_throughput_mad": _opt(base["output_throughput_mad"]),
+        # The larger relative MAD of the two: a gain below it cannot be told from noise.
+        "relative_throughput_spread": max(rels) if rels else None,
+    }
+
+
+def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
+                spread_rel: float | None) -> str:
+    n_win, n_base = int(_int(win["n_measurements"])), int(_int(base["n_measurements"]))
+    runs = (f"{n_win} measurement(s) of {win['label']}, {n_base} of the baseline")
+    if spread_rel is None:
+        if abs(gain) >= 0.25:
+            return (f"medium: {runs}; spread not measured, but a {gain:+.0%} difference is far "
+                    f"beyond typical run-to-run noise (a few percent).")
+        return (f"low: {runs}; spread not measured, and a {gain:+.1%} difference can be "
+                f"run-to-run noise. Re-measure before relying on it.")
+    margin = abs(gain) / spread_rel if spread_rel > 0 else math.inf
+    level = "high" if min(n_win, n_base) >= 3 and margin >= 2 else (
+        "medium" if margin > 1 else "low")
+    return (f"{level}: {runs}; throughput difference {gain:+.1%} against a spread (MAD) of "
+            f"±{spread_rel:.1%}.")
+
+
+def _slo_text(slos: dict[str, float | None]) -> str:
+    parts = []
+    if slos.get("max_tpot_ms") is not None:
+        parts.append(f"mean TPOT <= {slos['max_tpot_ms']:g} ms")
+    if slos.get("max_ttft_ms") is not None:
+        parts.append(f"p99 TTFT <= {slos['max_ttft_ms']:g} ms")
+    return " and ".join(parts) or "no SLOs"
+
+
+def _opt(value: Any) -> float | None:
+    v = frame.number(value)
+    return None if math.isnan(v) else v
+
+
+def _int(value: Any) -> int:
+    return 0 if value is None or pd.isna(value) else int(value)
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+def _engine_spec(meta: dict[str, Any]) -> EngineSpec | None:
+    stored = meta.get("engine_spec") or {}
+    known = {k: v for k, v in stored.items() if k in EngineSpec.model_fields}
+    try:
+        return EngineSpec.model_validate(known)
+    except ValueError:
+        return None
+
+
+def _serve_command(meta: dict[str, Any], config: TrialConfig) -> str:
+    """`vllm serve MODEL --speculative-config '...'` plus the engine flags it was measured with."""
+    spec = _engine_spec(meta) or EngineSpec(model=str(
+        (meta.get("engine_spec") or {}).get("model") or "MODEL"))
+    return commands.serve_command(spec, config)
+
+
+def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int) -> str:
+    """The `tuner bench` line that re-measures one config on the same model and workload."""
+    return commands.verify_command(engine=meta.get("engine_spec") or {},
+                                   workload=meta.get("workload") or {}, config=config,
+                                   concurrency=concurrency)

