@@ -1,0 +1,141 @@
+"""Outputs stage, the console: the lines a person reads on the terminal. One line per finished
+trial, the bench table, a recommendation in a few lines, the policy summary; and the small
+number formats the Markdown and HTML reports share with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from tuner.records import BenchResult, Recommendation
+
+HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
+             "insufficient_data": "No recommendation yet"}
+
+
+def num(value: float | None, fmt: str = "{:.1f}") -> str:
+    """A measured figure, or "-" when it is missing or undefined."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def times(value: float | None) -> str:
+    """A ratio as "1.23x"."""
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def pct(value: float | None) -> str:
+    """A fraction as a whole percentage."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{100 * value:.0f}%"
+
+
+def trial_line(result: BenchResult, baseline: dict | None) -> str:
+    """One line per finished trial: config, start-up, and per level throughput (speedup),
+    TPOT and acceptance length."""
+    base = {lv["concurrency"]: lv for lv in (baseline or {}).get("levels", [])}
+    parts = [f"{result.config.label()}: start {result.engine.start_s:.0f} s"]
+    for lv in result.levels:
+        b = base.get(lv.concurrency)
+        speed = (f" ({lv.output_throughput / b['output_throughput']:.2f}x)"
+                 if b and b["output_throughput"] > 0 and result.config.method != "none" else "")
+        acc = (f" acc {lv.spec_decode_acceptance_length:.2f}"
+               if lv.spec_decode_acceptance_length is not None else "")
+        parts.append(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s{speed} "
+                     f"TPOT {lv.mean_tpot_ms:.1f} ms{acc}")
+    return " | ".join(parts)
+
+
+def bench_table(result: BenchResult) -> str:
+    """A fixed-width table of one bench run, a row per concurrency level."""
+    head = ["conc", "ok/req", "out tok/s", "TPOT mean", "TPOT p50", "TPOT p99", "TTFT mean",
+            "chunk ITL", "accept %", "accept len"]
+    rows = []
+    for lv in result.levels:
+        rows.append([
+            str(lv.concurrency), f"{lv.completed}/{lv.num_requests}",
+            num(lv.output_throughput), num(lv.mean_tpot_ms), num(lv.median_tpot_ms),
+            num(lv.p99_tpot_ms), num(lv.mean_ttft_ms), num(lv.mean_itl_ms),
+            num(None if lv.spec_decode_acceptance_rate is None
+               else 100 * lv.spec_decode_acceptance_rate),
+            num(lv.spec_decode_acceptance_length, "{:.2f}"),
+        ])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    lines = [f"{result.config.label()}  (engine start {result.engine.start_s:.0f} s; "
+             f"latencies in ms)",
+             "  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_recommendation(rec: Recommendation) -> str:
+    """A few terminal lines: the verdict, the numbers against the baseline, the command."""
+    head = HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else "")
+    lines = [f"Concurrency {rec.concurrency}: {head}", f"  {rec.reason}"]
+    m, b = rec.metrics, rec.baseline_metrics
+    if rec.status == "recommend" and m:
+        lines.append(
+            f"  {num(m.get('output_throughput'))} tok/s ({times(rec.speedup_throughput)} baseline), "
+            f"TPOT mean {num(m.get('mean_tpot_ms'))} / p99 {num(m.get('p99_tpot_ms'))} ms "
+            f"(baseline {num(b.get('mean_tpot_ms'))}), TTFT {num(m.get('mean_ttft_ms'), '{:.0f}')}"
+            f" ms, acceptance {pct(m.get('acceptance_rate'))} "
+            f"(length {num(m.get('acceptance_length'), '{:.2f}')})")
+    if rec.confidence:
+        lines.append(f"  confidence: {rec.confidence}")
+    if rec.serve_command:
+        lines.append(f"  serve:  {rec.serve_command}")
+    if rec.verify_command:
+        lines.append(f"  verify: {rec.verify_command}")
+    return "\n".join(lines)
+
+
+def format_policy(policy: dict[str, Any]) -> str:
+    """Terminal lines: verdict, break-evens, the schedule and the serve command."""
+    lines = ["Load-aware policy: " + str(policy.get("verdict", ""))]
+    for cfg in policy.get("configs", []):
+        lines.append(f"  {cfg['label']}: {break_even_text(cfg)}")
+    lines.append(f"  K by measured concurrency: {policy.get('k_by_level')}")
+    lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
+    if policy.get("serve_command"):
+        lines.append(f"  serve:  {policy['serve_command']}")
+    for band in policy.get("fallback_bands") or []:
+        lines.append(f"  router band: {band}")
+    head, rows = policy_rows(policy)
+    lines.append("  speedup over baseline (median, noise):")
+    lines.append("    " + " | ".join(head))
+    lines += ["    " + " | ".join(r) for r in rows]
+    return "\n".join(lines)
+
+
+def policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    configs = policy.get("configs", [])
+    ver = {int(r["concurrency"]): r for r in (policy.get("verification") or {}).get("rows", [])}
+    head = ["concurrency"] + [c["label"] for c in configs] + (["policy"] if ver else [])
+    rows = []
+    for c in policy.get("ladder", []):
+        row = [str(c)]
+        for cfg in configs:
+            st = (cfg.get("stats") or {}).get(str(c)) or (cfg.get("stats") or {}).get(c)
+            row.append("-" if not st else f"{st['speedup']:.2f}x \u00b1{st['noise']:.0%}")
+        if ver:
+            r = ver.get(int(c))
+            row.append("-" if not r else f"{r['policy_speedup']:.2f}x \u00b1{r['policy_noise']:.0%}"
+                       + (" (below baseline)" if r["below_baseline_beyond_noise"] else ""))
+        rows.append(row)
+    return head, rows
+
+
+def break_even_text(cfg: dict[str, Any]) -> str:
+    be = cfg.get("break_even") or {}
+    if be.get("status") == "always_pays":
+        return f"pays at every measured level (up to {be.get('last_paying')})"
+    if be.get("status") == "never_pays":
+        return "does not pay beyond the noise even at the lowest level"
+    if be.get("status") == "crosses":
+        return (f"break-even at concurrency ~{be['concurrency']:.1f} (pays at "
+                f"{be['last_paying']}, not at {be['first_not_paying']})")
+    return "not measured"
