@@ -72,7 +72,7 @@ def test_second_driver_exits_2_naming_the_first_which_finishes_untouched(tmp_pat
 def test_lock_of_a_killed_holder_is_taken_over_in_one_line(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from tuner import storage\nwith storage.driver():\n"
+         "from tuner.search import storage\nwith storage.driver():\n"
          "    storage.open_journal(Path(sys.argv[1]), write=True)\n    time.sleep(120)\n",
          str(tmp_path)])
     try:
