@@ -333,3 +333,9 @@ def test_cli_values_within_bounds_reach_the_api(no_api, capsys, tmp_path):
     assert kw["settings"].concurrencies == (1, 4096) and kw["workload"].temperature == 2.0
     assert kw["constraints"]["max_tpot_ms"] == 0.001
     assert capsys.readouterr().err.count("tuner: error") == 0
+
+
+def test_the_workload_names_checked_are_the_workloads_built():
+    # settings refuses unknown names before a tokenizer loads; the builders live in workloads.
+    assert settings.WORKLOADS == tuple(workloads.names())
+    assert "Available: instructcoder" in refused(settings.workload_name, "instrctcoder")
