@@ -87,18 +87,27 @@ def optimize(
     ray_address: str | None = None, parallel: int | None = None, repeats: int = 1,
     gpus_per_trial: float | None = None, logical_gpus: int | None = None,
     acceptance_rates: list[float] | None = None, aligned_baseline: TrialConfig | None = None,
-    say: Say = print,
+    strategy: str = "auto", confirm_leaders: int = 2, say: Say = print,
 ):
-    """Search the space with Optuna; every trial is one engine launch measured at all levels.
-    Returns the study (its storage holds every trial)."""
+    """Search the space; every trial is one engine launch measured at all levels. Returns the
+    study (its storage holds every trial).
+
+    strategy "replay" predicts every config from the baseline's tokens and launches only the
+    calibration and the predicted leaders (tuner.search.confirm); "optuna" samples configs
+    with Optuna; "auto" replays when every method of the space can be replayed."""
     from tuner import settings as checks
     from tuner.measure import model
     from tuner.outputs import console
-    from tuner.search import executors, loop
+    from tuner.search import confirm, executors, loop
     from tuner.search import space as spaces
     from tuner.search import study as st
 
     sp = spaces.load(space_name)
+    replay_refused = confirm.why_not_replayable(sp, rates=acceptance_rates)
+    if strategy == "replay" and replay_refused:
+        raise ConfigError(f"--strategy replay: {replay_refused}. Use --strategy optuna (or "
+                          "auto, which picks it) for this space.")
+    use_replay = strategy == "replay" or (strategy == "auto" and replay_refused is None)
     st.validate_objectives(objectives)
     checks.target_concurrency(target_concurrency, settings.concurrencies)
     checks.check_methods(sp, engine)
@@ -116,7 +125,8 @@ def optimize(
     retry = st.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
-    loop.enqueue_start(study, sp, sampler, retry)
+    if not use_replay:
+        loop.enqueue_start(study, sp, sampler, retry)
     if aligned_baseline is not None:
         loop.enqueue_aligned_baseline(study, aligned_baseline)
     executor = executors.choose(engine, ray_address=ray_address, parallel=parallel,
@@ -132,12 +142,30 @@ def optimize(
         objectives=objectives, target=target_concurrency, constraints=constraints,
         executor=executor, gpus=gpus, say=say, line=console.trial_line, rates=acceptance_rates)
     try:
-        search.run(n_trials=n_trials, timeout_s=timeout_s)
-        if repeats > 1:
-            search.repeat_leaders(repeats=repeats)
+        replayed = False
+        if use_replay:
+            say(f"Strategy replay: --n-trials {n_trials} engine launches at most.")
+            replay = confirm.ReplaySearch(
+                search, study_dir=out_dir, leaders=confirm_leaders, seed=seed or 0,
+                max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
+                max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
+                on_prediction=lambda pred: _write_predictions(pred, out_dir))
+            replayed = replay.run(n_trials=n_trials, timeout_s=timeout_s)
+            if not replayed:
+                loop.enqueue_start(study, sp, sampler, retry)
+        if not replayed:
+            search.run(n_trials=n_trials, timeout_s=timeout_s)
+            if repeats > 1:
+                search.repeat_leaders(repeats=repeats)
     finally:
         executor.shutdown()
     return study
+
+
+def _write_predictions(pred: Any, out_dir: Path) -> None:
+    from tuner.outputs import report as outputs
+
+    outputs.write_predictions(pred.rows, out_dir)
 
 
 def optimize_and_report(*, policy_options: dict[str, Any] | None = None, report: bool = True,
@@ -268,6 +296,43 @@ def recommend(*, study_dir: Path, storage_url: str | None = None,
         df, concurrency=c, meta=meta,
         max_tpot_ms=max_tpot_ms if max_tpot_ms is not None else slos.get("max_tpot_ms"),
         max_ttft_ms=max_ttft_ms if max_ttft_ms is not None else slos.get("max_ttft_ms"))
+
+
+def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str | None = None,
+            space_name: str | None = None, concurrency: tuple[int, ...] | None = None,
+            say: Say = print) -> Any:
+    """The predicted table of a space (default: the study's) from a study whose baseline holds
+    token ids, calibrated on the study's measured trials; no engine, nothing written.
+    Returns a tuner.replay.predict.Prediction."""
+    from tuner.replay.predict import predict as predict_space
+    from tuner.search import confirm
+    from tuner.search import space as spaces
+    from tuner.search import study as st
+
+    study = st.open_existing(study_dir, storage_url, study_name)
+    meta = study.user_attrs.get(st.ATTR) or {}
+    engine = EngineSpec.model_validate(meta["engine_spec"])
+    sp = spaces.load(space_name or meta.get("space") or "default")
+    base = next((t for t in confirm.measured_trials(study, study_dir)
+                 if t.role == "baseline" and t.capture is not None), None)
+    if base is None:
+        raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
+                          "before token capture (or on a vLLM that does not return token ids) "
+                          "cannot be replayed; run `tuner optimize` again with a new "
+                          "--study-name to measure one.")
+    levels = base.capture.levels()
+    if concurrency and set(concurrency) - set(levels):
+        raise ConfigError(f"--concurrency {','.join(map(str, concurrency))}: the baseline's "
+                          f"tokens were captured at {','.join(map(str, levels))}. Pick among "
+                          "those.")
+    configs = confirm.candidates(sp)
+    say(f"Replaying {len(configs)} configs of space '{sp.name}' over trial {base.number}'s "
+        f"tokens ...")
+    return predict_space(
+        base.capture, configs, confirm.measured_trials(study, study_dir),
+        max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
+        max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
+        levels=list(concurrency) if concurrency else levels)
 
 
 @_one_driver

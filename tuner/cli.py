@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total trials, resumes count")
     g.add_argument("--timeout", type=_opt("timeout"),
                    help="stop launching trials after this many s")
+    g.add_argument("--strategy", choices=("auto", "replay", "optuna"), default="auto",
+                   help="replay: predict every n-gram/suffix config from the baseline's tokens "
+                   "and launch only a calibration and the predicted leaders (--n-trials is "
+                   "then the launch budget); optuna: sample configs, one launch each; auto "
+                   "(default): replay when every method of the space can be replayed")
+    g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"), default=2,
+                   help="replay: predicted leaders to confirm with real launches")
     g.add_argument("--sampler", default="tpe", help="tpe, nsga2, gp, random or grid")
     g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0)
     g.add_argument("--objectives", default="output_throughput,mean_tpot_ms")
@@ -159,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--json", action="store_true")
     rc.add_argument("--storage")
     rc.add_argument("--study-name")
+
+    pr = sub.add_parser("predict", help="predict every config of a space from a study's "
+                        "baseline tokens (replay; no engine)")
+    pr.add_argument("study_dir", type=Path)
+    pr.add_argument("--space", help="built-in space name or YAML path (default: the study's)")
+    pr.add_argument("--concurrency", help="levels to predict (default: every captured level)")
+    pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
+    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--storage")
+    pr.add_argument("--study-name")
 
     rp = sub.add_parser("repair", help="move bad lines of a study's journal into a quarantine "
                         "file beside it, keeping every good record")
@@ -241,7 +259,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     name = checks.study_name(args.study_name or f"{workload.name}-{Path(engine.model).name}")
     out = checks.output_dir(args.output_dir or Path("outputs") / name)
     say = _say(args)
-    say(f"Study '{name}' in {out}: space {args.space}, sampler {args.sampler}, "
+    how = "replay" if args.strategy == "replay" else f"{args.strategy}/{args.sampler}"
+    say(f"Study '{name}' in {out}: space {args.space}, strategy {how}, "
         f"{args.n_trials} trials, concurrency {','.join(map(str, measure.concurrencies))} "
         f"(objectives at c={target}: {', '.join(objectives)})")
     outcome = api.optimize_and_report(
@@ -257,6 +276,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                           if args.acceptance_profile else None),
         aligned_baseline=checks.aligned_baseline(args.aligned_baseline,
                                                  args.aligned_baseline_env),
+        strategy=args.strategy, confirm_leaders=args.confirm_leaders,
         policy_options=policy, report=not args.no_report)
     if outcome.policy is not None:
         print(console.format_policy(outcome.policy))
@@ -300,13 +320,36 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    levels = checks.int_list(args.concurrency, "concurrency") if args.concurrency else None
+    pred = api.predict(study_dir=args.study_dir, storage_url=args.storage,
+                       study_name=args.study_name, space_name=args.space, concurrency=levels,
+                       say=_say(args))
+    if args.json:
+        print(json.dumps({"rows": pred.rows, "seconds": round(pred.seconds, 3),
+                          "step_cost": {c: s.describe() for c, s in pred.costs.items()},
+                          "skipped": pred.skipped}, indent=2, default=str))
+        return 0
+    print(console.predict_table(pred.rows, top=args.top, levels=levels))
+    for c in sorted(pred.costs):
+        print("step cost " + pred.costs[c].describe())
+    if not any(s.calibrated for s in pred.costs.values()):
+        print("No speculative trial calibrates the step cost yet: acceptance only.")
+    for why in pred.skipped:
+        print(f"skipped: {why}")
+    print(f"{pred.configs} configs predicted in {pred.seconds:.1f} s; measured figures are "
+          "medians over the study's trials.", file=sys.stderr)
+    return 0
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
     print(api.repair(study_dir=args.study_dir, say=_say(args)))
     return 0
 
 
 COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
-            "recommend": cmd_recommend, "policy": cmd_policy, "repair": cmd_repair}
+            "recommend": cmd_recommend, "policy": cmd_policy, "repair": cmd_repair,
+            "predict": cmd_predict}
 
 
 _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",

@@ -161,6 +161,11 @@ class RequestRecord(Frozen):
     output_tokens: int = 0
     chunk_gaps_s: tuple[float, ...] = ()
     error: str | None = None
+    # The ids the engine tokenized and generated (tuner.tokens keeps them, compactly); None
+    # when the engine returned none or they disagree with its usage count. Excluded from the
+    # JSON dump so requests.jsonl stays small.
+    prompt_token_ids: tuple[int, ...] | None = Field(default=None, exclude=True)
+    output_token_ids: tuple[int, ...] | None = Field(default=None, exclude=True)
 
     @property
     def ok(self) -> bool:
@@ -281,6 +286,9 @@ class TrialAttr:
     PHASE = "phase"  # policy campaigns: "ladder" or "verify"
     REPEAT = "repeat"  # policy campaigns: the repeat index
     REPEATS = "repeats"
+    # {"file": the tuner.tokens capture, relative to the study folder, "requests": n,
+    #  "output_tokens": n (measured requests)}; absent when the engine returned no token ids
+    TOKENS = "tokens"
 
 
 # --- across the search: what one trial produced, and why it stands in the study --------------
@@ -293,6 +301,8 @@ class Role(str, Enum):
     SEARCH = "search"  # proposed by the sampler (or a grid point)
     RETRY = "retry"  # re-run of a trial a dead driver left RUNNING
     REPEAT = "repeat"  # re-measurement of a leader, pooled with its original
+    CALIBRATION = "calibration"  # replay strategy: the launch that fits the step-cost model
+    CONFIRM = "confirm"  # replay strategy: a predicted leader, measured
 
 
 class Failure(Frozen):
@@ -314,6 +324,9 @@ class TrialOutcome(Frozen):
     cuda_visible_devices: str | None = None
     ran_from: float | None = None
     ran_to: float | None = None
+    # The trial's token capture (tuner.tokens bytes), carried back with the result because a
+    # Ray worker's trial folder may be on another host.
+    tokens: bytes | None = None
 
 
 # --- analysis -> outputs -----------------------------------------------------------------------

@@ -139,6 +139,10 @@ BOUNDS: dict[str, Bound] = {
                          "every repeat measures each config on the whole ladder again", "2"),
     "leaders": _b("--leaders", int, 1, 16, "configs",
                   "one leader per speculative method, and vLLM has fewer than 16", "2"),
+    "confirm_leaders": _b("--confirm-leaders", int, 1, 16, "configs",
+                          "each leader is launched and repeated; 16 exceed any launch budget "
+                          "worth predicting for", "2"),
+    "top": _b("--top", int, 1, 100_000, "rows", "more rows than any space has", "10"),
     "k_values": _b("--k-values", int, 1, 64, "draft tokens",
                    "every sequence pays for K drafts each step, and acceptance never reaches "
                    "that far", "5,2"),

@@ -210,6 +210,7 @@ def test_a_failing_engine_fails_every_trial_and_the_study_still_ends(tmp_path, t
     spec = fake_engine_spec(env={MARK: tag}, tokenizer=str(EMBEDDED_TOKENIZER),
                             malformed_every=1)
     study = api.optimize(
+        strategy="optuna",  # the Optuna search under test
         workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8),
         engine=spec, space_name="ngram", settings=MeasureSettings(),
         out_dir=tmp_path / "study", study_name="s", n_trials=3,
@@ -225,7 +226,7 @@ def test_a_failing_engine_fails_every_trial_and_the_study_still_ends(tmp_path, t
 # --- the driver interrupted, then resumed -----------------------------------------------------
 def _driver_cmd(out: Path, tag: str, n_trials: int = 3) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0})
-    return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
+    return [sys.executable, "-m", "tuner", "optimize", "--strategy", "optuna", "--model", str(EMBEDDED_TOKENIZER),
             "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--engine-env", f"{MARK}={tag}",
             "--space", "ngram", "--n-trials", str(n_trials), "--num-prompts", "2",
@@ -310,6 +311,7 @@ def test_a_dead_ray_worker_fails_its_trial_and_takes_its_engine_along(tmp_path, 
     spec = fake_engine_spec(env={MARK: tag}, tokenizer=str(EMBEDDED_TOKENIZER), tpot_ms=40)
     try:
         study = api.optimize(
+            strategy="optuna",  # the Optuna search under test
             workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=24),
             engine=spec, space_name="ngram", settings=MeasureSettings(),
             out_dir=out, study_name="ray", n_trials=3, objectives=["output_throughput"],

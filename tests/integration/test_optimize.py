@@ -31,6 +31,7 @@ def _spec(**script):
 
 def _optimize(tmp_path, *, space="ngram", n_trials=5, **kw):
     return api.optimize(
+        strategy="optuna",  # the Optuna search under test
         workload=WL, engine=_spec(), space_name=space,
         settings=MeasureSettings(concurrencies=(1, 2)), out_dir=tmp_path / "study",
         study_name="s", n_trials=n_trials, objectives=["output_throughput", "mean_tpot_ms"],
@@ -82,7 +83,7 @@ def test_grid_space_duplicates_are_answered_from_storage(tmp_path):
 
 def _driver_cmd(out: Path, n_trials: int) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 40, "startup_s": 0})
-    return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
+    return [sys.executable, "-m", "tuner", "optimize", "--strategy", "optuna", "--model", str(EMBEDDED_TOKENIZER),
             "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--space", "ngram",
             "--n-trials", str(n_trials), "--num-prompts", "2", "--output-len", "24",
@@ -133,6 +134,7 @@ def test_ray_logical_gpus_run_two_trials_at_once_each_on_its_own_gpu(tmp_path):
 
     try:
         study = api.optimize(
+            strategy="optuna",  # the Optuna search under test
             workload=WL, engine=_spec(tpot_ms=30), space_name="ngram",
             settings=MeasureSettings(concurrencies=(1,)), out_dir=tmp_path / "study",
             study_name="ray", n_trials=5, objectives=["output_throughput"],

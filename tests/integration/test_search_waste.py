@@ -29,6 +29,7 @@ COMPLETE, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
 
 def _optimize(out: Path, *, space: str, n_trials: int, sampler: str = "tpe", **kw):
     return api.optimize(
+        strategy="optuna",  # the Optuna search under test
         workload=kw.pop("workload", WL),
         engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=1),
         space_name=space, settings=kw.pop("settings", MeasureSettings(concurrencies=(1, 2))),
@@ -80,7 +81,7 @@ def test_every_trial_failed_exits_1_naming_the_most_common_failure(tmp_path, cap
     script = json.dumps({"ttft_ms": 5, "tpot_ms": 1, "startup_s": 0,
                          "crash_on_start": "ValueError: the GPU is not there"})
     out = tmp_path / "study"
-    rc = cli.main(["optimize", "--model", str(EMBEDDED_TOKENIZER),
+    rc = cli.main(["optimize", "--strategy", "optuna", "--model", str(EMBEDDED_TOKENIZER),
                    "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
                    f"--engine-args=--fake-script '{script}'", "--space", "ngram",
                    "--n-trials", "3", "--num-prompts", "2", "--output-len", "8",

@@ -24,7 +24,7 @@ from tuner.search import study as st
 
 def _driver_cmd(out: Path, n_trials: int, *, tpot_ms: float = 2) -> list[str]:
     script = json.dumps({"ttft_ms": 5, "tpot_ms": tpot_ms, "startup_s": 0})
-    return [sys.executable, "-m", "tuner", "optimize", "--model", str(EMBEDDED_TOKENIZER),
+    return [sys.executable, "-m", "tuner", "optimize", "--strategy", "optuna", "--model", str(EMBEDDED_TOKENIZER),
             "--vllm-cmd", f"{sys.executable} -m tuner.testing.fake_engine",
             f"--engine-args=--fake-script '{script}'", "--space", "ngram",
             "--n-trials", str(n_trials), "--num-prompts", "2", "--output-len", "24",
@@ -159,7 +159,7 @@ def test_disk_full_while_appending_is_one_message_and_exit_2(tmp_path, capsys, m
 
     monkeypatch.setattr(JournalFileBackend, "append_logs", full)
     out = tmp_path / "study"
-    code = cli.main(["optimize", "--model", str(EMBEDDED_TOKENIZER), "--space", "ngram",
+    code = cli.main(["optimize", "--strategy", "optuna", "--model", str(EMBEDDED_TOKENIZER), "--space", "ngram",
                      "--num-prompts", "2", "--output-len", "8", "--output-dir", str(out),
                      "--no-report"])
     err = capsys.readouterr().err

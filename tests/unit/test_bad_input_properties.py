@@ -249,7 +249,7 @@ def _cli(argv: list[str]) -> tuple[int | None, str]:
     what it wrote to stderr)."""
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
-        for name in ("bench", "optimize", "policy"):
+        for name in ("bench", "optimize", "policy", "predict"):
             mp.setattr(api, name, _reached)
         mp.setattr(study_module, "open_existing", lambda *a, **k: _reached())
         try:
@@ -287,7 +287,7 @@ option_values = st.one_of(
 
 
 def _argv(command: str, flag: str, text: str) -> list[str]:
-    where = ([str(_DIR / "study")] if command in ("policy", "recommend") else
+    where = ([str(_DIR / "study")] if command in ("policy", "recommend", "predict") else
              ["--model", str(workloads.EMBEDDED_TOKENIZER), "--output-dir", str(_DIR / "out")])
     extra = ["--policy"] if command == "optimize" and flag in _POLICY_FLAGS else []
     return [command, *where, *extra, f"{flag}={text}"]

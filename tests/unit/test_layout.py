@@ -4,7 +4,8 @@
 
 measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials);
 analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
-(no measure, no search); nothing imports api or cli; records and errors import no stage.
+(no measure, no search); nothing imports api or cli; records, errors and tokens (the token
+capture every stage may pass on) import no stage.
 settings resolves the embedded default, so it may import tuner.measure.model and nothing
 else of the stages. Every import counts, including the ones inside
 functions (heavy imports are deferred there, and that is where layering slips).
@@ -20,19 +21,21 @@ import pytest
 import tuner
 
 PACKAGE = Path(tuner.__file__).resolve().parent
-STAGES = ("measure", "search", "analysis", "outputs", "testing")
+STAGES = ("measure", "replay", "search", "analysis", "outputs", "testing")
 
 # module group -> tuner groups it must never import
 FORBIDDEN = {
     "records": {"*"},
     "errors": {"*"},
+    "tokens": {"*"},
     "commands": {"api", "cli", "settings", *STAGES},
-    "settings": {"api", "cli", "search", "analysis", "outputs", "testing"},
-    "measure": {"api", "cli", "search", "analysis", "outputs", "testing"},
+    "settings": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
+    "measure": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
+    "replay": {"api", "cli", "settings", "measure", "search", "analysis", "outputs", "testing"},
     "search": {"api", "cli", "analysis", "outputs", "testing"},
-    "analysis": {"api", "cli", "settings", "measure", "search", "outputs", "testing"},
-    "outputs": {"api", "cli", "settings", "measure", "search", "testing"},
-    "testing": {"api", "cli", "settings", "search", "analysis", "outputs"},
+    "analysis": {"api", "cli", "settings", "measure", "replay", "search", "outputs", "testing"},
+    "outputs": {"api", "cli", "settings", "measure", "replay", "search", "testing"},
+    "testing": {"api", "cli", "settings", "replay", "search", "analysis", "outputs"},
     "api": {"cli", "testing"},
     "cli": {"testing"},
 }
@@ -40,7 +43,9 @@ FORBIDDEN = {
 FORBIDDEN_THIRD_PARTY = {
     "measure": {"optuna", "ray"},
     "analysis": {"vllm", "ray"},
+    "replay": {"optuna", "ray"},
     "records": {"optuna", "ray", "vllm", "pandas"},
+    "tokens": {"optuna", "ray", "vllm", "pandas"},
 }
 
 
@@ -84,7 +89,7 @@ EDGES = {name: _imports(name, path) for name, path in _modules().items()}
 def test_the_layout_has_its_stage_folders():
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
-    for top in ("cli", "api", "settings", "records", "errors", "commands"):
+    for top in ("cli", "api", "settings", "records", "errors", "tokens", "commands"):
         assert (PACKAGE / f"{top}.py").is_file(), top
 
 
@@ -96,7 +101,7 @@ def test_imports_point_one_way(module):
     for target in EDGES[module]:
         if target.startswith("tuner.") and target.count(".") >= 1:
             tgroup = _group(target)
-            if tgroup == group or tgroup in ("records", "errors"):
+            if tgroup == group or tgroup in ("records", "errors", "tokens"):
                 continue
             if "*" in banned or tgroup in banned:
                 bad.append(target)

@@ -117,6 +117,85 @@ def test_health_answers_are_not_streams() -> None:
     assert resp.done.done() and resp.error is None
 
 
+def _sse_ids(prompt: list[int], chunks: list[list[int]], *, usage: int | None = None) -> bytes:
+    """vLLM's stream with return_token_ids: prompt ids in the first chunk (null after), each
+    chunk's new ids; the final usage chunk has no choices."""
+    events = [json.dumps({"choices": [{"index": 0, "text": "x", "prompt_token_ids":
+                                       prompt if i == 0 else None, "token_ids": ids,
+                                       "finish_reason": "stop" if i == len(chunks) - 1 else None}]
+                          }).encode() for i, ids in enumerate(chunks)]
+    count = sum(map(len, chunks)) if usage is None else usage
+    events.append(b'{"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}'
+                  % (len(prompt or ()), count))
+    return b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@settings(max_examples=100, deadline=None)
+@given(prompt=st.lists(st.integers(0, 49151), min_size=1, max_size=40),
+       chunks=st.lists(st.lists(st.integers(0, 49151), min_size=1, max_size=5), min_size=1,
+                       max_size=10),
+       piece=st.integers(1, 90), cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_token_ids_are_collected_from_every_chunk_however_split(prompt, chunks, piece,
+                                                                 cuts) -> None:
+    resp = _feed(_chunked(_sse_ids(prompt, chunks), piece=piece), cuts)
+    assert resp.error is None and resp.out_tokens == sum(map(len, chunks))
+    assert resp.token_ids() == (tuple(prompt), tuple(i for c in chunks for i in c))
+    assert len(resp.gaps) == len(chunks) - 1  # a chunk of several ids is one arrival
+
+
+def test_token_ids_that_disagree_with_usage_or_are_missing_give_none() -> None:
+    short = _feed(_chunked(_sse_ids([5, 6], [[1], [2, 3]], usage=4)), [])
+    assert short.error is None and short.out_tokens == 4
+    assert short.token_ids() is None  # a capture must be exact or absent
+    no_ids = _feed(_chunked(_sse(3)), [])  # an engine that ignores return_token_ids
+    assert no_ids.error is None and no_ids.token_ids() is None
+    no_prompt = _feed(_chunked(_sse_ids(None, [[1], [2]])), [])  # type: ignore[arg-type]
+    assert no_prompt.error is None and no_prompt.token_ids() is None
+    broken = _feed(_chunked(_sse_ids([5], [[1, 2], 7], usage=2)), [])  # type: ignore[list-item]
+    assert broken.error is None and broken.token_ids() is None
+
+
+def test_a_record_carries_exact_ids_and_the_request_asks_for_them() -> None:
+    srv = socket.create_server(("127.0.0.1", 0))
+    bodies: list[dict] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            data = b""
+            for answer in (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",  # GET /health
+                           _chunked(_sse_ids([9, 8, 7], [[1], [2, 3, 4], [0]])),
+                           _chunked(_sse_ids([9], [[1], [2]], usage=3))):
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = int(head.lower().partition(b"content-length:")[2].split(b"\r\n")[0]
+                             or 0)
+                while len(data) < length:
+                    data += conn.recv(65536)
+                if head.startswith(b"POST"):
+                    bodies.append(json.loads(data[:length]))
+                data = data[length:]
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    from tuner.records import Prompt
+
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=5) for i in range(2)]
+        records, _ = loadgen.run_requests(url, prompts, concurrency=1, api_key="k", model="m",
+                                          request_timeout_s=10)
+    finally:
+        srv.close()
+    assert [r.error for r in records] == [None, None]
+    assert [b["return_token_ids"] for b in bodies] == [True, True]
+    assert records[0].prompt_token_ids == (9, 8, 7)
+    assert records[0].output_token_ids == (1, 2, 3, 4, 0) and records[0].output_tokens == 5
+    # The count disagrees with usage: the timing stays, the ids go.
+    assert records[1].output_tokens == 3
+    assert records[1].prompt_token_ids is None and records[1].output_token_ids is None
+
 def _read_request(conn: socket.socket, data: bytes) -> tuple[bytes, bytes]:
     while b"\r\n\r\n" not in data:
         more = conn.recv(65536)

@@ -3,7 +3,9 @@
 Promises: exactly `concurrency` requests in flight until the work runs out (a new one starts
 when one ends, as `vllm bench serve --max-concurrency` does); every request becomes a
 RequestRecord with TTFT, end-to-end time, chunk gaps and the server's own token count (usage
-of the final stream chunk), or with the error that ended it. All async code of the project
+of the final stream chunk), or with the error that ended it; and with the prompt and output
+token ids where the engine returns them (`return_token_ids`) and their count matches that
+usage, never an inexact list. All async code of the project
 lives here; callers use the synchronous `run_requests`.
 
 The client is the measuring instrument, so it is a small HTTP/1.1 client on asyncio protocols
@@ -21,6 +23,8 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from tuner.errors import MeasurementFailed
 from tuner.records import Prompt, RequestRecord
@@ -126,6 +130,9 @@ class _Response:
         self.gaps: list[float] = []
         self.out_tokens = 0
         self.prompt_tokens: int | None = None
+        self.prompt_ids: list[int] | None = None
+        self.output_ids: list[int] = []
+        self._ids_broken = False
         self.error: str | None = None
         self.end: float | None = None
         self.received = 0  # bytes of the response so far
@@ -264,12 +271,25 @@ class _Response:
             raise _RequestError(f"malformed chunk: {data[:80]!r}")
         if "error" in chunk:
             raise _RequestError(f"server error in stream: {str(chunk['error'])[:200]}")
-        if chunk.get("choices"):
+        choices = chunk.get("choices")
+        if choices:
             if self.ttft is None:
                 self.ttft = now - self.start
             else:
                 self.gaps.append(now - self.last)
             self.last = now
+            # Token ids (vLLM's return_token_ids): the prompt's in the first chunk, each
+            # chunk's new ones in every chunk. Checked once, in token_ids(), not per chunk.
+            choice = choices[0]
+            if isinstance(choice, dict):
+                ids = choice.get("token_ids")
+                if ids:
+                    try:
+                        self.output_ids.extend(ids)
+                    except TypeError:  # not a list: no exact capture for this request
+                        self._ids_broken = True
+                if self.prompt_ids is None:
+                    self.prompt_ids = choice.get("prompt_token_ids")
         usage = chunk.get("usage")
         if usage:
             self.out_tokens = int(usage.get("completion_tokens") or 0)
@@ -294,6 +314,15 @@ class _Response:
         if not self.done.done():
             self.error, self.end = error, now
             self.done.set_result(None)
+
+    def token_ids(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Prompt and output ids of a completed request, or None unless they are exact: the
+        prompt's came, and there are as many output ids as the usage chunk counted (an
+        engine that ignores return_token_ids sends none)."""
+        if (self.error is not None or self._ids_broken or not isinstance(self.prompt_ids, list)
+                or len(self.output_ids) != self.out_tokens):
+            return None
+        return tuple(self.prompt_ids), tuple(self.output_ids)
 
 
 class _Protocol(asyncio.Protocol):
@@ -440,15 +469,22 @@ async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature
                 request = target.request({
                     "model": model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
                     "temperature": temperature, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos})
+                    "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos,
+                    "return_token_ids": True})
                 resp = await slot.send(request, timeout_s=request_timeout_s)
-                rec = RequestRecord(
+                fields = dict(
                     concurrency=concurrency, index=index, warmup=warmup,
                     start_s=round(resp.start - origin, 6), ttft_s=resp.ttft,
                     e2e_s=None if resp.error else resp.end - resp.start,
                     prompt_tokens=resp.prompt_tokens or prompt.prompt_len,
                     output_tokens=0 if resp.error else resp.out_tokens,
                     chunk_gaps_s=tuple(resp.gaps), error=resp.error)
+                prompt_ids, output_ids = resp.token_ids() or (None, None)
+                try:
+                    rec = RequestRecord(**fields, prompt_token_ids=prompt_ids,
+                                        output_token_ids=output_ids)
+                except ValidationError:  # ids that are not integers: keep the timing only
+                    rec = RequestRecord(**fields)
                 records.append(rec)
                 if on_done:
                     on_done(rec)

@@ -2,7 +2,9 @@
 
 `measure` is the single place where an engine and the load generator meet. It raises a
 TrialFailed subclass when the trial cannot be measured; `measure_outcome` turns that into
-data (a TrialOutcome), which is what executors run, inline or in a Ray worker.
+data (a TrialOutcome), which is what executors run, inline or in a Ray worker. Every
+measured trial also leaves its token capture (tuner.tokens) in the trial folder, exact or
+not at all, and the outcome carries its bytes back.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
+from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
 from tuner.measure import loadgen, metrics
 from tuner.measure.engine import Engine, log_tail
@@ -41,16 +46,60 @@ def measure(
     levels: list[LevelMetrics] = []
     records_path = trial_dir / "requests.jsonl"
     records_path.unlink(missing_ok=True)
+    tokens_path = trial_dir / tokens.FILE_NAME
+    tokens_path.unlink(missing_ok=True)  # a file here always belongs to this measurement
+    sent: list[_Sent] = []
     pool = _PromptPool(workload.prompts)
     with Engine(engine_spec, config, log_path=trial_dir / "engine.log") as eng:
         say(f"engine ready in {eng.info.start_s:.0f} s")
         for c in settings.concurrencies:
-            level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool)
+            level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool,
+                                   sent)
             say(f"c={c}: {level.output_throughput:.1f} tok/s, mean TPOT "
                 f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok")
             levels.append(level)
         info = eng.info
+    capture, why_not = capture_tokens(sent)
+    if capture is None:
+        say(why_not)
+    else:
+        capture.save(tokens_path)
     return BenchResult(config=config, engine=info, levels=tuple(levels))
+
+
+# What one phase (a level's warm-up or its measured requests) sent: records and their prompts.
+_Sent = tuple[list[RequestRecord], list[Prompt]]
+
+
+def capture_tokens(sent: list[_Sent]) -> tuple[tokens.TokenCapture | None, str]:
+    """Every ok request's token ids in the order the engine got them, or None and why not.
+
+    Phases come in measurement order; within one the load generator sends in index order.
+    A capture is exact or absent: one measured request without ids (an engine that ignores
+    return_token_ids, or ids that disagree with its usage count) means none."""
+    out: list[tokens.RequestTokens] = []
+    missing = measured = 0
+    for records, prompts in sent:
+        for r in sorted(records, key=lambda r: r.index):
+            if not r.ok:
+                continue
+            if r.prompt_token_ids is None or r.output_token_ids is None:
+                if not r.warmup:
+                    missing += 1
+                continue
+            measured += not r.warmup
+            out.append(tokens.RequestTokens(
+                concurrency=r.concurrency, index=r.index, warmup=r.warmup,
+                prompt=np.asarray(r.prompt_token_ids, dtype=np.int32),
+                output=np.asarray(r.output_token_ids, dtype=np.int32),
+                max_tokens=prompts[r.index].output_len))
+    if missing and not measured:
+        return None, "this vLLM returned no token ids; replay is unavailable for this trial"
+    if missing:
+        return None, (f"{missing} of {missing + measured} measured requests came back without "
+                      f"exact token ids (their count differs from the usage count); no token "
+                      f"capture, so replay is unavailable for this trial")
+    return tokens.TokenCapture(requests=tuple(out)), ""
 
 
 class _PromptPool:
@@ -69,7 +118,8 @@ class _PromptPool:
 
 
 def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c: int,
-                   records_path: Path, show_bar: bool, pool: _PromptPool) -> LevelMetrics:
+                   records_path: Path, show_bar: bool, pool: _PromptPool,
+                   sent: list[_Sent]) -> LevelMetrics:
     spec = workload.spec
     n = settings.requests_for(c, spec.num_prompts)
     # Warm-up: one short request per slot, excluded from figures.
@@ -89,6 +139,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
     if bar is not None:
         bar.close()
     after = _scrape(eng)
+    sent += [(warm_records, warm), (records, measured)]
     with open(records_path, "a") as f:
         for r in warm_records + records:
             f.write(r.model_dump_json() + "\n")
@@ -154,4 +205,7 @@ def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Work
         result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir))
     except TrialFailed as e:
         return TrialOutcome(failure=failure_of(e), **where, ran_to=time.time())
-    return TrialOutcome(result=result, **where, ran_to=time.time())
+    # The capture's bytes travel with the result: the driver may not see this host's disk.
+    path = Path(trial_dir) / tokens.FILE_NAME
+    data = path.read_bytes() if path.is_file() else None
+    return TrialOutcome(result=result, tokens=data, **where, ran_to=time.time())

@@ -1,12 +1,13 @@
 """Outputs stage, the console: the lines a person reads on the terminal. One line per finished
-trial, the bench table, a recommendation in a few lines, the policy summary; and the small
-number formats the Markdown and HTML reports share with them.
+trial, the bench table, a recommendation in a few lines, the policy summary, the replay's
+predicted table; and the small number formats the Markdown and HTML reports share with them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from tuner.records import BenchResult, Recommendation
@@ -24,13 +25,19 @@ def num(value: float | None, fmt: str = "{:.1f}") -> str:
 
 def times(value: float | None) -> str:
     """A ratio as "1.23x"."""
-    return "-" if value is None else f"{value:.2f}x"
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{value:.2f}x"
 
 
 def pct(value: float | None) -> str:
     """A fraction as a whole percentage."""
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
         else f"{100 * value:.0f}%"
+
+
+def signed_pct(value: float | None) -> str:
+    """An error already in percent, signed: "+4.2%" (predicted above measured)."""
+    return num(value, "{:+.1f}%")
 
 
 def trial_line(result: BenchResult, baseline: dict | None) -> str:
@@ -139,3 +146,72 @@ def break_even_text(cfg: dict[str, Any]) -> str:
         return (f"break-even at concurrency ~{be['concurrency']:.1f} (pays at "
                 f"{be['last_paying']}, not at {be['first_not_paying']})")
     return "not measured"
+
+
+# --- the replay's predicted table -----------------------------------------------------------
+def ranked_predictions(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The speculative predicted rows, best first: by predicted throughput, then (for rows
+    the step cost cannot price yet) by acceptance length; unknown figures last."""
+    def rank(r: dict[str, Any]) -> tuple:
+        thr, acc = _finite(r.get("pred_output_throughput")), _finite(r.get("acceptance_length"))
+        return (thr is None, -(thr or 0.0), acc is None, -(acc or 0.0), str(r.get("label")))
+
+    return sorted((r for r in rows if r.get("method") != "none"), key=rank)
+
+
+def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
+                  levels: list[int] | None = None) -> str:
+    """The replay's predicted table, a block per level: the baseline, then the `top` configs
+    by predicted throughput, with measured throughput and the prediction's error where the
+    study measured the config. Rows are those of tuner.replay.predict (or predicted.csv)."""
+    if not rows:
+        return "Nothing predicted: the study needs a baseline with captured tokens."
+    present = sorted({int(c) for r in rows if (c := _finite(r.get("concurrency"))) is not None})
+    head = ["config", "acc len", "pred tok/s", "pred TPOT ms", "pred TTFT ms", "speedup",
+            "meas tok/s", "err"]
+    blocks, in_sample = [], False
+    for c in levels or present:
+        at = [r for r in rows if _finite(r.get("concurrency")) == c]
+        spec = ranked_predictions(at)
+        if not at:
+            blocks.append(f"Concurrency {c}: nothing predicted at this level.")
+            continue
+        priced = any(_finite(r.get("pred_output_throughput")) is not None for r in spec)
+        order = "predicted throughput" if priced else (
+            "acceptance length (no speculative launch calibrates the step cost yet)")
+        table = []
+        for r in [r for r in at if r.get("method") == "none"][:1] + spec[:max(top, 0)]:
+            measured = (_finite(r.get("measured_trials")) or 0) > 0
+            in_sample |= bool(r.get("calibration")) and r.get("method") != "none"
+            table.append([
+                str(r.get("label")) + (" *" if r.get("calibration") and
+                                       r.get("method") != "none" else ""),
+                num(r.get("acceptance_length"), "{:.2f}"), num(r.get("pred_output_throughput")),
+                num(r.get("pred_mean_tpot_ms")), num(r.get("pred_mean_ttft_ms"), "{:.0f}"),
+                times(r.get("pred_speedup")),
+                num(r.get("meas_output_throughput")) if measured else "",
+                signed_pct(r.get("err_output_throughput_pct")) if measured else ""])
+        widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(head)]
+        blocks.append("\n".join(
+            [f"Concurrency {c}: {len(spec)} configs predicted; top {min(len(spec), top)} by "
+             f"{order}", _line(head, widths), _line(["-" * w for w in widths], widths)]
+            + [_line(row, widths) for row in table]))
+    if in_sample:
+        blocks.append("* calibration launch: the step cost was fitted on it, so its error is "
+                      "in-sample.")
+    return "\n\n".join(blocks)
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    """The first cell (a label) left-aligned, figures right-aligned."""
+    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                     for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+
+def _finite(value: Any) -> float | None:
+    """A number as float, or None for None, NaN, infinities and anything not a number."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None

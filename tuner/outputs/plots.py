@@ -33,9 +33,13 @@ DPI = 130
 def pareto_plots(
     df: pd.DataFrame, out_dir: Path, *, workload: str = "",
     recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
+    predictions: pd.DataFrame | None = None,
 ) -> list[Path]:
     """One file per concurrency level: completed trials by method, the front as a step line,
-    the baseline and the recommended config marked and labelled."""
+    the baseline and the recommended config marked and labelled. With the replay's
+    `predictions` (predicted.csv's rows), each predicted config is a hollow marker beside the
+    measured ones, joined to its measurement by a thin line where it was measured; the front
+    stays the measured one."""
     import seaborn as sns
 
     data = _measured(with_medians(df))
@@ -43,17 +47,20 @@ def pareto_plots(
         _note(notes, "Pareto fronts: no completed trial to plot yet.")
         return []
     recs = {r.concurrency: r for r in recommendations}
-    palette = method_palette(data["method"])
+    predicted = _predicted(predictions)
+    palette = method_palette([*data["method"], *predicted["method"]])
     paths = []
     for c in sorted(data["concurrency"].unique()):
         lv = data[data["concurrency"] == c]
         front = pareto_front(lv)
+        pred = predicted[predicted["concurrency"] == c]
         with sns.axes_style("whitegrid"):
             fig = _figure(8.6, 5.2)
             ax = fig.add_subplot()
             sns.scatterplot(data=lv, x="mean_tpot_ms", y="output_throughput", hue="method",
                             palette=palette, s=55, alpha=0.85, edgecolor="white", ax=ax,
                             zorder=3)
+            _draw_predicted(ax, pred, lv, palette)
             base = lv[(lv["method"] == "none") & (lv["role"] == Role.BASELINE)]
             if not base.empty:
                 b = base.sort_values("trial").iloc[0]
@@ -89,7 +96,8 @@ def pareto_plots(
             ax.set_xlabel("mean TPOT (ms)  \u2190 better")
             ax.set_ylabel("output throughput (tok/s)  \u2192 better")
             ax.set_title(_title("Throughput vs per-token latency", workload, int(c),
-                                n=lv["config_key"].nunique()))
+                                n=lv["config_key"].nunique())
+                         + (f" measured, {len(pred)} predicted" if len(pred) else ""))
             _legend_outside(ax, title="method")
             paths.append(_save(fig, Path(out_dir) / f"pareto_c{int(c)}.png"))
     return paths
@@ -222,15 +230,17 @@ def per_position_plot(
 
 def draw_all(
     df: pd.DataFrame, out_dir: Path, *, workload: str = "",
-    recommendations: Sequence[Recommendation] = (),
+    recommendations: Sequence[Recommendation] = (), predictions: pd.DataFrame | None = None,
 ) -> tuple[dict[str, list[Path]], list[str]]:
-    """Every figure of a report: {plot name: paths} and the notes for plots left out."""
+    """Every figure of a report: {plot name: paths} and the notes for plots left out.
+    `predictions` (the replay's predicted table) adds predicted points to the Pareto fronts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     kw: dict[str, Any] = {"workload": workload, "notes": notes}
     drawn = {
-        "pareto": pareto_plots(df, out_dir, recommendations=recommendations, **kw),
+        "pareto": pareto_plots(df, out_dir, recommendations=recommendations,
+                               predictions=predictions, **kw),
         "speedup": speedup_plot(df, out_dir, recommendations=recommendations, **kw),
         "acceptance": acceptance_plot(df, out_dir, **kw),
         "per_position": per_position_plot(df, out_dir, recommendations=recommendations, **kw),
@@ -260,6 +270,42 @@ def _measured(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[(df["state"] == "COMPLETE") & df["concurrency"].notna()
             & df["output_throughput"].notna()]
     return ok[ok["duplicate_of"].isna()] if "duplicate_of" in ok else ok
+
+
+def _predicted(predictions: pd.DataFrame | None) -> pd.DataFrame:
+    """The speculative predicted rows with both a throughput and a TPOT (the baseline's row
+    is its measurement, already drawn; a row the step cost cannot price has no point)."""
+    cols = ["key", "method", "concurrency", "pred_mean_tpot_ms", "pred_output_throughput"]
+    if predictions is None or predictions.empty or not set(cols) <= set(predictions.columns):
+        return pd.DataFrame(columns=cols)
+    out = predictions[cols].copy()
+    for col in ("concurrency", "pred_mean_tpot_ms", "pred_output_throughput"):
+        out[col] = pd.to_numeric(out[col], errors="coerce")
+    return out[(out["method"] != "none") & out["concurrency"].notna()
+               & out["pred_mean_tpot_ms"].notna() & out["pred_output_throughput"].notna()]
+
+
+def _draw_predicted(ax: Any, pred: pd.DataFrame, measured: pd.DataFrame,
+                    palette: dict[str, Any]) -> None:
+    """Hollow markers in the method's colour, under the measured points; a thin line from a
+    measured config to its own prediction shows the prediction's error at a glance."""
+    if pred.empty:
+        return
+    ax.scatter(pred["pred_mean_tpot_ms"], pred["pred_output_throughput"], s=30, marker="o",
+               facecolors="none", edgecolors=[palette.get(m, "0.5") for m in pred["method"]],
+               lw=0.9, alpha=0.7, zorder=2.5)
+    # One grey legend entry for every predicted point, whatever its method's colour.
+    ax.scatter([], [], s=30, marker="o", facecolors="none", edgecolors="0.35", lw=0.9,
+               label="predicted (replay)")
+    points = measured[measured["method"] != "none"].drop_duplicates("config_key")
+    joined = points.merge(pred, left_on="config_key", right_on="key",
+                          suffixes=("", "_pred"))
+    for _, r in joined.iterrows():
+        ax.plot([r["mean_tpot_ms"], r["pred_mean_tpot_ms"]],
+                [r["output_throughput"], r["pred_output_throughput"]],
+                color=palette.get(r["method"], "0.5"), lw=0.8, alpha=0.6, zorder=2.4)
+    if not joined.empty:
+        ax.plot([], [], color="0.5", lw=0.8, label="measured \u2192 its prediction")
 
 
 def _leaders(spec: pd.DataFrame, *, top_n: int,

@@ -1,6 +1,10 @@
 """Outputs stage, the report: recommendation.json, trials.csv, trials_raw.csv, report.md and a
 self-contained report.html, rendered from what the analysis computed (tuner.api.report runs the
 analysis on the study's storage and hands the frames here), so every file can be regenerated.
+
+The replay strategy's predicted table (predicted.csv, written here too) is shown beside the
+measurements when the study folder holds one: predictions only decide what to launch, so the
+report keeps them in their own section and the recommendation never reads them.
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.outputs import files
-from tuner.outputs.console import HEADLINES, break_even_text, pct, policy_rows
+from tuner.outputs.console import (
+    HEADLINES,
+    break_even_text,
+    num,
+    pct,
+    policy_rows,
+    ranked_predictions,
+    signed_pct,
+    times,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,7 +53,8 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
 
     The caller computed the analysis from the study's storage (tuner.api.report), so this runs
     as well on a finished study as on one still running or whose driver was killed. A
-    policy.json in `out_dir` is shown too. Returns {name: path}.
+    policy.json and a predicted.csv (the replay's predictions) in `out_dir` are shown too.
+    Returns {name: path}.
     """
     from tuner.outputs import plots
 
@@ -48,14 +62,15 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(df.attrs.get("tuner") or {})
     workload = str((meta.get("workload") or {}).get("name") or "")
+    predictions = load_predictions(out_dir)
     drawn, notes = plots.draw_all(df, out_dir / "plots", workload=workload,
-                                  recommendations=recs)
+                                  recommendations=recs, predictions=predictions)
     policy = _load_policy(out_dir)
     if policy:
         drawn["policy"] = plots.policy_plot(policy, out_dir / "plots", notes=notes)
     doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
-    doc.policy = policy
+    doc.policy, doc.predictions = policy, predictions
     paths = {
         # Each config once, repeats pooled; every trial (copies answered from storage too)
         # stays in trials_raw.csv for whoever wants the single measurements.
@@ -66,6 +81,8 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
         "report_md": files.write_atomic(out_dir / "report.md", doc.markdown()),
         "report_html": files.write_atomic(out_dir / "report.html", doc.html()),
     }
+    if predictions is not None:
+        paths["predicted_csv"] = out_dir / PREDICTED_CSV
     for drawn_files in drawn.values():
         paths.update({f"plot_{p.stem}": p for p in drawn_files})
     return paths
@@ -112,6 +129,7 @@ class _Doc:
         self.levels = sorted({int(c) for c in df["concurrency"].dropna()})
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
         self.policy: dict[str, Any] | None = None
+        self.predictions: pd.DataFrame | None = None
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -231,6 +249,16 @@ class _Doc:
                 out.append("")
         if self.notes:
             out += ["Plots left out:", ""] + [f"- {e(n)}" for n in self.notes] + [""]
+        intro, tables = prediction_tables(self.predictions)
+        if intro:
+            out += ["## Predicted by replay", ""]
+            for text in intro:
+                out += [e(text), ""]
+            for title, head, rows in tables:
+                out += [f"### {e(title)}", "", "| " + " | ".join(head) + " |",
+                        "|" + "---|" * len(head)]
+                out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
+                out.append("")
         head, rows = self.trial_rows()
         out += ["## Trials", "", "Values are medians where a config was measured more than once;"
                 " \u2605 marks a recommended config.", "",
@@ -267,6 +295,15 @@ class _Doc:
         if self.notes:
             body.append("<p class='sub'>Plots left out: " + "; ".join(map(e, self.notes))
                         + "</p>")
+        intro, tables = prediction_tables(self.predictions)
+        if intro:
+            body.append("<h2>Predicted by replay</h2>" + "".join(f"<p>{e(t)}</p>" for t in intro))
+            for title, head, rows in tables:
+                body.append(f"<h3>{e(title)}</h3><div class='scroll'><table class='trials'><tr>"
+                            + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + "".join(
+                                "<tr><td class='cfg'>" + e(r[0]) + "</td>"
+                                + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>"
+                                for r in rows) + "</table></div>")
         head, rows = self.trial_rows()
         body.append("<h2>Trials</h2><p class='sub'>Values are medians where a config was "
                     "measured more than once; \u2605 marks a recommended config.</p>"
@@ -411,3 +448,103 @@ def policy_html(policy: dict[str, Any] | None) -> str:
                  + "</tr>" + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
                                      for r in rows) + "</table>")
     return "\n".join(parts)
+
+
+# --- the replay's predicted table -----------------------------------------------------------
+PREDICTED_CSV = "predicted.csv"
+# One row per config and level (tuner.replay.predict); the order is predicted.csv's.
+PREDICTION_COLUMNS = (
+    "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
+    "acceptance_length", "drafted_per_step", "tokens_per_step", "pred_output_throughput",
+    "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
+    "meas_output_throughput", "meas_mean_tpot_ms", "meas_mean_ttft_ms", "meas_acceptance_length",
+    "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct", "calibration")
+_TOP_PREDICTED = 5
+
+
+def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Write the predicted table to `out_dir`/predicted.csv, atomically: PREDICTION_COLUMNS in
+    that order (empty cells for missing values), then any further keys the rows carry."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in PREDICTION_COLUMNS))
+    frame = pd.DataFrame(rows, columns=[*PREDICTION_COLUMNS, *extra])
+    return files.write_atomic(out_dir / PREDICTED_CSV, frame.to_csv(index=False))
+
+
+def load_predictions(out_dir: Path) -> pd.DataFrame | None:
+    """predicted.csv of `out_dir` with its types restored, or None when there is none or it
+    cannot be read (a report is still written without the predictions)."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(Path(out_dir) / PREDICTED_CSV)
+    except (OSError, ValueError):  # absent, empty or garbled (pandas' parse errors are these)
+        return None
+    if not {"key", "label", "method", "concurrency"} <= set(df.columns):
+        return None
+    # A column a newer or older writer left out reads as missing values, not as a failure.
+    df = df.reindex(columns=[*PREDICTION_COLUMNS,
+                             *(c for c in df.columns if c not in PREDICTION_COLUMNS)])
+    df["concurrency"] = pd.to_numeric(df["concurrency"], errors="coerce")
+    df = df[df["concurrency"].notna()].astype({"concurrency": int})
+    df["speculative_config"] = df["speculative_config"].fillna("").astype(str)
+    df["path"] = df["path"].astype(object).where(df["path"].notna(), None)
+    df["measured_trials"] = pd.to_numeric(df["measured_trials"], errors="coerce").fillna(0) \
+        .astype(int)
+    df["calibration"] = df["calibration"].map(lambda v: str(v).strip().lower() in ("true", "1"))
+    return df.reset_index(drop=True)
+
+
+def prediction_tables(pred: pd.DataFrame | None
+                      ) -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
+    """The "Predicted by replay" section: a few sentences, then (title, head, rows) tables:
+    the top predicted configs per level and every measured config's prediction error."""
+    if pred is None or pred.empty:
+        return [], []
+    rows = pred.to_dict("records")
+    spec = ranked_predictions(rows)
+    levels = sorted({int(r["concurrency"]) for r in rows})
+    measured = [r for r in spec if r["measured_trials"] > 0]
+    paths = sorted({r["path"] for r in rows if isinstance(r.get("path"), str) and r["path"]})
+    priced = any(not _isna(r["pred_output_throughput"]) for r in spec)
+    intro = [f"{len({r['key'] for r in spec})} configs predicted from the baseline's own tokens "
+             f"at concurrency {', '.join(map(str, levels))}; "
+             f"{len({r['key'] for r in measured})} of them measured. Predictions only decide "
+             f"what to launch: recommendations come from measured trials."]
+    intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
+                 "No speculative launch calibrates the step cost yet: only acceptance is "
+                 "predicted, ranked by acceptance length.")
+    tables = []
+    for c in levels:
+        top = [r for r in spec if r["concurrency"] == c][:_TOP_PREDICTED]
+        if top:
+            tables.append((f"Concurrency {c}: top {len(top)} predicted",
+                           ["config", "acceptance length", "pred. tok/s", "pred. TPOT ms",
+                            "pred. speedup"],
+                           [[str(r["label"]), num(r["acceptance_length"], "{:.2f}"),
+                             num(r["pred_output_throughput"]), num(r["pred_mean_tpot_ms"]),
+                             times(r["pred_speedup"])] for r in top]))
+    if measured:
+        tables.append((
+            "Predicted vs measured",
+            ["config", "concurrency", "tok/s: predicted / measured (error)",
+             "TPOT ms: predicted / measured (error)",
+             "acceptance length: predicted / measured (error)"],
+            [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
+              str(r["concurrency"]),
+              _versus(r["pred_output_throughput"], r["meas_output_throughput"],
+                      r["err_output_throughput_pct"]),
+              _versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
+              _versus(r["acceptance_length"], r["meas_acceptance_length"],
+                      r["err_acceptance_length_pct"], "{:.2f}")]
+             for r in sorted(measured, key=lambda r: r["concurrency"])]))
+    return intro, tables
+
+
+def _versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -> str:
+    """One cell: "54.0 / 57.4 (-5.9%)", the error left out where it is unknown."""
+    err = signed_pct(error_pct)
+    return f"{num(predicted, fmt)} / {num(measured, fmt)}" + (f" ({err})" if err != "-" else "")

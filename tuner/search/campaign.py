@@ -4,7 +4,8 @@ Used by the load-aware policy step. Runs are interleaved (baseline, A, B, ..., t
 repeat) so slow drift of a shared machine hits every config alike. Each run is one engine
 launch measured at every ladder level and is stored as a trial of a companion Optuna study
 (`<study>.policy`) in the same storage, so a killed campaign resumes where it stopped and
-reports regenerate from storage. A run that fails is recorded with its reason, never fatal.
+reports regenerate from storage. A run that fails is recorded with its reason, never fatal;
+a run's token capture stays in its folder, named in its attrs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.records import EngineSpec, MeasureSettings, TrialAttr, TrialConfig, Workload
+from tuner.search import study as st
 
 
 def companion(study: Any) -> Any:
@@ -55,8 +57,8 @@ def measure(
                          TrialAttr.LABEL: config.label(), "ladder": list(ladder),
                          TrialAttr.CONFIG: json.loads(config.model_dump_json())}.items():
                 trial.set_user_attr(k, v)
-            outcome = runner.measure_outcome(engine, config, workload, settings,
-                                             str(out_dir / "policy" / f"run{trial.number}"))
+            run_dir = out_dir / "policy" / f"run{trial.number}"
+            outcome = runner.measure_outcome(engine, config, workload, settings, str(run_dir))
             if outcome.failure is not None:
                 trial.set_user_attr(TrialAttr.FAILURE, outcome.failure.model_dump())
                 comp.tell(trial, state=TrialState.FAIL)
@@ -65,6 +67,8 @@ def measure(
                 continue
             result = outcome.result
             assert result is not None  # an outcome holds a result or a failure
+            if outcome.tokens is not None:
+                st.store_tokens(out_dir, trial, outcome.tokens, trial_dir=run_dir)
             trial.set_user_attr(TrialAttr.RESULT, json.loads(result.model_dump_json()))
             comp.tell(trial, result.levels[0].output_throughput)
             say(f"  [{phase} {n}/{total}] {config.label()}: " + " | ".join(

@@ -1,7 +1,8 @@
 """Search stage, the loop: ask/tell in the driver, trials on an executor (inline or Ray).
 
 Promises: the baseline is measured first in every study; every trial is told to the storage
-as it ends (a result, or a FAIL with its reason and log tail); what storage already knows is
+as it ends (a result, or a FAIL with its reason and log tail), a result with the token
+capture its executor brought back, saved in the trial's folder; what storage already knows is
 never launched again (a measured config is answered with its result, a config the same engine
 refused at start with its failure); one line per finished trial through `say`.
 """
@@ -200,6 +201,11 @@ class SearchLoop:
                      f"{self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
             return
         assert outcome.result is not None  # an outcome holds a result or a failure
+        if outcome.tokens is not None and not st.store_tokens(
+                self.out_dir, trial, outcome.tokens,
+                trial_dir=self.out_dir / "trials" / str(trial.number)):
+            self.say(f"trial {trial.number}: its token capture came back unreadable; stored "
+                     f"without it, so replay is unavailable for this trial")
         st.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints)
         self.say(f"[{total}] trial {trial.number} " + self.line(outcome.result, self._baseline()))

@@ -5,7 +5,8 @@ optuna-dashboard) or any Optuna RDB URL; every trial is written when it ends; a 
 is told as FAIL with its reason and log tail in user attrs; trials left RUNNING by a dead
 driver are marked FAIL ("driver_died") and their configs retried; duplicate configs, and
 configs the engine refused at start, are answered from storage; constraints (SLOs) are
-stored per trial for constrained samplers. Nothing here starts an engine.
+stored per trial for constrained samplers; a trial's token capture is kept in its folder and
+named in its attrs. Nothing here starts an engine.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
+from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records import BenchResult, EngineSpec, Role, TrialAttr, TrialConfig
@@ -390,6 +394,45 @@ def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
     trial.set_user_attr(TrialAttr.FAILURE, {"reason": str(exc), "kind": exc.kind,
                                     "log_tail": exc.log_tail[-4000:]})
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+# What np.load and TokenCapture.from_bytes raise on bytes that are not a whole capture. A
+# flipped bit in a zip header can name another compression method or encryption, so zipfile
+# raises RuntimeError (NotImplementedError among them) or lzma's OSError too (found by fuzzing).
+_CORRUPT = (ValueError, KeyError, EOFError, OSError, RuntimeError, zipfile.BadZipFile,
+            zlib.error)
+
+
+def store_tokens(study_dir: Path, trial: Any, data: bytes, *, trial_dir: Path) -> bool:
+    """Keep a trial's token capture (tuner.tokens bytes, as an outcome brought them) at
+    `trial_dir`/tokens.npz and point its TOKENS attr there. False, storing nothing, when the
+    bytes are no capture. An identical file is left alone: an inline trial wrote it there."""
+    try:
+        capture = tokens.TokenCapture.from_bytes(data)
+    except _CORRUPT:
+        return False
+    path = trial_dir / tokens.FILE_NAME
+    if not (path.is_file() and path.read_bytes() == data):
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # atomic: a reader never sees half a capture
+    trial.set_user_attr(TrialAttr.TOKENS, {
+        "file": path.relative_to(study_dir).as_posix(),
+        "requests": sum(1 for r in capture.requests if not r.warmup),
+        "output_tokens": capture.output_tokens()})
+    return True
+
+
+def token_capture(study_dir: Path, trial: Any) -> tokens.TokenCapture | None:
+    """The trial's token capture, or None when it has none or its file is missing or corrupt."""
+    meta = trial.user_attrs.get(TrialAttr.TOKENS)
+    if not isinstance(meta, dict) or not isinstance(meta.get("file"), str):
+        return None
+    try:
+        return tokens.TokenCapture.load(study_dir / meta["file"])
+    except _CORRUPT:  # OSError included: a file gone or unreadable
+        return None
 
 
 def label_trial(trial: Any, config: TrialConfig, role: str) -> None:

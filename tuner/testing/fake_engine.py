@@ -4,7 +4,9 @@ Used by the tests, for fault injection and by the fidelity benchmark; it never g
 text. It accepts the command line our engine stage passes to vLLM (unknown flags are ignored),
 serves GET /health, GET /metrics (vLLM's spec-decode counters when a speculative config is given,
 plus `fake:*` gauges), GET /v1/models and POST /v1/completions streamed exactly as vLLM streams
-it. Token i of a request is written at arrival + ttft + i * tpot against absolute deadlines
+it, token ids included when asked (`return_token_ids`; a word of the prompt is a token, and
+output token i is prompt word i, cyclically, so ids depend on the prompt alone). Token i of a
+request is written at arrival + ttft + i * tpot against absolute deadlines
 (arrival: when the request's first bytes reached the process), so the scripted TTFT and TPOT
 are what a client should measure at any concurrency; GET /fake/served tells, per request, when
 the server really wrote, which is the truth benchmarks/fidelity.py compares with.
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
 FAKE_VERSION = "0.0.0+fake"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 SPIN_S = 0.0015  # the precise wait's last stretch: timer slop of asyncio plus a VM's wake-up
+VOCAB_SIZE = 49152  # SmolLM2's, so fake ids look like the embedded model's
+EOS_ID = 2  # the embedded SmolLM2-Instruct's <|im_end|>: an output that stopped on EOS ends with it
 
 
 class FakeScript(BaseModel):
@@ -72,6 +77,16 @@ def load_script(source: str | None) -> FakeScript:
         return FakeScript()
     text = source if source.lstrip().startswith("{") else Path(source).read_text()
     return FakeScript.model_validate_json(text)
+
+
+def token_id(word: str) -> int:
+    """The fake tokenizer: one id per whitespace-separated word, stable across processes
+    (hash() is salted per process), never one of SmolLM2's special ids 0-2 (EOS_ID among them)."""
+    return 3 + zlib.crc32(word.encode()) % (VOCAB_SIZE - 3)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def chunk_ends(num_tokens: int, tokens_per_chunk: int) -> list[int]:
@@ -271,8 +286,13 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     if script.output_tokens is not None and not body.get("ignore_eos"):
         n = min(script.output_tokens, max_tokens)
     prompt = body.get("prompt", "")
-    prompt_tokens = len(prompt) if isinstance(prompt, list) else max(1, len(str(prompt).split()))
     words = (prompt.split() if isinstance(prompt, str) else []) or ["token"]
+    # Token i of the output is word i of the prompt, cyclically: ids follow from the prompt
+    # alone, so every trial of a workload gets the same baseline tokens.
+    prompt_ids = prompt if isinstance(prompt, list) else [token_id(w) for w in words]
+    prompt_tokens = len(prompt_ids)
+    output_ids = [token_id(words[t % len(words)]) for t in range(n)]
+    with_ids = bool(body.get("return_token_ids"))
     stream = bool(body.get("stream"))
     head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                        "created": int(time.time()), "model": state.model},
@@ -281,6 +301,8 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
     ends = chunk_ends(n, script.tokens_per_chunk)
     finish = "length" if n == max_tokens else "stop"
+    if finish == "stop":
+        output_ids[-1] = EOS_ID  # counted in usage, as vLLM counts it, with no text
     texts: list[str] = []
     deadline = t0 + script.ttft_ms / 1000.0
     for i, end in enumerate(ends):
@@ -304,7 +326,8 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
             await resp.write(b'data: {"choices": [{"text": \n\n')
             return
         start = ends[i - 1] + 1 if i else 0
-        text = "".join(" " + words[t % len(words)] for t in range(start, end + 1))
+        text = "".join(" " + words[t % len(words)] for t in range(start, end + 1)
+                       if output_ids[t] != EOS_ID)
         if i > 0 and k_now:
             state.drafts += 1
             state.draft_tokens += k_now
@@ -315,9 +338,13 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
         state.lag_max_s = max(state.lag_max_s, lag_s)
         if stream:
             reason = json.dumps(finish) if i == len(ends) - 1 else "null"
+            ids = ""
+            if with_ids:
+                ids = (f',"prompt_token_ids":{_compact(prompt_ids) if i == 0 else "null"},'
+                       f'"token_ids":{_compact(output_ids[start:end + 1])}')
             await resp.write((f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
-                              f'"logprobs":null,"finish_reason":{reason},"stop_reason":null}}]}}'
-                              "\n\n").encode())
+                              f'"logprobs":null,"finish_reason":{reason},"stop_reason":null'
+                              f'{ids}}}]}}\n\n').encode())
             if i == 0:
                 served["first_write"] = time.monotonic()
         else:
@@ -328,6 +355,8 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     if not stream:
         choice = {"index": 0, "text": "".join(texts), "logprobs": None, "finish_reason": finish,
                   "stop_reason": None}
+        if with_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=output_ids)
         await resp.write(f'{head},"choices":[{json.dumps(choice)}],"usage":'
                          f'{json.dumps(usage)}}}'.encode())
         return

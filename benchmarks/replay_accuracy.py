@@ -1,0 +1,177 @@
+"""Replay accuracy: predicted acceptance, throughput and TPOT against real launches.
+
+Per workload, on one engine setup (the embedded default unless --model is given): one
+baseline launch (its tokens captured), then one launch per config of CONFIGS, every level in
+each launch. The replay predicts every config from the baseline's tokens alone; the step-cost
+line is fitted on the baseline and ONE calibration config (the one the replay says drafts the
+most per step, as `tuner optimize --strategy replay` picks it), so every other config's error
+is out of sample. Printed: per config and level, predicted and measured mean acceptance length
+(vLLM's counters), output throughput and mean TPOT with their errors; how many requests'
+speculative outputs differ token for token from the baseline's, and the acceptance the replay
+gives over each launch's own tokens (its fidelity to vLLM apart from that drift); the replay
+time of the whole default space. Launch folders are kept under --out, and a rerun reuses finished launches
+(delete the folder to measure again).
+
+    .venv/bin/python benchmarks/replay_accuracy.py [--workloads instructcoder,sharegpt]
+        [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--out outputs/replay-accuracy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tuner import commands, settings
+from tuner.measure import trial, workloads
+from tuner.records import BenchResult, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.replay import acceptance
+from tuner.replay.predict import MeasuredTrial, predict
+from tuner.search import confirm
+from tuner.search import space as spaces
+from tuner.tokens import FILE_NAME, TokenCapture
+
+
+def _ngram(k: int, lo: int, hi: int) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo,
+            "prompt_lookup_max": hi}
+
+
+CONFIGS = [_ngram(1, 1, 2), _ngram(2, 1, 3), _ngram(3, 2, 3), _ngram(4, 2, 4), _ngram(5, 2, 5),
+           _ngram(6, 3, 5), _ngram(8, 1, 4), _ngram(8, 4, 6),
+           {"method": "suffix", "num_speculative_tokens": 8},
+           {"method": "suffix", "num_speculative_tokens": 16,
+            "suffix_decoding_max_tree_depth": 32, "suffix_decoding_min_token_prob": 0.05}]
+
+
+def launch(engine, cfg: TrialConfig, wl, ms: MeasureSettings, folder: Path) -> tuple[BenchResult,
+                                                                                       TokenCapture]:
+    done = folder / "result.json"
+    if not done.exists():
+        t0 = time.monotonic()
+        result = trial.measure(engine, cfg, wl, ms, trial_dir=folder)
+        done.write_text(result.model_dump_json())
+        print(f"  measured {cfg.label()} in {time.monotonic() - t0:.0f} s", flush=True)
+    result = BenchResult.model_validate_json(done.read_text())
+    return result, TokenCapture.load(folder / FILE_NAME)
+
+
+def divergent(base: TokenCapture, other: TokenCapture) -> tuple[int, int]:
+    """(requests whose output differs token for token from the baseline's, requests compared)."""
+    ref = {(r.concurrency, r.index): r.output for r in base.requests if not r.warmup}
+    pairs = [(ref[(r.concurrency, r.index)], r.output) for r in other.requests
+             if not r.warmup and (r.concurrency, r.index) in ref]
+    return sum(1 for a, b in pairs if len(a) != len(b) or (a != b).any()), len(pairs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default="instructcoder,sharegpt")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--model")
+    ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
+    args = ap.parse_args()
+    engine = settings.resolve_engine(model=args.model)
+    levels = tuple(int(x) for x in args.concurrency.split(","))
+    ms = MeasureSettings(concurrencies=levels, requests_per_slot=args.requests_per_slot)
+    max_model_len = commands.engine_setting(engine, "max_model_len") or 1 << 30
+    summary = {}
+    for name in args.workloads.split(","):
+        print(f"== {name}: {args.num_prompts} prompts x {args.output_len} tokens, "
+              f"c={args.concurrency}", flush=True)
+        spec = WorkloadSpec(name=name, num_prompts=args.num_prompts, output_len=args.output_len)
+        wl = workloads.load(spec, tokenizer=engine.tokenizer or engine.model,
+                            pool=ms.pool_size(spec.num_prompts), max_model_len=max_model_len,
+                            say=print)
+        folder = args.out / name
+        base_result, base_cap = launch(engine, TrialConfig(), wl, ms, folder / "baseline")
+        configs = [TrialConfig(speculative_config=c) for c in CONFIGS]
+        first = predict(base_cap, configs, [], max_model_len=max_model_len, max_num_seqs=256)
+        top = max(levels)
+        calib_row = max((r for r in first.rows if r["concurrency"] == top and r["method"] != "none"),
+                        key=lambda r: r["drafted_per_step"])
+        measured = [MeasuredTrial(0, TrialConfig(), "baseline",
+                                  {lv.concurrency: lv for lv in base_result.levels}, base_cap)]
+        diverged, own = {}, {}
+        for i, cfg in enumerate(configs, start=1):
+            result, cap = launch(engine, cfg, wl, ms, folder / f"{i:02d}")
+            role = "calibration" if cfg.key() == calib_row["key"] else "search"
+            measured.append(MeasuredTrial(i, cfg, role, {lv.concurrency: lv for lv in result.levels},
+                                          cap))
+            diverged[cfg.key()] = divergent(base_cap, cap)
+            # The replay over the launch's own tokens: its fidelity to vLLM apart from how far
+            # the speculative outputs drifted from the baseline's (bf16 numerics).
+            own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
+                cap, cfg.speculative_config, max_model_len=max_model_len).items()}
+        pred = predict(base_cap, configs, measured, max_model_len=max_model_len, max_num_seqs=256)
+        print(f"calibration: {calib_row['label']}")
+        for c in sorted(pred.costs):
+            print("  " + pred.costs[c].describe())
+        header = (f"{'config':44} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'err':>6} "
+                  f"{'tok/s pred':>10} {'meas':>6} {'err':>6} {'TPOT pred':>9} {'meas':>6} "
+                  f"{'err':>6} {'diverged':>8} {'AL own':>6} {'err':>6}")
+        print(header)
+        rows = [r for r in pred.rows if r["method"] != "none"]
+        for r in rows:
+            d, n = diverged[r["key"]]
+            tag = " (calibration)" if r["calibration"] else ""
+            own_al = own[r["key"]].get(r["concurrency"])
+            r["own_acceptance_length"] = own_al
+            print(f"{(r['label'] + tag)[:44]:44} {r['concurrency']:>2} "
+                  f"{_f(r['acceptance_length'], 7, 3)} {_f(r['meas_acceptance_length'], 7, 3)} "
+                  f"{_f(r['err_acceptance_length_pct'], 5, 1)}% "
+                  f"{_f(r['pred_output_throughput'], 10, 1)} {_f(r['meas_output_throughput'], 6, 1)} "
+                  f"{_f(r['err_output_throughput_pct'], 5, 1)}% "
+                  f"{_f(r['pred_mean_tpot_ms'], 9, 1)} {_f(r['meas_mean_tpot_ms'], 6, 1)} "
+                  f"{_f(r['err_mean_tpot_pct'], 5, 1)}% {d:>4}/{n:<3} "
+                  f"{_f(own_al, 6, 3)} {_f(_err(own_al, r['meas_acceptance_length']), 5, 1)}%")
+        summary[name] = _summary(rows)
+        print(f"summary {name}: {json.dumps(summary[name])}")
+    t0 = time.monotonic()
+    sp = spaces.load("default")
+    cands = confirm.candidates(sp)
+    base_cap = TokenCapture.load(args.out / args.workloads.split(",")[0] / "baseline" / FILE_NAME)
+    for cfg in cands:
+        acceptance.replay(base_cap, cfg.speculative_config, max_model_len=max_model_len)
+    n_ngram = sum(1 for c in cands if c.method == "ngram")
+    print(f"replay of space 'default' ({n_ngram} n-gram configs, the whole grid, + "
+          f"{len(cands) - n_ngram} suffix configs) over {len(base_cap)} captured requests: "
+          f"{time.monotonic() - t0:.1f} s (vLLM already imported)")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _summary(rows: list[dict]) -> dict:
+    """Acceptance within 3% (n-gram) / 10% (suffix) at c=1; out-of-sample performance errors."""
+    c1 = [r for r in rows if r["concurrency"] == 1 and r["err_acceptance_length_pct"] is not None]
+    ngram = [r for r in c1 if r["method"] == "ngram"]
+    suffix = [r for r in c1 if r["method"] == "suffix"]
+    own = [abs(e) for r in rows if (e := _err(r["own_acceptance_length"],
+                                              r["meas_acceptance_length"])) is not None]
+    perf = [abs(r[k]) for r in rows if not r["calibration"]
+            for k in ("err_output_throughput_pct", "err_mean_tpot_pct") if r[k] is not None]
+    return {
+        "ngram_within_3pct": f"{sum(abs(r['err_acceptance_length_pct']) <= 3 for r in ngram)}"
+                             f"/{len(ngram)}",
+        "suffix_within_10pct": f"{sum(abs(r['err_acceptance_length_pct']) <= 10 for r in suffix)}"
+                               f"/{len(suffix)}",
+        "own_tokens_worst_abs_err_pct": round(max(own), 2) if own else None,
+        "perf_median_abs_err_pct": round(statistics.median(perf), 2) if perf else None,
+        "perf_worst_abs_err_pct": round(max(perf), 2) if perf else None,
+        "perf_errors": len(perf)}
+
+
+def _err(pred, meas) -> float | None:
+    return 100.0 * (pred - meas) / meas if pred is not None and meas else None
+
+
+def _f(x, width: int, digits: int) -> str:
+    return f"{x:{width}.{digits}f}" if isinstance(x, (int, float)) else f"{'-':>{width}}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""`tuner optimize --strategy replay` end to end on the fake engine: baseline with tokens,
+the space replayed, one calibration launch, leaders confirmed and repeated interleaved with
+the baseline, every launch an ordinary trial, predicted.csv written; `tuner predict` after."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pandas as pd
+import pytest
+from conftest import fake_engine_spec
+
+from tuner import api, cli
+from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.records import MeasureSettings, WorkloadSpec
+from tuner.search import study as st
+
+pytest.importorskip("vllm")
+
+WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24)
+
+
+def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str = "ngram",
+              say=None):
+    lines: list[str] = []
+    study = api.optimize(
+        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2),
+        space_name=space, settings=MeasureSettings(concurrencies=(1, 2)),
+        out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
+        objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy,
+        say=say or lines.append)
+    return study, lines
+
+
+def test_replay_launches_baseline_calibration_then_confirms(tmp_path):
+    study, lines = _optimize(tmp_path, n_trials=6)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    roles = [t.user_attrs["role"] for t in trials]
+    assert roles[:2] == ["baseline", "calibration"]
+    assert len(trials) <= 6, "--n-trials is the launch budget, repeats included"
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert set(roles[2:]) <= {"confirm", "repeat"} and "confirm" in roles
+    # interleaved with the baseline: a baseline repeat comes before any leader's repeat
+    repeats = [t for t in trials if t.user_attrs["role"] == "repeat"]
+    assert repeats and repeats[0].user_attrs["repeat_of"] == trials[0].number
+    assert any(line.startswith("Replayed ") for line in lines)
+    assert any("Predicted leaders at c=1" in line for line in lines)
+    pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
+    assert set(pred["concurrency"]) == {1, 2}
+    ngram = pred[pred["method"] == "ngram"]
+    assert len(ngram) == 2 * len(ngram["key"].unique()) > 2 * 100  # the whole 160-point grid
+    confirmed = ngram[ngram["measured_trials"] > 0]
+    assert len(confirmed) >= 2 and confirmed["err_acceptance_length_pct"].notna().all()
+    # every launch has its tokens stored with it
+    assert all(st.token_capture(tmp_path / "study", t) is not None for t in trials)
+
+
+def test_the_confirm_loop_resumes_and_predict_reads_the_study(tmp_path, capsys):
+    _optimize(tmp_path, n_trials=3)
+    study, lines = _optimize(tmp_path, n_trials=4)
+    numbers = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert numbers.count("baseline") == 1 and numbers.count("calibration") == 1
+    assert len(study.trials) == 4
+    rc = cli.main(["predict", str(tmp_path / "study"), "--top", "3", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["concurrency"] for r in doc["rows"]} == {1, 2}
+    assert doc["step_cost"]
+    rc = cli.main(["predict", str(tmp_path / "study"), "--concurrency", "8"])
+    assert rc == 2
+    assert "captured at 1,2" in capsys.readouterr().err
+
+
+def test_a_space_replay_cannot_predict_is_refused_and_auto_falls_back(tmp_path):
+    with pytest.raises(Exception, match="cannot be replayed"):
+        _optimize(tmp_path, n_trials=2, space="draft")
+    study, lines = _optimize(tmp_path / "auto", n_trials=2, strategy="auto")
+    roles = [t.user_attrs["role"] for t in study.trials]
+    assert roles[:2] == ["baseline", "calibration"]  # ngram: auto replays

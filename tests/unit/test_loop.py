@@ -1,0 +1,150 @@
+"""The search loop keeps each trial's token capture (tuner/search/loop.py, tuner/search/study.py).
+
+No engine: an executor stands in for a Ray worker on another host, whose trial folder the
+driver never sees, so the capture reaches the study only as the outcome's bytes; and for the
+inline executor, whose worker already wrote the same file in place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import optuna
+from study_fakes import fake_level
+
+from tuner.records import (
+    BenchResult,
+    EngineInfo,
+    EngineSpec,
+    LevelMetrics,
+    MeasureSettings,
+    TrialAttr,
+    TrialConfig,
+    TrialOutcome,
+    Workload,
+    WorkloadSpec,
+)
+from tuner.search import loop
+from tuner.search import space as spaces
+from tuner.search import study as st
+from tuner.tokens import FILE_NAME, RequestTokens, TokenCapture
+
+
+def _capture(seed: int) -> TokenCapture:
+    rng = np.random.default_rng(seed)
+    return TokenCapture(requests=tuple(
+        RequestTokens(concurrency=1, index=i, warmup=i == 0,
+                      prompt=rng.integers(1, 1000, 6, dtype=np.int32),
+                      output=rng.integers(1, 1000, 4 + i, dtype=np.int32), max_tokens=8)
+        for i in range(3)))
+
+
+class _Executor:
+    """Answers every trial at once, as a worker would: with a capture, written in place
+    (`inline`) or only carried back (a Ray worker on another host)."""
+
+    parallel = 1
+
+    def __init__(self, *, inline: bool, tokens: bool = True) -> None:
+        self.inline, self.tokens = inline, tokens
+        self.done: list[tuple[int, TrialOutcome]] = []
+        self.written: dict[int, bytes] = {}
+
+    def submit(self, key, engine, config: TrialConfig, workload, settings, trial_dir: str,
+               *, num_gpus: float = 0) -> None:
+        data = _capture(key).to_bytes() if self.tokens else None
+        if self.inline and data is not None:
+            Path(trial_dir).mkdir(parents=True)
+            (Path(trial_dir) / FILE_NAME).write_bytes(data)
+        if data is not None:
+            self.written[key] = data
+        result = BenchResult(config=config, engine=EngineInfo(start_s=1.0), levels=(
+            LevelMetrics(**fake_level(1, output_throughput=100.0, mean_tpot_ms=10.0)),))
+        self.done.append((key, TrialOutcome(result=result, tokens=data)))
+
+    def wait_one(self):
+        return self.done.pop(0)
+
+
+def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    sp = spaces.parse({"methods": {"ngram": {"num_speculative_tokens": {
+        "type": "choice", "values": [2]}, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}})
+    loop.enqueue_start(study, sp, "grid", [])
+    search = loop.SearchLoop(
+        study=study, space=sp, engine=EngineSpec(model="m"),
+        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
+        settings=MeasureSettings(), out_dir=out, objectives=["output_throughput", "mean_tpot_ms"],
+        target=1, constraints={}, executor=executor, gpus=0.0, say=lines.append,
+        line=lambda result, _base: result.config.label())
+    search.run(n_trials=2, timeout_s=None)
+    return study
+
+
+def test_a_remote_trial_s_capture_is_written_beside_it_and_named_in_its_attrs(tmp_path):
+    out = tmp_path / "study"
+    executor = _Executor(inline=False)
+    study = _run(out, executor, [])
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == 2
+    for t in trials:
+        path = out / "trials" / str(t.number) / FILE_NAME
+        assert path.read_bytes() == executor.written[t.number]
+        assert t.user_attrs[TrialAttr.TOKENS] == {
+            "file": f"trials/{t.number}/{FILE_NAME}", "requests": 2,
+            "output_tokens": 5 + 6}
+        loaded = st.token_capture(out, t)
+        assert [r.output.tolist() for r in loaded.requests] == \
+            [r.output.tolist() for r in _capture(t.number).requests]
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_an_inline_trial_s_identical_file_is_left_in_place(tmp_path):
+    out = tmp_path / "study"
+    executor = _Executor(inline=True)
+    before: dict[int, int] = {}
+    original_submit = executor.submit
+
+    def submit(key, *args, **kwargs):
+        original_submit(key, *args, **kwargs)
+        before[key] = (out / "trials" / str(key) / FILE_NAME).stat().st_ino
+
+    executor.submit = submit
+    study = _run(out, executor, [])
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        path = out / "trials" / str(t.number) / FILE_NAME
+        assert path.stat().st_ino == before[t.number]  # not rewritten
+        assert st.token_capture(out, t) is not None
+
+
+def test_no_capture_no_attr_and_a_broken_capture_is_said(tmp_path):
+    out = tmp_path / "study"
+    study = _run(out, _Executor(inline=False, tokens=False), [])
+    for t in study.get_trials():
+        assert TrialAttr.TOKENS not in t.user_attrs and st.token_capture(out, t) is None
+    assert not list(out.rglob(FILE_NAME))
+
+    class Garbage(_Executor):
+        def submit(self, key, *args, **kwargs):
+            super().submit(key, *args, **kwargs)
+            key, outcome = self.done.pop()
+            self.done.append((key, outcome.model_copy(update={"tokens": b"not a capture"})))
+
+    lines: list[str] = []
+    study = _run(tmp_path / "garbage", Garbage(inline=False), lines)
+    assert all(TrialAttr.TOKENS not in t.user_attrs for t in study.get_trials())
+    assert sum("token capture came back unreadable" in ln for ln in lines) == 2
+
+
+def test_a_missing_or_corrupt_capture_file_reads_as_none(tmp_path):
+    out = tmp_path / "study"
+    study = _run(out, _Executor(inline=False), [])
+    first, second = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    (out / first.user_attrs[TrialAttr.TOKENS]["file"]).unlink()
+    path = out / second.user_attrs[TrialAttr.TOKENS]["file"]
+    path.write_bytes(path.read_bytes()[:40])  # truncated
+    assert st.token_capture(out, first) is None
+    assert st.token_capture(out, second) is None

@@ -1,0 +1,137 @@
+"""Step-cost model and predictions: synthetic engines whose step cost is a known line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner.records import LevelMetrics, TrialConfig
+from tuner.replay import acceptance, cost
+from tuner.replay.predict import MeasuredTrial, predict
+from tuner.search import confirm
+from tuner.search import space as spaces
+from tuner.tokens import RequestTokens, TokenCapture
+
+pytest.importorskip("vllm")
+
+
+def test_a_line_through_two_points_is_exact():
+    line = cost.fit(4, [cost.Point("base", 4, 20.0, 100.0, anchor=True),
+                        cost.Point("k8", 20, 36.0, 140.0)], path=cost.PATH_PLAIN)
+    assert line.calibrated
+    assert line.step_ms(4) == pytest.approx(20.0)
+    assert line.step_ms(12) == pytest.approx(28.0)
+    assert line.ttft_ms(12) == pytest.approx(120.0)
+
+
+def test_the_anchor_alone_is_flat_and_not_calibrated():
+    line = cost.fit(1, [cost.Point("base", 1, 10.0, 50.0, anchor=True)], path=cost.PATH_PLAIN)
+    assert not line.calibrated
+    assert line.step_ms(9) == pytest.approx(10.0)
+    assert cost.fit(1, [], path=cost.PATH_PLAIN) is None
+
+
+def _capture(seed: int = 0) -> TokenCapture:
+    """Outputs that copy spans of their prompts, so n-gram drafts get accepted often."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for c in (1, 2):
+        for warm, n in ((True, c), (False, 6)):
+            for i in range(n):
+                prompt = rng.integers(0, 50, 200).astype(np.int32)
+                parts = [prompt[s:s + 12] for s in rng.integers(0, 180, 6)]
+                output = np.concatenate(parts + [rng.integers(50, 90, 10).astype(np.int32)])
+                reqs.append(RequestTokens(c, i, warm, prompt, output, max_tokens=len(output)))
+    return TokenCapture(tuple(reqs))
+
+
+A_MS, B_MS, TTFT_MS = {1: 8.0, 2: 9.0}, {1: 0.5, 2: 0.4}, 40.0
+
+
+def _level(c: int, tpot: float, thr: float, acc_len: float | None = None) -> LevelMetrics:
+    nan = math.nan
+    return LevelMetrics(
+        concurrency=c, num_requests=6, completed=6, failed=0, warmup_requests=c, duration=1.0,
+        total_input_tokens=0, total_output_tokens=0, request_throughput=0.0,
+        output_throughput=thr, total_token_throughput=thr, mean_ttft_ms=TTFT_MS,
+        median_ttft_ms=TTFT_MS, p90_ttft_ms=nan, p99_ttft_ms=nan, mean_tpot_ms=tpot,
+        median_tpot_ms=tpot, p90_tpot_ms=nan, p99_tpot_ms=nan, std_tpot_ms=0.0,
+        mean_itl_ms=nan, median_itl_ms=nan, p90_itl_ms=nan, p99_itl_ms=nan, mean_e2el_ms=nan,
+        median_e2el_ms=nan, p99_e2el_ms=nan, spec_decode_acceptance_length=acc_len)
+
+
+def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str
+                     ) -> MeasuredTrial:
+    """What an engine whose step costs A + B x tokens scored would measure."""
+    levels = {}
+    for c in (1, 2):
+        lengths = [len(r.output) for r in sorted(cap.level(c, warmup=False), key=lambda r: r.index)]
+        if spec is None:
+            steps, drafted, acc_len = [n - 1 for n in lengths], 0.0, None
+        else:
+            acc = acceptance.replay(cap, spec, levels=[c])[c]
+            steps, drafted, acc_len = acc.request_steps, acc.drafted_per_step, acc.acceptance_length
+        step = A_MS[c] + B_MS[c] * c * (1 + drafted)
+        tpot = float(np.mean([s * step / (n - 1) for s, n in zip(steps, lengths, strict=True)]))
+        e2e = sum(TTFT_MS + s * step for s in steps)
+        levels[c] = _level(c, tpot, thr=1000.0 * sum(lengths) * c / e2e, acc_len=acc_len)
+    return MeasuredTrial(number, TrialConfig(speculative_config=spec), role, levels, cap)
+
+
+NG = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 1,
+      "prompt_lookup_max": 4}
+SMALL = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 3}
+
+
+def test_predictions_recover_a_known_step_cost_out_of_sample():
+    cap = _capture()
+    measured = [_synthetic_trial(0, cap, None, "baseline"),
+                _synthetic_trial(1, cap, NG, "calibration"),
+                _synthetic_trial(2, cap, SMALL, "confirm")]
+    pred = predict(cap, [TrialConfig(speculative_config=NG), TrialConfig(speculative_config=SMALL)],
+                   measured, max_model_len=4096, max_num_seqs=16)
+    for c in (1, 2):
+        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-6)
+        assert pred.costs[c].a == pytest.approx(A_MS[c], rel=1e-6)
+    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    for r in small:  # not a calibration point, yet predicted exactly: the model is the engine
+        assert not r["calibration"]
+        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=1e-6)
+        assert abs(r["err_output_throughput_pct"]) < 5.0  # closed-loop duration is first order
+        assert r["err_acceptance_length_pct"] == pytest.approx(0.0, abs=1e-9)
+        assert r["pred_speedup"] > 1.0  # copied spans: speculation pays on this engine
+    best = pred.leaders(1, 1)[0]
+    assert best["method"] == "ngram"
+
+
+def test_without_a_speculative_trial_only_acceptance_is_predicted():
+    cap = _capture()
+    pred = predict(cap, [TrialConfig(speculative_config=NG)],
+                   [_synthetic_trial(0, cap, None, "baseline")], max_model_len=4096,
+                   max_num_seqs=16)
+    rows = [r for r in pred.rows if r["method"] == "ngram"]
+    assert rows and all(r["pred_output_throughput"] is None for r in rows)
+    assert all(r["acceptance_length"] > 1 for r in rows)
+    assert not any(c.calibrated for c in pred.costs.values())
+    assert pred.leaders(1, 3) == []
+
+
+def test_candidates_cover_the_whole_ngram_grid_and_a_seeded_suffix_sample():
+    sp = spaces.load("default")
+    got = confirm.candidates(sp, seed=0)
+    ngram = [c for c in got if c.method == "ngram"]
+    suffix = [c for c in got if c.method == "suffix"]
+    assert len(ngram) == len(sp.model_copy(update={"methods": {"ngram": sp.methods["ngram"]}})
+                             .grid())
+    assert confirm.SUFFIX_POINTS <= len(suffix) <= confirm.SUFFIX_POINTS + 1  # + start point
+    assert [c.key() for c in got] == [c.key() for c in confirm.candidates(sp, seed=0)]
+    assert len({c.key() for c in got}) == len(got)
+
+
+def test_spaces_that_replay_cannot_predict_say_why():
+    assert confirm.why_not_replayable(spaces.load("ngram"), rates=None) is None
+    assert "cannot be replayed" in confirm.why_not_replayable(spaces.load("draft"), rates=None)
+    assert "synthetic" in confirm.why_not_replayable(spaces.load("ngram"), rates=[0.5])

@@ -1,0 +1,426 @@
+"""Replay stage, acceptance: vLLM's own n-gram and suffix proposers stepped over recorded tokens.
+
+At temperature 0 speculative decoding is lossless: under any n-gram or suffix config the engine
+emits the tokens the baseline emitted. So a recorded baseline (tuner.tokens) fixes what every
+step of such a config drafts and accepts. This module steps the proposer code of the installed
+vLLM over those tokens (it imports it; nothing here re-implements a proposer):
+
+- n-gram: `vllm.v1.spec_decode.ngram_proposer._find_longest_matched_ngram_and_propose_tokens`,
+  the function `NgramProposer.propose` calls per request;
+- suffix: vLLM's `SuffixDecodingProposer` itself (arctic-inference's cache), fed one engine
+  step at a time, every running request in batch order, as the GPU model runner feeds it.
+
+Engine rules modeled, each where the code below names it (vLLM 0.26 and 0.32 alike):
+
+1. PREFILL_HAS_NO_DRAFT: a request's prefill step samples its first output token with no
+   draft; the first draft is proposed from prompt + that token and verified one step later.
+2. ADVANCE: a verify step accepts the longest matching prefix of the draft and adds one bonus
+   token; the next draft is proposed from prompt + every token so far.
+3. MAX_MODEL_LEN: the n-gram proposer clamps K to max_model_len - L and proposes nothing once
+   L >= max_model_len; the scheduler then trims drafts to max_model_len - L - 1 tokens (the
+   suffix proposer asks for that directly).
+4. NO_MAX_TOKENS_TRIM: nothing shortens a draft near max_tokens on this (synchronous) path,
+   and vLLM counts acceptance before it cuts the output at the stop: a last step whose draft
+   matched every remaining token goes on accepting draft tokens past the end as long as they
+   match the model's continuation, which no recording holds. The replay advances as if those
+   were rejected (they produce no output) and adds their expected number to the acceptance
+   counters: sum_j rho^j over the m draft tokens past the end, where rho is this config's own
+   rate of accepting position i+1 once position i was accepted (PAST_END).
+5. COUNTING: as vLLM's spec-decode counters, a step counts as a draft only if it drafted at
+   least one token; acceptance rate = accepted / drafted tokens; mean acceptance length =
+   1 + accepted / drafts; per-position rate = drafts whose position i was accepted / drafts.
+6. BATCH_SCHEDULE: with `num_speculative_tokens_per_batch_size`, the K a step drafts is looked
+   up (vLLM's own `build_dynamic_sd_schedule_lookup`) from the number of requests scheduled
+   in the step that proposed it, prefills included.
+7. SYNC_PATH: n-gram and suffix turn async scheduling off on the GPU build, and the CPU build
+   never has it, so the replay models the synchronous path only (no async rule applies).
+8. CLOSED_LOOP: requests run as the load generator ran them: per level, warm-ups first then
+   the measured requests, `concurrency` at a time, a freed slot taking the next request at
+   the next step. n-gram is stateless per request, so only a batch schedule needs the
+   interleaving; the suffix cache learns from every request, warm-ups and earlier levels
+   included, so a suffix replay walks the whole capture in order.
+9. SUFFIX_LAST_STEP: the engine proposes once more in the step that finishes a request (it
+   learns of the stop only in the scheduler), which feeds that request's last tokens to the
+   suffix cache; a finished request is stopped at the next propose call.
+
+Not modeled: chunked prefill of prompts longer than the step's token budget (a partial
+prefill drafts nothing; it matters only for prompts longer than max_num_batched_tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.tokens import RequestTokens, TokenCapture
+
+REPLAYABLE = ("ngram", "suffix")
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class Acceptance:
+    """What one config drafts and accepts over the measured requests of one level."""
+
+    concurrency: int
+    requests: int = 0
+    output_tokens: int = 0
+    steps: int = 0  # decode steps after prefill, every request summed
+    drafts: int = 0  # steps that drafted at least one token (vLLM's num_drafts)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    request_steps: list[int] = field(default_factory=list)  # per measured request, in index order
+    # PAST_END: per last step that matched every remaining token, its draft tokens past the end
+    past_end: list[int] = field(default_factory=list)
+    _continued: int = 0  # accepted positions i+1 whose position i was accepted
+    _could_continue: int = 0  # accepted positions i followed by a drafted position i+1
+    # replay(trace=True): per request index, every verify step's (drafted, accepted)
+    trace: dict[int, list[tuple[int, int]]] | None = None
+
+    @property
+    def continuation_rate(self) -> float:
+        """rho: how often a drafted position i+1 was accepted when position i was, over every
+        step that ended inside the recording (PAST_END)."""
+        return self._continued / self._could_continue if self._could_continue else 0.0
+
+    @property
+    def expected_past_end(self) -> float:
+        """PAST_END: draft tokens past a request's end that vLLM's counters would accept."""
+        rho = self.continuation_rate
+        return sum(sum(rho ** j for j in range(1, m + 1)) for m in self.past_end)
+
+    @property
+    def counted_accepted(self) -> float:
+        """Accepted tokens as vLLM's counter counts them (past-end acceptance included)."""
+        return self.accepted_tokens + self.expected_past_end
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.counted_accepted / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return 1.0 + self.counted_accepted / self.drafts if self.drafts else None
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / self.drafts for a in self.accepted_per_pos] if self.drafts else []
+
+    @property
+    def drafted_per_step(self) -> float:
+        """Mean draft tokens a request adds to a step: the extra work verification scores."""
+        return self.draft_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Output tokens per decode step of a request (1 without speculation)."""
+        decode_tokens = self.output_tokens - self.requests  # the prefill emits one each
+        return decode_tokens / self.steps if self.steps else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "requests": self.requests,
+                "output_tokens": self.output_tokens, "steps": self.steps,
+                "num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens,
+                "num_accepted_tokens": self.accepted_tokens,
+                "expected_past_end_accepted": self.expected_past_end,
+                "acceptance_rate": self.acceptance_rate,
+                "acceptance_length": self.acceptance_length,
+                "per_position": self.per_position, "drafted_per_step": self.drafted_per_step,
+                "tokens_per_step": self.tokens_per_step}
+
+    def _count_many(self, drafted: np.ndarray, accepted: np.ndarray, *,
+                    censored_last: bool = False) -> None:
+        """_count for many steps at once (the last one past the end when `censored_last`)."""
+        seen = slice(0, len(drafted) - 1 if censored_last else len(drafted))
+        self._continued += int(np.maximum(accepted[seen] - 1, 0).sum())
+        self._could_continue += int(np.minimum(accepted[seen], drafted[seen] - 1).clip(0).sum())
+        self.steps += len(drafted)
+        has = drafted > 0
+        self.drafts += int(has.sum())
+        self.draft_tokens += int(drafted.sum())
+        self.accepted_tokens += int(accepted[has].sum())
+        width = int(drafted.max(initial=0))
+        if len(self.accepted_per_pos) < width:
+            self.accepted_per_pos.extend([0] * (width - len(self.accepted_per_pos)))
+        for i in range(int(accepted.max(initial=0))):
+            self.accepted_per_pos[i] += int((accepted > i).sum())
+
+    def _count(self, drafted: int, accepted: int, *, censored: bool = False) -> None:
+        if not censored:
+            self._continued += max(accepted - 1, 0)
+            self._could_continue += max(min(accepted, drafted - 1), 0)
+        self.steps += 1
+        if drafted:  # COUNTING
+            self.drafts += 1
+            self.draft_tokens += drafted
+            self.accepted_tokens += accepted
+            if len(self.accepted_per_pos) < drafted:
+                self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+            for i in range(accepted):
+                self.accepted_per_pos[i] += 1
+
+
+def replayable(speculative_config: dict[str, Any] | None) -> bool:
+    return bool(speculative_config) and speculative_config.get("method") in REPLAYABLE
+
+
+def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
+           max_model_len: int = DEFAULT_MAX_MODEL_LEN, max_num_seqs: int = 256,
+           levels: Iterable[int] | None = None, trace: bool = False) -> dict[int, Acceptance]:
+    """Acceptance of `speculative_config` at each level of `capture` (measured requests only);
+    with `trace`, also every step of every request (Acceptance.trace).
+
+    Raises ValueError for a method the replay cannot run (see REPLAYABLE)."""
+    method = speculative_config.get("method")
+    if method not in REPLAYABLE:
+        raise ValueError(f"method {method!r} cannot be replayed; replayable: {REPLAYABLE}")
+    wanted = set(capture.levels() if levels is None else levels)
+    k = int(speculative_config.get("num_speculative_tokens") or _default_k(speculative_config))
+    lookup = _schedule(speculative_config.get("num_speculative_tokens_per_batch_size"),
+                       max_num_seqs=max_num_seqs, k=k)
+    if method == "ngram":
+        lo, hi = _window(speculative_config)
+        proposer: _Proposer = _Ngram(k=k, min_n=lo, max_n=hi, max_model_len=max_model_len)
+        if lookup is None:  # stateless and one K: every request on its own is exact
+            return {c: _independent(capture.level(c, warmup=False), proposer, c, trace)
+                    for c in capture.levels() if c in wanted}
+    else:
+        if lookup is not None:
+            # vLLM's SuffixDecodingProposer asserts K == num_speculative_tokens every step.
+            raise ValueError("suffix decoding with num_speculative_tokens_per_batch_size: "
+                             "vLLM's suffix proposer accepts no per-batch-size K")
+        proposer = _Suffix(speculative_config, k=k, max_model_len=max_model_len)
+    out = {}
+    for c in capture.levels():  # CLOSED_LOOP: every level, so a suffix cache sees it all
+        for warmup in (True, False):
+            stats = _closed_loop(capture.level(c, warmup=warmup), proposer, c, lookup, trace)
+            if not warmup and c in wanted:
+                out[c] = stats
+    return out
+
+
+# -- configs ------------------------------------------------------------------------------------
+def _default_k(spec: dict[str, Any]) -> int:
+    if spec.get("method") == "suffix":  # vLLM: num_speculative_tokens defaults to the depth
+        return int(spec.get("suffix_decoding_max_tree_depth") or 24)
+    raise ValueError("an n-gram config needs num_speculative_tokens")
+
+
+def _window(spec: dict[str, Any]) -> tuple[int, int]:
+    """vLLM's defaults: both 5 when neither is set; one set, the other copies it."""
+    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    if lo is None and hi is None:
+        return 5, 5
+    lo = hi if lo is None else lo
+    hi = lo if hi is None else hi
+    return int(lo), int(hi)
+
+
+def _schedule(spec_schedule, *, max_num_seqs: int, k: int) -> list[int] | None:
+    if not spec_schedule:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return build_dynamic_sd_schedule_lookup(spec_schedule, max_num_seqs, k)
+
+
+# -- proposers ----------------------------------------------------------------------------------
+class _Running:
+    """One request in flight: where it is in its recorded output, and its pending draft."""
+
+    __slots__ = ("req", "rid", "tokens", "pos", "draft", "last", "past")
+
+    def __init__(self, req: RequestTokens, rid: str) -> None:
+        self.req, self.rid = req, rid
+        self.tokens = np.concatenate([req.prompt, req.output]).astype(np.int32)
+        self.pos = 0  # output tokens emitted so far
+        self.draft = np.zeros(0, np.int32)
+        self.last: list[int] = []  # ids emitted by the last step (the suffix cache's input)
+        self.past = 0  # PAST_END: draft tokens of the last verify step past the recorded end
+
+    @property
+    def context_len(self) -> int:
+        return len(self.req.prompt) + self.pos
+
+
+class _Proposer:
+    def propose(self, batch: Sequence[_Running], k: int) -> None:
+        raise NotImplementedError
+
+
+@functools.cache
+def _ngram_fn():
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens,
+    )
+
+    return _find_longest_matched_ngram_and_propose_tokens
+
+
+class _Ngram(_Proposer):
+    def __init__(self, *, k: int, min_n: int, max_n: int, max_model_len: int) -> None:
+        self.k, self.min_n, self.max_n, self.max_model_len = k, min_n, max_n, max_model_len
+        self.find = _ngram_fn()
+
+    def propose(self, batch: Sequence[_Running], k: int) -> None:
+        for r in batch:
+            r.draft = self.draft(r.tokens, r.context_len, k)
+
+    def draft(self, tokens: np.ndarray, length: int, k: int) -> np.ndarray:
+        if length >= self.max_model_len or k <= 0:  # MAX_MODEL_LEN
+            return tokens[:0]
+        d = self.find(tokens[:length], self.min_n, self.max_n, self.max_model_len, min(k, self.k))
+        return d[:max(0, self.max_model_len - length - 1)]  # MAX_MODEL_LEN: scheduler trim
+
+
+class _Suffix(_Proposer):
+    """vLLM's SuffixDecodingProposer, with the few fields of its configs and input batch it
+    reads given as plain namespaces (it runs without a GPU)."""
+
+    def __init__(self, spec: dict[str, Any], *, k: int, max_model_len: int) -> None:
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        defaults = {"suffix_decoding_max_tree_depth": 24,
+                    "suffix_decoding_max_cached_requests": 10000,
+                    "suffix_decoding_max_spec_factor": 1.0,
+                    "suffix_decoding_min_token_prob": 0.1}
+        sc = types.SimpleNamespace(**{**defaults, **{key: spec[key] for key in defaults
+                                                     if spec.get(key) is not None}},
+                                   num_speculative_tokens=k)
+        config = types.SimpleNamespace(
+            speculative_config=sc,
+            model_config=types.SimpleNamespace(max_model_len=max_model_len))
+        self.proposer = SuffixDecodingProposer(config)
+        self.k, self.max_model_len = k, max_model_len
+
+    def propose(self, batch: Sequence[_Running], k: int) -> None:
+        width = max((len(r.tokens) for r in batch), default=1)
+        token_ids = np.zeros((max(len(batch), 1), width), dtype=np.int32)
+        for i, r in enumerate(batch):
+            token_ids[i, :len(r.tokens)] = r.tokens
+        input_batch = types.SimpleNamespace(
+            req_ids=[r.rid for r in batch],
+            req_id_to_index={r.rid: i for i, r in enumerate(batch)},
+            num_prompt_tokens=[len(r.req.prompt) for r in batch],
+            num_tokens_no_spec=[r.context_len for r in batch],
+            token_ids_cpu=token_ids)
+        drafts = self.proposer.propose(self.k, input_batch, [r.last for r in batch])
+        for r, d in zip(batch, drafts, strict=True):
+            r.draft = np.asarray(d, dtype=np.int32)
+
+
+# -- stepping -----------------------------------------------------------------------------------
+def _verify(r: _Running) -> tuple[int, int]:
+    """ADVANCE: (drafted, accepted) of this step; moves `r` past accepted + bonus."""
+    out = r.req.output
+    start = r.pos
+    drafted = len(r.draft)
+    target = out[start:start + drafted]
+    matches = r.draft[:len(target)] == target  # NO_MAX_TOKENS_TRIM: past the end is rejected
+    accepted = int(np.argmin(np.append(matches, False)))
+    remaining = len(out) - start
+    r.past = drafted - remaining if accepted == remaining and drafted > remaining else 0
+    r.pos = min(len(out), start + accepted + 1)
+    r.last = out[start:r.pos].tolist()
+    return drafted, accepted
+
+
+def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
+                 trace: bool) -> Acceptance:
+    """Each request on its own, every step inside one compiled loop around vLLM's function."""
+    stats = Acceptance(concurrency=c, trace={} if trace else None)
+    kernel = _ngram_kernel()
+    for req in sorted(reqs, key=lambda q: q.index):
+        tokens = np.concatenate([req.prompt, req.output]).astype(np.int32)
+        drafted = np.zeros(max(1, len(req.output)), np.int64)
+        accepted = np.zeros_like(drafted)
+        past = np.zeros(1, np.int64)
+        steps = kernel(tokens, len(req.prompt), len(req.output), proposer.min_n, proposer.max_n,
+                       proposer.max_model_len, proposer.k, drafted, accepted, past)
+        if past[0]:
+            stats.past_end.append(int(past[0]))
+        stats._count_many(drafted[:steps], accepted[:steps], censored_last=bool(past[0]))
+        if trace:
+            stats.trace[req.index] = list(zip(drafted[:steps].tolist(),
+                                               accepted[:steps].tolist(), strict=True))
+        stats.requests += 1
+        stats.output_tokens += len(req.output)
+        stats.request_steps.append(int(steps))
+    return stats
+
+
+@functools.cache
+def _ngram_kernel():
+    """One request's whole replay as a numba function that calls vLLM's jitted proposer
+    function step by step: the same rules as _Ngram.draft and _verify (a test holds the two
+    paths equal), about 100x faster than stepping in Python."""
+    import numba
+
+    find = _ngram_fn()
+
+    @numba.njit
+    def run(tokens, plen, olen, min_n, max_n, max_model_len, k, drafted, accepted, past):
+        pos, steps = 1, 0  # PREFILL_HAS_NO_DRAFT
+        while pos < olen:
+            length = plen + pos
+            n, a = 0, 0
+            if length < max_model_len:  # MAX_MODEL_LEN
+                d = find(tokens[:length], min_n, max_n, max_model_len, k)
+                n = min(len(d), max(0, max_model_len - length - 1))
+                # ADVANCE; NO_MAX_TOKENS_TRIM: a draft past the recorded end is rejected
+                while a < n and pos + a < olen and d[a] == tokens[length + a]:
+                    a += 1
+            drafted[steps], accepted[steps] = n, a
+            if a == olen - pos and n > a:  # PAST_END
+                past[0] = n - a
+            steps += 1
+            pos = min(olen, pos + a + 1)
+        return steps
+
+    return run
+
+
+_ids = iter(range(1 << 62))
+
+
+def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
+                 lookup: list[int] | None, trace: bool) -> Acceptance:
+    """CLOSED_LOOP: step the requests `c` at a time; returns their acceptance."""
+    stats = Acceptance(concurrency=c, trace={} if trace else None)
+    queue = sorted(reqs, key=lambda q: q.index)[::-1]
+    running: list[_Running] = []
+    steps_of: dict[int, int] = {}
+    k_next = proposer.k if lookup is None else lookup[min(c, len(lookup) - 1)]
+    while queue or running:
+        batch: list[_Running] = []
+        for r in running:  # verify last step's drafts
+            step = _verify(r)
+            stats._count(*step, censored=r.past > 0)
+            if r.past:
+                stats.past_end.append(r.past)
+            if trace:
+                stats.trace.setdefault(r.req.index, []).append(step)
+            steps_of[id(r.req)] = steps_of.get(id(r.req), 0) + 1
+            batch.append(r)
+        while queue and len(batch) < c:  # PREFILL_HAS_NO_DRAFT: new requests emit one token
+            r = _Running(queue.pop(), f"r{next(_ids)}")
+            r.pos, r.last = 1, r.req.output[:1].tolist()
+            steps_of[id(r.req)] = 0
+            batch.append(r)
+        # SUFFIX_LAST_STEP: finished requests are in this step's batch too.
+        proposer.propose(batch, k_next)
+        if lookup is not None:  # BATCH_SCHEDULE
+            k_next = lookup[min(len(batch), len(lookup) - 1)]
+        running = [r for r in batch if r.pos < len(r.req.output)]
+        for r in batch:
+            if r.pos >= len(r.req.output):
+                stats.requests += 1
+                stats.output_tokens += len(r.req.output)
+    stats.request_steps = [steps_of[id(q)] for q in sorted(reqs, key=lambda q: q.index)]
+    return stats

@@ -1,0 +1,307 @@
+"""Search stage, the replay strategy: predict the whole space, launch only to confirm.
+
+    baseline launch (its tokens captured) -> replay every candidate of the space over those
+    tokens (tuner.replay) -> one calibration launch (the candidate that drafts the most per
+    step, so the step-cost line spans the space) -> predicted table per level -> confirm the
+    predicted leaders with real launches, interleaved with the baseline and repeated until the
+    ranking they decide is outside their spread, or the launch budget or --timeout runs out.
+
+Every launch is an ordinary trial of the study (roles baseline, calibration, confirm,
+repeat), so recommendations, reports and a later `--strategy optuna` resume read them as
+always; predictions only choose what to launch. --n-trials is the number of engine launches.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from tuner.records import BenchResult, LevelMetrics, Role, TrialAttr, TrialConfig
+from tuner.replay import acceptance
+from tuner.replay.predict import MeasuredTrial, Prediction, predict
+from tuner.search import study as st
+from tuner.search.loop import SearchLoop
+from tuner.search.space import Param, SearchSpace
+
+GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
+SAMPLED_POINTS = 48  # per method whose space is continuous or larger than GRID_LIMIT
+SUFFIX_POINTS = 24  # a suffix replay steps the cache in Python: ~0.4 s per config per 6k tokens
+
+
+def why_not_replayable(space: SearchSpace, *, rates: list[float] | None) -> str | None:
+    """None when every candidate of `space` can be predicted by replay, else why not."""
+    other = [m for m in space.speculative_methods() if m not in acceptance.REPLAYABLE]
+    if other:
+        return (f"method(s) {', '.join(other)} cannot be replayed (only "
+                f"{', '.join(acceptance.REPLAYABLE)} can)")
+    if any(isinstance(p, Param) for p in space.engine.values()):
+        return "the space searches engine knobs, which the step-cost model does not cover"
+    if rates:
+        return "--acceptance-rates forces a synthetic acceptance that replay cannot predict"
+    return None
+
+
+def candidates(space: SearchSpace, *, seed: int = 0) -> list[TrialConfig]:
+    """The configs to replay: every grid point of a method (n-gram: all 160), or a seeded
+    sample where the method's grid is large or continuous, the space's start points always."""
+    rng = random.Random(seed)
+    out: dict[str, TrialConfig] = {}
+    for point in space.start_points:
+        params = space.params_of(point)
+        if params:
+            cfg = space.config_from_params(params)
+            out[cfg.key()] = cfg
+    for method in space.speculative_methods():
+        cap = SUFFIX_POINTS if method == "suffix" else GRID_LIMIT
+        sub = space.model_copy(update={"methods": {method: space.methods[method]}})
+        try:
+            points = sub.grid(limit=GRID_LIMIT)
+        except Exception:  # continuous knobs or too many points: sample instead
+            points = None
+        if points is not None and len(points) <= cap:
+            configs = [sub.config_from_params(p) for p in points]
+        else:
+            configs = [sub.suggest(_RandomTrial(rng)) for _ in range(
+                min(cap, SAMPLED_POINTS) * 4)]
+            rng.shuffle(configs)
+        picked = 0
+        for cfg in configs:
+            if cfg.key() not in out and picked < cap:
+                out[cfg.key()] = cfg
+                picked += 1
+    return list(out.values())
+
+
+class _RandomTrial:
+    """Just enough of an Optuna trial for SearchSpace.suggest to draw one random point."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def suggest_categorical(self, _name: str, choices: list[Any]) -> Any:
+        return self.rng.choice(choices)
+
+    def suggest_int(self, _name: str, low: int, high: int, *, step: int = 1,
+                    log: bool = False) -> int:
+        return low + step * self.rng.randint(0, (high - low) // step)
+
+    def suggest_float(self, _name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float:
+        if step:
+            return round(low + step * self.rng.randint(0, int(round((high - low) / step))), 10)
+        return self.rng.uniform(low, high)
+
+
+class ReplaySearch:
+    """The replay strategy over one SearchLoop (its study, executor and trial telling)."""
+
+    def __init__(self, loop: SearchLoop, *, study_dir: Path, max_model_len: int,
+                 max_num_seqs: int, leaders: int = 2, seed: int = 0,
+                 on_prediction: Callable[[Prediction], None] | None = None) -> None:
+        self.loop, self.study, self.study_dir = loop, loop.study, study_dir
+        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
+        self.leaders, self.seed = leaders, seed
+        self.say = loop.say
+        self.on_prediction = on_prediction or (lambda _p: None)
+        self.prediction: Prediction | None = None
+        self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
+        self._said_stop = False
+
+    # -- the strategy -----------------------------------------------------------------------
+    def run(self, *, n_trials: int, timeout_s: float | None) -> bool:
+        """Run the strategy; False when the baseline captured no tokens (the caller then
+        falls back to the Optuna search)."""
+        t0 = time.monotonic()
+
+        def room() -> bool:
+            why = None
+            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                why = f"--timeout {timeout_s:.0f} s reached; stopping."
+            elif self.launches() >= n_trials:
+                why = f"--n-trials {n_trials}: every engine launch of the budget is spent."
+            if why and not self._said_stop:
+                self.say(why)
+                self._said_stop = True
+            return why is None
+
+        base = self._first(lambda t: st.is_baseline(t))
+        if base is None:
+            if not room():
+                return True
+            base = self._launch(self.loop.space.baseline(), Role.BASELINE)
+        if base is None:
+            return True  # the baseline failed: failure_summary tells the user why
+        capture = st.token_capture(self.study_dir, base)
+        if capture is None:
+            self.say("The baseline trial holds no token ids (this vLLM did not return them), "
+                     "so replay cannot predict; using the Optuna search instead.")
+            return False
+        configs = candidates(self.loop.space, seed=self.seed)
+        pred = self._predict(capture, configs)
+        self.say(f"Replayed {pred.configs} configs of space '{self.loop.space.name}' over the "
+                 f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
+                 f"per level in {pred.seconds:.1f} s (no engine).")
+        if not any(c.calibrated for c in pred.costs.values()) and room():
+            calib = self._calibration_config(pred)
+            if calib is not None:
+                self.say(f"Calibration launch: {calib.label()} drafts the most per step "
+                         f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
+                         "spans the space.")
+                self._launch(calib, Role.CALIBRATION)
+                pred = self._predict(capture, configs)
+        self._print_costs(pred)
+        target = self.loop.target
+        leaders = [TrialConfig.model_validate({"speculative_config": _spec(r)})
+                   for r in pred.leaders(target, self.leaders)]
+        if not leaders:
+            self.say("No predicted leader to confirm.")
+            return True
+        named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f} tok/s "
+                          f"({r['pred_speedup']:.2f}x)" for r in pred.leaders(target, self.leaders))
+        self.say(f"Predicted leaders at c={target}: {named}")
+        while room():
+            verdict = self._verdict(leaders)
+            if verdict.startswith("decided"):
+                self.say("Ranking " + verdict)
+                break
+            pick = self._next(leaders)
+            self._launch(pick, None)
+            self.prediction = pred = self._predict(capture, configs)
+        else:
+            self.say("Ranking " + self._verdict(leaders))
+        return True
+
+    # -- launching --------------------------------------------------------------------------
+    def launches(self) -> int:
+        """Engine launches in this study so far (repeats included; answers from storage and
+        trials a dead driver left behind are not)."""
+        n = 0
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                                 TrialState.FAIL)):
+            if TrialAttr.DUPLICATE_OF in t.user_attrs or \
+                    t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died":
+                continue
+            n += 1
+        return n
+
+    def _launch(self, config: TrialConfig, role: Role | None) -> Any:
+        """Measure `config` once as a trial of the study; the trial when it completed."""
+        first = self._first(lambda t: t.user_attrs.get(TrialAttr.CONFIG_KEY) == config.key())
+        if role is None:
+            role = Role.REPEAT if first is not None else Role.CONFIRM
+        attrs = {TrialAttr.ROLE: role.value,
+                 TrialAttr.CONFIG_OVERRIDE: config.model_dump(mode="json")}
+        if role == Role.REPEAT:
+            attrs[TrialAttr.REPEAT_OF] = first.number
+        trial = st.ask_fresh(self.study, user_attrs=attrs)
+        st.label_trial(trial, config, role.value)
+        started = time.monotonic()
+        self.loop._submit(trial, config)
+        _, outcome = self.loop.executor.wait_one()
+        self.loop._tell(trial, config, outcome, time.monotonic() - started)
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        return frozen if frozen.state == TrialState.COMPLETE else None
+
+    def _first(self, match: Callable[[Any], bool]) -> Any:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT and match(t):
+                return t
+        return None
+
+    # -- predicting -------------------------------------------------------------------------
+    def measured(self) -> list[MeasuredTrial]:
+        return measured_trials(self.study, self.study_dir)
+
+    def _predict(self, capture, configs: list[TrialConfig]) -> Prediction:
+        pred = predict(capture, configs, self.measured(), max_model_len=self.max_model_len,
+                       max_num_seqs=self.max_num_seqs, memo=self._memo)
+        self.prediction = pred
+        self.on_prediction(pred)
+        return pred
+
+    def _calibration_config(self, pred: Prediction) -> TrialConfig | None:
+        top = max(self.loop.settings.concurrencies)
+        rows = [r for r in pred.rows if r["concurrency"] == top and r["method"] != "none"]
+        if not rows:
+            return None
+        best = max(rows, key=lambda r: (r["drafted_per_step"], r["acceptance_length"] or 0))
+        return TrialConfig.model_validate({"speculative_config": _spec(best)})
+
+    @staticmethod
+    def _drafted(pred: Prediction, cfg: TrialConfig) -> float:
+        return max((r["drafted_per_step"] for r in pred.rows if r["key"] == cfg.key()),
+                   default=0.0)
+
+    def _print_costs(self, pred: Prediction) -> None:
+        for c in sorted(pred.costs):
+            self.say("  step cost " + pred.costs[c].describe())
+
+    # -- confirming -------------------------------------------------------------------------
+    def _samples(self, cfg: TrialConfig) -> list[float]:
+        c = self.loop.target
+        return [lv.output_throughput for m in measured_trials(self.study, self.study_dir,
+                                                               captures=False)
+                if m.config.key() == cfg.key() and (lv := m.levels.get(c)) is not None]
+
+    def _next(self, leaders: list[TrialConfig]) -> TrialConfig:
+        """The least-measured of the baseline and the leaders (the baseline first on ties), so
+        launches interleave and every ratio gets repeats."""
+        pool = [self.loop.space.baseline(), *leaders]
+        return min(pool, key=lambda cfg: (len(self._samples(cfg)), pool.index(cfg)))
+
+    def _verdict(self, leaders: list[TrialConfig]) -> str:
+        """'decided: ...' once the best leader's ratio to the baseline is separated from the
+        runner-up's and from 1.0 by more than their spreads (half ranges, >= 2 runs each)."""
+        baseline = self.loop.space.baseline()
+        base = self._samples(baseline)
+        if len(base) < 2:
+            return "undecided: the baseline has fewer than 2 runs"
+        ref = statistics.median(base)
+        stats = []
+        for cfg in [baseline, *leaders]:
+            ratios = [x / ref for x in self._samples(cfg)]
+            if len(ratios) < 2:
+                return f"undecided: {cfg.label()} has fewer than 2 runs"
+            stats.append((statistics.median(ratios), (max(ratios) - min(ratios)) / 2,
+                          cfg.label(), len(ratios)))
+        ranked = sorted(stats, reverse=True)
+        text = "; ".join(f"{lbl} {m:.2f}x +- {s:.2f} ({n} runs)" for m, s, lbl, n in ranked)
+        (m1, s1, _, _), (m2, s2, _, _) = ranked[0], ranked[1]
+        if m1 - m2 > s1 + s2:
+            return f"decided at c={self.loop.target}: {text}"
+        return f"undecided at c={self.loop.target} (gap {m1 - m2:.2f} <= spread " \
+               f"{s1 + s2:.2f}): {text}"
+
+
+def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
+                    ) -> list[MeasuredTrial]:
+    """Every completed trial with a result, as the predictor takes them; a repeat carries the
+    role of the trial it repeats (a baseline's repeat is a baseline run)."""
+    trials = study.get_trials(deepcopy=False)
+    roles = {t.number: t.user_attrs.get(TrialAttr.ROLE) for t in trials}
+    out = []
+    for t in trials:
+        if t.state != TrialState.COMPLETE or TrialAttr.DUPLICATE_OF in t.user_attrs \
+                or TrialAttr.RESULT not in t.user_attrs:
+            continue
+        result = BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT])
+        role = t.user_attrs.get(TrialAttr.ROLE) or Role.SEARCH.value
+        if role == Role.REPEAT.value:
+            role = roles.get(t.user_attrs.get(TrialAttr.REPEAT_OF)) or role
+        levels: dict[int, LevelMetrics] = {lv.concurrency: lv for lv in result.levels}
+        out.append(MeasuredTrial(
+            number=t.number, config=result.config, role=role, levels=levels,
+            capture=st.token_capture(study_dir, t) if captures else None))
+    return out
+
+
+def _spec(row: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return json.loads(row["speculative_config"])
