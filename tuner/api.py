@@ -203,7 +203,7 @@ def policy(
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
     from tuner.outputs import files
-    from tuner.search import campaign
+    from tuner.search import campaign, confirm
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name, setup=True, write=True)
@@ -222,8 +222,17 @@ def policy(
                                 ladder=ladder, repeats=repeats, out_dir=study_dir,
                                 requests_per_slot=requests_per_slot, say=say)
     measured = measure(runs=runs, phase="ladder")
+    chosen = next(c for role, c in runs if role == "leader")
+    # The replay's curves add every K of the chosen config the ladder did not measure.
+    predicted = confirm.ladder_predictions(
+        measured, chosen, study_dir=study_dir,
+        max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
+        max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256)
+    if predicted:
+        say(f"Replay predicted K 1-{max(predicted)} of {chosen.label()} on the ladder; the "
+            "schedule may use a K the ladder did not measure, and is verified either way.")
     doc = rules.draft_policy(
-        measured, runs, where=f"{study_dir}/policy",
+        measured, runs, where=f"{study_dir}/policy", predicted=predicted,
         max_batch=max_batch or commands.engine_setting(engine, "max_num_seqs") or rules.MAX_BATCH,
         context={"study": study.study_name, "ladder": list(ladder), "repeats": repeats,
                  "workload": wspec.name, "num_prompts": wspec.num_prompts,

@@ -33,6 +33,11 @@ def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
     sched = doc["schedule"]
     assert sched[0][0] == 1 and sched[0][2] > 0 and sched[-1][2] == 0
     assert not doc["schedule_problems"]
+    # The replay predicted every K of the chosen config on the ladder; measured Ks stay.
+    k_top = max(doc["k_measured"])  # the leader's own K, with the --k-values 5 and 2
+    assert {2, 5} <= set(doc["k_measured"])
+    assert set(doc["predicted_speedups"]) == {str(k) for k in range(1, k_top + 1)}
+    assert not set(doc["k_predicted"]) & set(doc["k_measured"])
     spec = doc["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == sched
     ver = doc["verification"]

@@ -62,6 +62,31 @@ def test_ngram_acceptance_counters_are_populated(ngram_run):
         assert all(a >= b - 1e-9 for a, b in zip(rates, rates[1:], strict=False))
 
 
+def test_the_replay_reproduces_the_engines_acceptance(ngram_run, baseline_run):
+    """vLLM's n-gram proposer stepped over recorded tokens gives what the engine counted:
+    over the speculative run's own tokens within 3% (drafts past a request's end are counted
+    in expectation), and over the baseline's wherever the outputs did not drift apart."""
+    from tuner.replay import acceptance
+    from tuner.tokens import FILE_NAME, TokenCapture
+
+    (result, out), (_, base_out) = ngram_run, baseline_run
+    own = TokenCapture.load(out / FILE_NAME)
+    base = TokenCapture.load(base_out / FILE_NAME)
+    assert {r.index for r in own.level(1, warmup=False)} == {0, 1, 2, 3}
+    from_own = acceptance.replay(own, NGRAM, max_model_len=4096)
+    from_base = acceptance.replay(base, NGRAM, max_model_len=4096)
+    for lv in result.levels:
+        c = lv.concurrency
+        assert from_own[c].acceptance_length == pytest.approx(
+            lv.spec_decode_acceptance_length, rel=0.03)
+        same = all(len(a.output) == len(b.output) and (a.output == b.output).all()
+                   for a, b in zip(own.level(c, warmup=False), base.level(c, warmup=False),
+                                   strict=True))
+        if same:
+            assert from_base[c].acceptance_length == pytest.approx(
+                lv.spec_decode_acceptance_length, rel=0.03)
+
+
 def test_baseline_has_zero_acceptance(baseline_run):
     result, _ = baseline_run
     for lv in result.levels:

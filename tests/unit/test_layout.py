@@ -1,9 +1,11 @@
 """The package's structure is part of the product: imports point one way.
 
-    cli -> api -> {search, measure, analysis, outputs} -> {settings, commands} -> records, errors
+    cli -> api -> {search, measure, replay, analysis, outputs} -> {settings, commands}
+        -> records, errors, tokens
 
-measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials);
-analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
+measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials)
+and replay (the replay strategy predicts before it launches); replay runs vLLM's proposers over
+recorded tokens and knows no engine, storage or sampler; analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
 (no measure, no search); nothing imports api or cli; records, errors and tokens (the token
 capture every stage may pass on) import no stage.
 settings resolves the embedded default, so it may import tuner.measure.model and nothing

@@ -113,3 +113,34 @@ def test_band_table_fallback_wording():
     lines = P.band_table([(1, 6, 5), (7, P.MAX_BATCH, 0)], "ngram k=5")
     assert lines == ["concurrency 1-6: speculate with ngram k=5, K=5",
                      "concurrency 7 and above: speculation off"]
+
+
+def _ladder_runs(key: str, speedups: dict[int, list[float]]) -> list[dict]:
+    """Stored campaign runs of one config: one run per repeat, throughput = speedup x 10."""
+    n = len(next(iter(speedups.values())))
+    return [{"key": key, "result": {"levels": [{"concurrency": c, "output_throughput": 10 * s[i]}
+                                               for c, s in speedups.items()]}}
+            for i in range(n)]
+
+
+def test_predicted_ks_join_the_choice_and_are_named_in_the_document():
+    from tuner.records import TrialConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4}
+    k6 = TrialConfig(speculative_config=spec)
+    k3 = TrialConfig(speculative_config={**spec, "num_speculative_tokens": 3})
+    runs = [("baseline", TrialConfig()), ("leader", k6), ("k_variant", k3)]
+    measured = (_ladder_runs(TrialConfig().key(), {1: [1.0, 1.0], 4: [1.0, 1.02]})
+                + _ladder_runs(k6.key(), {1: [2.0, 2.04], 4: [1.05, 1.07]})
+                + _ladder_runs(k3.key(), {1: [1.6, 1.62], 4: [1.12, 1.13]}))
+    # K=2 predicted to pay best at c=4; K=3 predicted too, but measured wins for K=3.
+    predicted = {2: {1: 1.4, 4: 1.25}, 3: {1: 9.0, 4: 9.0}}
+    doc = P.draft_policy(measured, runs, max_batch=8, context={}, where="x",
+                         predicted=predicted)
+    assert doc["k_by_level"] == {1: 6, 4: 2}
+    assert doc["k_measured"] == [3, 6] and doc["k_predicted"] == [2]
+    assert doc["schedule"][0] == [1, doc["schedule"][0][1], 6]
+    assert doc["schedule"][-1][2] == 2
+    without = P.draft_policy(measured, runs, max_batch=8, context={}, where="x")
+    assert without["k_by_level"] == {1: 6, 4: 3} and without["k_predicted"] == []

@@ -135,3 +135,11 @@ def test_spaces_that_replay_cannot_predict_say_why():
     assert confirm.why_not_replayable(spaces.load("ngram"), rates=None) is None
     assert "cannot be replayed" in confirm.why_not_replayable(spaces.load("draft"), rates=None)
     assert "synthetic" in confirm.why_not_replayable(spaces.load("ngram"), rates=[0.5])
+
+
+def test_leaders_to_confirm_take_the_best_of_each_method_first():
+    ranked = [{"method": "suffix", "key": "s1"}, {"method": "suffix", "key": "s2"},
+              {"method": "ngram", "key": "n1"}, {"method": "ngram", "key": "n2"}]
+    assert [r["key"] for r in confirm._diverse(ranked, 2)] == ["s1", "n1"]
+    assert [r["key"] for r in confirm._diverse(ranked, 3)] == ["s1", "s2", "n1"]
+    assert [r["key"] for r in confirm._diverse(ranked[:2], 2)] == ["s1", "s2"]

@@ -209,10 +209,15 @@ def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, s
 
 
 def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConfig]], *,
-                 max_batch: int, context: dict[str, Any], where: str) -> dict[str, Any]:
+                 max_batch: int, context: dict[str, Any], where: str,
+                 predicted: dict[int, dict[int, float]] | None = None) -> dict[str, Any]:
     """The policy document from the ladder: per config its speedup per level and break-even,
     K per level for the first leader's method, the schedule and the speculative config that
-    carries it (None: speculation does not pay anywhere). Verification is added later."""
+    carries it (None: speculation does not pay anywhere). Verification is added later.
+
+    `predicted` ({K: {level: speedup}}, the replay's curves for the chosen config) adds every
+    K the ladder did not measure; such a K must pay by more than the chosen leader's measured
+    noise at that level, and the schedule it enters is verified on the engine like any other."""
     chosen = next(c for role, c in runs if role == "leader")
     base = throughput_series(measured, TrialConfig().key())
     if not base:
@@ -224,6 +229,13 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
              for c in configs if c.method == chosen.method
              and c.speculative_config_without_k() == chosen.speculative_config_without_k()
              and stats[c.key()]}
+    measured_ks = sorted(per_k)
+    leader_stats = stats.get(chosen.key(), {})
+    for k, curve in (predicted or {}).items():
+        if k in per_k:
+            continue  # measured beats predicted
+        per_k[k] = {c: {"speedup": s, "noise": leader_stats[c]["noise"], "predicted": True}
+                    for c, s in curve.items() if c in leader_stats}
     picked = choose_k(per_k)
     schedule = bands(picked, per_k, max_batch=max_batch)
     spec = policy_config(chosen.speculative_config, schedule)
@@ -237,6 +249,10 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
                      else None} for role, c in runs if c.method != "none"],
         "baseline": {str(c): v for c, v in base.items()},
         "k_by_level": picked, "schedule": [list(b) for b in schedule],
+        "k_measured": measured_ks,
+        "k_predicted": sorted(k for k in per_k if k not in measured_ks),
+        "predicted_speedups": {str(k): {str(c): round(v, 4) for c, v in curve.items()}
+                               for k, curve in (predicted or {}).items()},
         "schedule_problems": problems, "speculative_config": spec,
         "serve_command": None, "verification": None, "fallback_bands": None,
     }

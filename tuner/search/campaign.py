@@ -89,5 +89,5 @@ def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
         if phase is not None and t.user_attrs.get(TrialAttr.PHASE) != phase:
             continue
         out.append({k: t.user_attrs.get(k) for k in ("phase", "role", "label", "key", "repeat",
-                                                      "config", "result", "failure")})
+                                                      "config", "result", "failure", "tokens")})
     return out

@@ -112,6 +112,7 @@ class ReplaySearch:
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
         self._said_stop = False
+        loop.ordinal = lambda: self.launches() + 1  # --n-trials counts launches here
 
     # -- the strategy -----------------------------------------------------------------------
     def run(self, *, n_trials: int, timeout_s: float | None) -> bool:
@@ -157,13 +158,13 @@ class ReplaySearch:
                 pred = self._predict(capture, configs)
         self._print_costs(pred)
         target = self.loop.target
-        leaders = [TrialConfig.model_validate({"speculative_config": _spec(r)})
-                   for r in pred.leaders(target, self.leaders)]
+        top = _diverse(pred.leaders(target, 10_000), self.leaders)
+        leaders = [TrialConfig.model_validate({"speculative_config": _spec(r)}) for r in top]
         if not leaders:
             self.say("No predicted leader to confirm.")
             return True
         named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f} tok/s "
-                          f"({r['pred_speedup']:.2f}x)" for r in pred.leaders(target, self.leaders))
+                          f"({r['pred_speedup']:.2f}x)" for r in top)
         self.say(f"Predicted leaders at c={target}: {named}")
         while room():
             verdict = self._verdict(leaders)
@@ -301,7 +302,68 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
     return out
 
 
+def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The best predicted config of each method first, then the next best overall: two
+    variants of one method predicted within a percent of each other would spend the launches
+    on a ranking nobody needs, while the best of each method answers which method to run."""
+    firsts: dict[str, dict[str, Any]] = {}
+    for row in ranked:
+        firsts.setdefault(row["method"], row)
+    picked = list(firsts.values())[:n]
+    picked += [r for r in ranked if r not in picked][:n - len(picked)]
+    return sorted(picked, key=ranked.index)
+
+
 def _spec(row: dict[str, Any]) -> dict[str, Any]:
     import json
 
     return json.loads(row["speculative_config"])
+
+
+def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study_dir: Path,
+                       max_model_len: int, max_num_seqs: int, k_max: int | None = None
+                       ) -> dict[int, dict[int, float]] | None:
+    """The load-aware policy's predicted curves: for every K from 1 to k_max (default: the
+    chosen config's K) of `chosen`, the predicted speedup over the baseline at each ladder
+    level, from the ladder baseline's tokens and a step cost fitted on the ladder's measured
+    speculative runs. None when the method cannot be replayed or no baseline run has tokens.
+    Returns {K: {concurrency: predicted speedup}}."""
+    from tuner.tokens import TokenCapture
+
+    if not acceptance.replayable(chosen.speculative_config) or chosen.engine_args:
+        return None
+    measured, base_capture = [], None
+    for i, run in enumerate(runs):
+        if not run.get("result"):
+            continue
+        result = BenchResult.model_validate(run["result"])
+        capture = None
+        meta = run.get("tokens")
+        if isinstance(meta, dict) and isinstance(meta.get("file"), str):
+            try:
+                capture = TokenCapture.load(study_dir / meta["file"])
+            except (OSError, ValueError, KeyError):
+                capture = None
+        role = "baseline" if not result.config.speculative_config else "search"
+        if role == "baseline" and base_capture is None:
+            base_capture = capture
+        measured.append(MeasuredTrial(number=i, config=result.config, role=role,
+                                      levels={lv.concurrency: lv for lv in result.levels},
+                                      capture=capture))
+    if base_capture is None:
+        return None
+    k_top = k_max or int(chosen.speculative_config.get("num_speculative_tokens") or 1)
+    configs = [TrialConfig(speculative_config={**chosen.speculative_config,
+                                               "num_speculative_tokens": k})
+               for k in range(1, k_top + 1)]
+    pred = predict(base_capture, configs, measured, max_model_len=max_model_len,
+                   max_num_seqs=max_num_seqs)
+    by_key = {cfg.key(): int(cfg.speculative_config["num_speculative_tokens"])
+              for cfg in configs}
+    out: dict[int, dict[int, float]] = {}
+    for row in pred.rows:
+        k = by_key.get(row["key"])
+        if k is not None and row["pred_speedup"] is not None:
+            out.setdefault(k, {})[int(row["concurrency"])] = float(row["pred_speedup"])
+    return out or None
+

@@ -91,6 +91,9 @@ class SearchLoop:
         self.engine_digest = st.engine_digest(engine)
         self.method_choices = st.method_choices(study)
         self._space_keys: frozenset | None = None  # config keys of a finite space
+        # The [N] of a finished trial's line: trials toward --n-trials (the replay strategy
+        # counts engine launches instead, repeats included).
+        self.ordinal: Callable[[], int] = lambda: st.counted_trials(self.study) + 1
 
     def suggest(self, trial) -> TrialConfig:
         return self.space.suggest(trial, method_choices=self.method_choices
@@ -190,7 +193,7 @@ class SearchLoop:
         for key in ("cuda_visible_devices", "host", "ran_from", "ran_to"):
             if getattr(outcome, key) is not None:
                 trial.set_user_attr(key, getattr(outcome, key))
-        total = st.counted_trials(self.study) + 1
+        total = self.ordinal()
         if outcome.failure is not None:
             f = outcome.failure
             exc = TrialFailed(f.reason, log_tail=f.log_tail)
