@@ -127,7 +127,7 @@ def optimize(
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
     if not use_replay:
         loop.enqueue_start(study, sp, sampler, retry)
-    if aligned_baseline is not None:
+    if aligned_baseline is not None and not use_replay:
         loop.enqueue_aligned_baseline(study, aligned_baseline)
     executor = executors.choose(engine, ray_address=ray_address, parallel=parallel,
                                 logical_gpus=logical_gpus)
@@ -147,12 +147,15 @@ def optimize(
             say(f"Strategy replay: --n-trials {n_trials} engine launches at most.")
             replay = confirm.ReplaySearch(
                 search, study_dir=out_dir, leaders=confirm_leaders, seed=seed or 0,
+                aligned=aligned_baseline,
                 max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
                 max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
                 on_prediction=lambda pred: _write_predictions(pred, out_dir))
             replayed = replay.run(n_trials=n_trials, timeout_s=timeout_s)
             if not replayed:
                 loop.enqueue_start(study, sp, sampler, retry)
+                if aligned_baseline is not None:
+                    loop.enqueue_aligned_baseline(study, aligned_baseline)
         if not replayed:
             search.run(n_trials=n_trials, timeout_s=timeout_s)
             if repeats > 1:

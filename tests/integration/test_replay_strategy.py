@@ -80,3 +80,21 @@ def test_a_space_replay_cannot_predict_is_refused_and_auto_falls_back(tmp_path):
     study, lines = _optimize(tmp_path / "auto", n_trials=2, strategy="auto")
     roles = [t.user_attrs["role"] for t in study.trials]
     assert roles[:2] == ["baseline", "calibration"]  # ngram: auto replays
+
+
+def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
+    from tuner.records import TrialConfig
+
+    aligned = TrialConfig(engine_env={"FAKE_PATH": "speculative"})
+    lines: list[str] = []
+    study = api.optimize(
+        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        out_dir=tmp_path / "study", study_name="s", n_trials=3,
+        objectives=["output_throughput"], target_concurrency=1, constraints={},
+        strategy="replay", aligned_baseline=aligned, say=lines.append)
+    roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert roles == ["baseline", "aligned_baseline", "calibration"]
+    pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
+    assert pred["path"].dropna().str.contains("aligned baseline").all()

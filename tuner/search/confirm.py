@@ -103,10 +103,11 @@ class ReplaySearch:
 
     def __init__(self, loop: SearchLoop, *, study_dir: Path, max_model_len: int,
                  max_num_seqs: int, leaders: int = 2, seed: int = 0,
+                 aligned: TrialConfig | None = None,
                  on_prediction: Callable[[Prediction], None] | None = None) -> None:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.leaders, self.seed = leaders, seed
+        self.leaders, self.seed, self.aligned = leaders, seed, aligned
         self.say = loop.say
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
@@ -138,6 +139,11 @@ class ReplaySearch:
             base = self._launch(self.loop.space.baseline(), Role.BASELINE)
         if base is None:
             return True  # the baseline failed: failure_summary tells the user why
+        if self.aligned is not None and room() and self._first(
+                lambda t: t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE) is None:
+            # The speculative engine path without speculation: the step-cost line is anchored
+            # on it, so predictions carry the path's cost (tuner.replay.cost).
+            self._launch(self.aligned, Role.ALIGNED_BASELINE)
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
             self.say("The baseline trial holds no token ids (this vLLM did not return them), "
