@@ -108,6 +108,13 @@ def main() -> None:
             # the speculative outputs drifted from the baseline's (bf16 numerics).
             own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
                 cap, cfg.speculative_config, max_model_len=max_model_len).items()}
+        # The baseline again at the end: how far the machine drifted over the session, the
+        # spread below which no performance error here means anything.
+        end_result, _ = launch(engine, TrialConfig(), wl, ms, folder / "baseline-end")
+        drift = {lv.concurrency: round(100 * (lv.output_throughput / base.output_throughput - 1), 1)
+                 for lv, base in zip(end_result.levels, base_result.levels, strict=True)}
+        print(f"baseline drift over the session (last vs first launch, throughput): "
+              f"{', '.join(f'c={c} {d:+.1f}%' for c, d in drift.items())}")
         pred = predict(base_cap, configs, measured, max_model_len=max_model_len, max_num_seqs=256)
         print(f"calibration: {calib_row['label']}")
         for c in sorted(pred.costs):
@@ -130,7 +137,7 @@ def main() -> None:
                   f"{_f(r['pred_mean_tpot_ms'], 9, 1)} {_f(r['meas_mean_tpot_ms'], 6, 1)} "
                   f"{_f(r['err_mean_tpot_pct'], 5, 1)}% {d:>4}/{n:<3} "
                   f"{_f(own_al, 6, 3)} {_f(_err(own_al, r['meas_acceptance_length']), 5, 1)}%")
-        summary[name] = _summary(rows)
+        summary[name] = {**_summary(rows), "baseline_drift_pct": drift}
         print(f"summary {name}: {json.dumps(summary[name])}")
     t0 = time.monotonic()
     sp = spaces.load("default")

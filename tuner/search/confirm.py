@@ -178,7 +178,17 @@ class ReplaySearch:
                 self.say("Ranking " + verdict)
                 break
             pick = self._next(leaders)
-            self._launch(pick, None)
+            if self._launch(pick, None) is None:
+                # A failed launch is recorded as a FAIL trial; launching the same config again
+                # would spend the budget on it, so it leaves the ranking (the baseline ends it).
+                if pick not in leaders:
+                    self.say("The baseline failed to re-measure; stopping the confirmation.")
+                    break
+                leaders.remove(pick)
+                self.say(f"{pick.label()} failed; it leaves the confirmation.")
+                if not leaders:
+                    break
+                continue
             self.prediction = pred = self._predict(capture, configs)
         else:
             self.say("Ranking " + self._verdict(leaders))
