@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default): replay when every method of the space can be replayed")
     g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"), default=2,
                    help="replay: predicted leaders to confirm with real launches")
-    g.add_argument("--sampler", default="tpe", help="tpe, nsga2, gp, random or grid")
+    g.add_argument("--sampler", help="tpe (default), nsga2, gp, random or grid; naming one "
+                   "asks for the Optuna search (--strategy auto then means optuna)")
     g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0)
     g.add_argument("--objectives", default="output_throughput,mean_tpot_ms")
     g.add_argument("--target-concurrency", type=_opt("target_concurrency"),
@@ -259,14 +260,17 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     name = checks.study_name(args.study_name or f"{workload.name}-{Path(engine.model).name}")
     out = checks.output_dir(args.output_dir or Path("outputs") / name)
     say = _say(args)
-    how = "replay" if args.strategy == "replay" else f"{args.strategy}/{args.sampler}"
+    # A sampler named on the command line is a request for the Optuna search.
+    strategy = "optuna" if args.strategy == "auto" and args.sampler else args.strategy
+    sampler = args.sampler or "tpe"
+    how = "replay" if strategy == "replay" else f"{strategy}/{sampler}"
     say(f"Study '{name}' in {out}: space {args.space}, strategy {how}, "
         f"{args.n_trials} trials, concurrency {','.join(map(str, measure.concurrencies))} "
         f"(objectives at c={target}: {', '.join(objectives)})")
     outcome = api.optimize_and_report(
         workload=workload, engine=engine, space_name=args.space, settings=measure,
         out_dir=out, study_name=name, n_trials=args.n_trials, timeout_s=args.timeout,
-        sampler=args.sampler, seed=args.sampler_seed, objectives=objectives,
+        sampler=sampler, seed=args.sampler_seed, objectives=objectives,
         target_concurrency=target,
         constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
@@ -276,7 +280,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                           if args.acceptance_profile else None),
         aligned_baseline=checks.aligned_baseline(args.aligned_baseline,
                                                  args.aligned_baseline_env),
-        strategy=args.strategy, confirm_leaders=args.confirm_leaders,
+        strategy=strategy, confirm_leaders=args.confirm_leaders,
         policy_options=policy, report=not args.no_report)
     if outcome.policy is not None:
         print(console.format_policy(outcome.policy))

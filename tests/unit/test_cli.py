@@ -86,3 +86,26 @@ def test_malformed_space_yaml_exits_2(tmp_path):
 def test_unknown_flag_is_argparse_exit_2():
     r = run("bench", "--no-such-flag")
     assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
+
+
+@pytest.mark.parametrize(("argv", "strategy", "sampler"), [
+    ([], "auto", "tpe"),
+    (["--sampler", "random"], "optuna", "random"),  # a named sampler asks for Optuna
+    (["--strategy", "replay", "--sampler", "grid"], "replay", "grid"),
+    (["--strategy", "optuna"], "optuna", "tpe"),
+])
+def test_the_strategy_the_command_line_asks_for(monkeypatch, tmp_path, argv, strategy, sampler):
+    from tuner import api, cli
+    from tuner.records import StudyOutcome
+
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return StudyOutcome(study_name="s", out_dir=tmp_path)
+
+    monkeypatch.setattr(api, "optimize_and_report", fake)
+    rc = cli.main(["-q", "optimize", "--model", TOK, "--output-dir", str(tmp_path / "o"),
+                   "--no-report", *argv])
+    assert rc == 0
+    assert (seen["strategy"], seen["sampler"]) == (strategy, sampler)
