@@ -77,11 +77,17 @@ def _event_loop_run(coro):
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coro)
+        uvloop = None
     if not hasattr(asyncio, "Runner"):  # Python 3.10
-        return uvloop.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+        return uvloop.run(coro) if uvloop else asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+        result = runner.run(coro)
+        # Ctrl-C cancels the main task; before Python 3.12, asyncio.wait_for can swallow that
+        # cancellation when a result is ready at the same moment, and the Runner then returns
+        # normally and forgets the Ctrl-C. It counts SIGINTs, so the interrupt is not lost.
+        if getattr(runner, "_interrupt_count", 0):
+            raise KeyboardInterrupt
+        return result
 
 
 def _json_codec():
