@@ -179,15 +179,7 @@ def test_a_record_carries_exact_ids_and_the_request_asks_for_them() -> None:
                 conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
-    from tuner.records import Prompt
-
-    try:
-        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
-        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=5) for i in range(2)]
-        records, _ = loadgen.run_requests(url, prompts, concurrency=1, api_key="k", model="m",
-                                          request_timeout_s=10)
-    finally:
-        srv.close()
+    records = _requests_to(srv, n=2, output_len=5)
     assert [r.error for r in records] == [None, None]
     assert [b["return_token_ids"] for b in bodies] == [True, True]
     assert records[0].prompt_token_ids == (9, 8, 7)
@@ -250,17 +242,24 @@ def _one_post_per_connection_server() -> tuple[socket.socket, list[str]]:
     return srv, log
 
 
-def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
+def _requests_to(srv: socket.socket, *, n: int, output_len: int) -> list:
+    """n requests, one at a time, to a local test server; closes the server after."""
     from tuner.records import Prompt
 
-    srv, log = _one_post_per_connection_server()
     try:
         url = f"http://127.0.0.1:{srv.getsockname()[1]}"
-        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=3) for i in range(4)]
+        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=output_len)
+                   for i in range(n)]
         records, _ = loadgen.run_requests(url, prompts, concurrency=1, api_key="k", model="m",
                                           request_timeout_s=10)
     finally:
         srv.close()
+    return records
+
+
+def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
+    srv, log = _one_post_per_connection_server()
+    records = _requests_to(srv, n=4, output_len=3)
     assert [r.error for r in records] == [None] * 4
     assert all(r.output_tokens == 3 for r in records)
     assert log == ["answered", "dropped"] * 3 + ["answered"]

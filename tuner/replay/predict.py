@@ -23,7 +23,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,21 +63,18 @@ class Prediction:
     configs: int
     skipped: list[str] = field(default_factory=list)  # configs that could not be replayed, why
 
-    def leaders(self, concurrency: int, n: int, *, metric: str = "pred_output_throughput",
-                exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
+    def leaders(self, concurrency: int, n: int, *, metric: str = "pred_output_throughput"
+                ) -> list[dict[str, Any]]:
         """The n best predicted speculative rows at `concurrency`, best first."""
-        skip = set(exclude)
         rows = [r for r in self.rows if r["concurrency"] == concurrency and r["method"] != "none"
-                and r["key"] not in skip and _finite(r.get(metric))]
+                and _finite(r.get(metric))]
         sign = -1 if metric.endswith("throughput") else 1
         return sorted(rows, key=lambda r: sign * r[metric])[:n]
 
 
 def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             measured: Sequence[MeasuredTrial], *, max_model_len: int, max_num_seqs: int,
-            levels: Sequence[int] | None = None,
-            progress: Callable[[int, int], None] | None = None,
-            memo: dict | None = None) -> Prediction:
+            levels: Sequence[int] | None = None, memo: dict | None = None) -> Prediction:
     """Predict every replayable config of `configs` at every level (default: the capture's).
 
     `memo` (a dict the caller keeps) carries replays from one call to the next: a search
@@ -95,9 +92,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     skipped += [f"{cfg.label()}: method {cfg.method} is not replayable"
                 for cfg in configs if cfg.method != "none" and cfg not in todo]
     calibrated_on = {p.label for c in costs.values() for p in c.points}
-    for i, cfg in enumerate([TrialConfig(), *todo]):
-        if progress is not None:
-            progress(i, len(todo) + 1)
+    for cfg in [TrialConfig(), *todo]:
         try:
             acc = replay.acceptance(cfg) if cfg.speculative_config else {}
         except ValueError as e:
