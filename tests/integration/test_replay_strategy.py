@@ -98,3 +98,28 @@ def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
     assert roles == ["baseline", "aligned_baseline", "calibration"]
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     assert pred["path"].dropna().str.contains("aligned baseline").all()
+
+
+def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_path):
+    # The replay is deterministic over the fake engine's tokens: a first study names the
+    # first leader it confirms; a second study, whose engine rejects exactly that config,
+    # records it as one FAIL, never relaunches it, and spends the rest on the others.
+    first, _ = _optimize(tmp_path / "first", n_trials=3)
+    leader = next(t for t in first.trials if t.user_attrs["role"] == "confirm")
+    spec = leader.user_attrs["config_override"]["speculative_config"]
+    lines: list[str] = []
+    study = api.optimize(
+        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2, crash_for_spec=spec),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2)),
+        out_dir=tmp_path / "second" / "study", study_name="s", n_trials=6,
+        objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay",
+        say=lines.append)
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 1
+    assert failed[0].user_attrs["config_override"]["speculative_config"] == spec
+    assert any("failed; it leaves the confirmation" in line for line in lines)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 5, "the budget went to the other leaders and repeats"
+    assert {t.user_attrs["role"] for t in done} >= {"confirm"}

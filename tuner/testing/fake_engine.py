@@ -56,6 +56,9 @@ class FakeScript(BaseModel):
     # acceptance length = 1 + k * accept_rate, per-position rates all accept_rate.
     accept_rate: float = Field(0.6, ge=0, le=1)
     crash_on_start: str | None = None  # printed like vLLM's last traceback line, then exit 1
+    # Crash at start only for a speculative config holding every key/value of this one
+    # (a config vLLM rejects while the rest of the space runs).
+    crash_for_spec: dict[str, Any] | None = None
     hang_before_health: bool = False  # alive, never listens (vLLM stuck loading the model)
     stall_requests: bool = False  # accepts completions, never answers
     malformed_every: int | None = Field(None, ge=1)  # every Nth request: a broken JSON chunk
@@ -474,9 +477,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.speculative_config:
         _log(f"SpeculativeConfig(method={args.speculative_config.get('method')!r}, "
              f"num_spec_tokens={spec_tokens})")
-    if script.crash_on_start:
+    spec = args.speculative_config or {}
+    crash = script.crash_on_start or (
+        f"ValueError: fake rejection of {script.crash_for_spec}" if script.crash_for_spec
+        and spec and all(spec.get(k) == v for k, v in script.crash_for_spec.items()) else None)
+    if crash:
         _log("EngineCore failed to start.", "ERROR")
-        message = script.crash_on_start
+        message = crash
         last = message if "Error:" in message else f"RuntimeError: {message}"
         print(f"Traceback (most recent call last):\n  File \"fake_engine.py\", line 1, in main\n"
               f"{last}", file=sys.stderr, flush=True)
