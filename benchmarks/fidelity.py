@@ -56,12 +56,12 @@ def _served(url: str) -> list[dict]:
         return json.load(r)
 
 
-def measure_level(eng: Engine, c: int, *, output_tokens: int,
-                  spread: float) -> tuple[LevelMetrics, list, list[dict], dict]:
+def measure_level(eng: Engine, c: int, *, output_tokens: int, spread: float,
+                  processes: int | None) -> tuple[LevelMetrics, list, list[dict], dict]:
     """One level as a trial runs it: c short warm-up requests, then max(16, 3c) measured."""
     n = max(16, 3 * c)
     common = dict(concurrency=c, api_key=eng.api_key, model=eng.spec.served_model_name,
-                  request_timeout_s=60.0, level_timeout_s=600.0)
+                  request_timeout_s=60.0, level_timeout_s=600.0, processes=processes)
     warm = [Prompt(prompt=PROMPT, prompt_len=32, output_len=4)] * c
     loadgen.run_requests(eng.url, warm, warmup=True, **common)
     _post(eng.url + "/fake/reset_stats")
@@ -111,7 +111,7 @@ def _truth(records: list, served: list[dict]) -> dict[str, float]:
 
 def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_per_chunk: int,
                  concurrencies: list[int], server_loop: str, log_dir: Path,
-                 spread: float) -> list[dict]:
+                 spread: float, processes: int | None = None) -> list[dict]:
     script = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "tokens_per_chunk": tokens_per_chunk,
               "startup_s": 0.0}
     spec = EngineSpec(
@@ -129,11 +129,12 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
             script_back = json.load(r)  # the script as the server runs it
         for c in concurrencies:
             level, records, served, stats = measure_level(eng, c, output_tokens=output_tokens,
-                                                          spread=spread)
+                                                          spread=spread, processes=processes)
             truth = _truth(records, served)
             lag_n = max(stats["fake:emit_lag_seconds_count"], 1.0)
             rows.append({
                 "tokens_per_chunk": tokens_per_chunk, "concurrency": c,
+                "client_processes": min(c, processes or loadgen.client_processes(c)),
                 "requests": level.num_requests, "failed": level.failed,
                 "script_ttft_ms": script_back["ttft_ms"], "script_tpot_ms": script_back["tpot_ms"],
                 **truth,
@@ -155,7 +156,7 @@ def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_p
 HEADER = (f"{'chunk':>5} {'c':>4} {'reqs':>4} {'fail':>4} | {'script':>6} {'served':>7} "
           f"{'pickup':>6} {'true':>7} {'measured':>8} {'err %':>6} {'req err med/max':>15} | "
           f"{'script':>6} {'true':>7} {'measured':>8} {'err %':>6} | {'srv lag mean/max':>16} "
-          f"{'inflight':>8}")
+          f"{'inflight':>8} {'procs':>5}")
 SUBHEAD = (f"{'':>21} | {'mean TTFT, ms':^69} | {'mean TPOT, ms':^30} | {'ms':^16} |")
 
 
@@ -167,7 +168,7 @@ def _print_row(r: dict) -> None:
           f"{r['script_tpot_ms']:>6.1f} {r['true_tpot_ms']:>7.3f} {r['mean_tpot_ms']:>8.3f} "
           f"{r['tpot_err_pct']:>+6.2f} | "
           f"{r['server_lag_mean_ms']:>7.2f}/{r['server_lag_max_ms']:>8.2f} "
-          f"{r['max_inflight']:>8}", flush=True)
+          f"{r['max_inflight']:>8} {r['client_processes']:>5}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-loop", choices=("asyncio", "uvloop"), default="uvloop")
     p.add_argument("--output-spread", type=float, default=0.0,
                    help="output lengths uniform in N*(1 +- spread); 0: all exactly N (lockstep)")
+    p.add_argument("--client-processes", type=int,
+                   help="client processes per level (default: the tuner's choice, "
+                        "loadgen.client_processes)")
     p.add_argument("--target-pct", type=float, default=2.0)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_scenario(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms,
                                  output_tokens=args.output_tokens, tokens_per_chunk=tpc,
                                  concurrencies=concurrencies, server_loop=args.server_loop,
-                                 log_dir=Path(tmp), spread=args.output_spread)
+                                 log_dir=Path(tmp), spread=args.output_spread,
+                                 processes=args.client_processes)
     worst_ttft = max(rows, key=lambda r: abs(r["ttft_err_pct"]))
     worst_tpot = max(rows, key=lambda r: abs(r["tpot_err_pct"]))
     failed = sum(r["failed"] for r in rows)

@@ -401,7 +401,8 @@ def driver_signal(d: Drill, sig: signal.Signals) -> Outcome:
     pgids, ports = ([pid_port[0]], [pid_port[1]]) if pid_port else ([], [])
     notes, ok = [], True
     if sig == signal.SIGINT:
-        after = [ln for ln in output.split("[1] trial", 1)[-1].splitlines()[1:] if ln.strip()]
+        after = [ln for ln in output.split("[1/", 1)[-1].splitlines()[1:]
+                 if ln.strip() and not ln.startswith("  trial 1: ")]  # trial 1's progress
         one_line = after == [INTERRUPTED]
         ok &= proc.returncode == 130 and one_line and "Traceback" not in output
         notes.append(f"exit {proc.returncode}, "

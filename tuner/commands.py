@@ -58,7 +58,9 @@ def engine_flags(config: TrialConfig) -> list[str]:
 def engine_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: str) -> list[str]:
     """The exact command line of one trial's engine."""
     argv = list(spec.vllm_cmd or DEFAULT_VLLM_CMD)
-    argv += ["--model", spec.model, "--served-model-name", spec.served_model_name,
+    # `vllm serve` takes the model as its positional argument (there `--model` is deprecated).
+    argv += [spec.model] if argv[-1:] == ["serve"] else ["--model", spec.model]
+    argv += ["--served-model-name", spec.served_model_name,
              "--host", spec.host, "--port", str(port), "--api-key", api_key]
     if spec.tokenizer:
         argv += ["--tokenizer", spec.tokenizer]

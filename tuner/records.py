@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Frozen(BaseModel):
@@ -63,6 +63,9 @@ class EngineSpec(Frozen):
     """How to start one vLLM server; the speculative config comes per trial."""
 
     model: str
+    # The model as the user named it (a hub id, or the path as typed; the embedded default's
+    # hub id): what a serve command shows. `model` is the resolved path the engine loads.
+    model_name: str | None = None
     served_model_name: str = "model"
     vllm_cmd: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
@@ -73,6 +76,8 @@ class EngineSpec(Frozen):
     request_timeout_s: float = 300.0
     level_timeout_s: float = 3600.0
     tokenizer: str | None = None
+    # A server that is already running (`tuner bench --base-url`): measured, never launched.
+    base_url: str | None = None
 
 
 class TrialConfig(Frozen):
@@ -148,6 +153,11 @@ class TrialConfig(Frozen):
         return text
 
 
+# `--aligned-baseline`: "auto" (the search finds the speculative engine path and aligns to it
+# where it differs), "off", or an explicit baseline on that path (tuner.settings.aligned_baseline).
+AlignedBaseline = Literal["auto", "off"] | TrialConfig
+
+
 class RequestRecord(Frozen):
     """One streamed request as the client saw it. Times in seconds from the level's start."""
 
@@ -186,13 +196,30 @@ class SpecDecodeCounts(Frozen):
     num_draft_tokens: float = 0.0
     num_accepted_tokens: float = 0.0
     accepted_per_pos: tuple[float, ...] = ()
+    # vLLM's server-side TTFT histogram (vllm:time_to_first_token_seconds), its _sum and
+    # _count: it rides along because one /metrics delta per phase is what reaches the level.
+    server_ttft_s_sum: float = 0.0
+    server_ttft_count: float = 0.0
+
+
+# Keys of LevelMetrics as stored before they took vLLM's names; LevelMetrics.migrate renames
+# them (and turns the acceptance rate, then a fraction, into vLLM's percentage).
+_OLD_LEVEL_KEYS = {"spec_decode_num_draft_tokens": "spec_decode_draft_tokens",
+                   "spec_decode_num_accepted_tokens": "spec_decode_accepted_tokens"}
 
 
 class LevelMetrics(Frozen):
-    """Everything measured at one concurrency level, named as `vllm bench serve` names it."""
+    """Everything measured at one concurrency level, named and in the units `vllm bench serve`
+    uses (acceptance rate in percent, `spec_decode_draft_tokens`, ...). `concurrency` and
+    `num_requests` are dumped as vLLM's `max_concurrency` and `num_prompts` with
+    `by_alias=True`; either name is read. `percentiles` holds the extra percentiles a user
+    selected (`--metric-percentiles`), keyed as vLLM keys them ("p95_tpot_ms")."""
 
-    concurrency: int
-    num_requests: int
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True,
+                              validate_by_alias=True)
+
+    concurrency: int = Field(alias="max_concurrency")
+    num_requests: int = Field(alias="num_prompts")
     completed: int
     failed: int
     warmup_requests: int
@@ -218,16 +245,47 @@ class LevelMetrics(Frozen):
     mean_e2el_ms: float
     median_e2el_ms: float
     p99_e2el_ms: float
+    std_ttft_ms: float | None = None  # None: stored before the tuner recorded it
+    std_itl_ms: float | None = None
+    std_e2el_ms: float | None = None
+    percentiles: dict[str, float] = Field(default_factory=dict)
     spec_decode_num_drafts: float = 0.0
-    spec_decode_num_draft_tokens: float = 0.0
-    spec_decode_num_accepted_tokens: float = 0.0
-    spec_decode_acceptance_rate: float | None = None
+    spec_decode_draft_tokens: float = 0.0
+    spec_decode_accepted_tokens: float = 0.0
+    spec_decode_acceptance_rate: float | None = None  # percent, as vLLM reports it
     spec_decode_acceptance_length: float | None = None
-    spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()
+    spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()  # fractions, as vLLM's
     errors: tuple[str, ...] = ()
     # Requests whose prompt was already sent to this engine (pool exhausted). Suffix decoding
     # learns from earlier outputs, so reused prompts would inflate its acceptance.
     reused_prompts: int = 0
+    # vLLM's own mean TTFT over the level (delta of its histogram), beside ours: it starts when
+    # the server has the request, so ours minus it is the wire and the server's pickup.
+    # None where the engine exports no histogram, or the level was stored before.
+    server_mean_ttft_ms: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_keys(cls, data: Any) -> Any:
+        return cls.migrate(data) if isinstance(data, dict) else data
+
+    @staticmethod
+    def migrate(level: dict[str, Any]) -> dict[str, Any]:
+        """A stored level dict with today's keys and units: old study folders wrote
+        `spec_decode_num_draft_tokens` / `..._num_accepted_tokens` and the acceptance rate as
+        a fraction. The one place old keys are read; a current dict comes back unchanged."""
+        if not any(k in level for k in _OLD_LEVEL_KEYS):
+            return level
+        out = {_OLD_LEVEL_KEYS.get(k, k): v for k, v in level.items()}
+        if out.get("spec_decode_acceptance_rate") is not None:
+            out["spec_decode_acceptance_rate"] = 100.0 * float(out["spec_decode_acceptance_rate"])
+        return out
+
+    def vllm_record(self) -> dict[str, Any]:
+        """One flat dict keyed as `vllm bench serve --save-result` keys its result: vLLM's
+        names, the selected percentiles beside the fixed ones, no per-request lists."""
+        out = self.model_dump(mode="json", by_alias=True, exclude={"percentiles"})
+        return {**out, **self.percentiles}
 
 
 class EngineInfo(Frozen):
@@ -256,10 +314,21 @@ class MeasureSettings(Frozen):
     num_requests: int | None = None  # measured requests per level; None: see requests_for()
     requests_per_slot: int = 4
     warmup_output_len: int = 16
+    # `vllm bench serve --percentile-metrics / --metric-percentiles`, with vLLM's defaults for
+    # a generative model; the fixed p90/p99 fields are recorded whatever is selected.
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl")
+    metric_percentiles: tuple[float, ...] = (99.0,)
+    # Warm-up requests before each level (`--num-warmups`); None: one per slot.
+    num_warmups: int | None = None
 
     def pool_size(self, num_prompts: int) -> int:
         """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
-        return sum(self.requests_for(c, num_prompts) + c for c in self.concurrencies)
+        return sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
+                   for c in self.concurrencies)
+
+    def warmups_for(self, concurrency: int) -> int:
+        """Short warm-up requests sent before the level, excluded from its figures."""
+        return concurrency if self.num_warmups is None else self.num_warmups
 
     def requests_for(self, concurrency: int, num_prompts: int) -> int:
         """Enough requests that each of the c slots serves several, and every prompt once."""
@@ -352,6 +421,13 @@ class Recommendation(Frozen):
     confidence: str = ""
     verify_command: str | None = None
     slos: dict[str, float | None] = {}
+    # The serve command as a `vllm serve --config` YAML mapping: vLLM's option names without
+    # dashes, the speculative config as a mapping.
+    serve_config: dict[str, Any] | None = None
+    # With an aligned baseline (tuner.analysis.frame.decompose): the chosen (or fastest)
+    # config's speedup over the plain baseline split into the engine path's cost and
+    # speculation's own gain, each with its spread; None without one.
+    decomposition: dict[str, Any] | None = None
 
 
 class StudyOutcome(Frozen):

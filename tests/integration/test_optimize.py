@@ -100,7 +100,7 @@ def test_killed_driver_resumes_with_completed_trials_intact(tmp_path):
     while time.time() < deadline:
         line = proc.stdout.readline()
         lines.append(line)
-        if line.startswith("[1] trial"):
+        if line.startswith("[1/"):
             time.sleep(1.5)
             break
     os.kill(proc.pid, signal.SIGKILL)

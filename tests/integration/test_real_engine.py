@@ -54,7 +54,7 @@ def test_ngram_acceptance_counters_are_populated(ngram_run):
     for lv in result.levels:
         assert lv.completed == lv.num_requests >= 4
         assert lv.spec_decode_num_drafts > 0
-        assert 0 < lv.spec_decode_num_accepted_tokens <= lv.spec_decode_num_draft_tokens
+        assert 0 < lv.spec_decode_accepted_tokens <= lv.spec_decode_draft_tokens
         assert 1.0 < lv.spec_decode_acceptance_length <= 1 + 5
         assert len(lv.spec_decode_per_position_acceptance_rates) == 5
         # Per-position rates cannot grow with the position (a token needs its predecessors).

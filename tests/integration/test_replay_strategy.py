@@ -123,3 +123,53 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 5, "the budget went to the other leaders and repeats"
     assert {t.user_attrs["role"] for t in done} >= {"confirm"}
+
+
+def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str]):
+    return api.optimize(
+        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2, speculative_path_differs=differs),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
+        objectives=["output_throughput"], target_concurrency=1, constraints={},
+        strategy="replay", say=lines.append)
+
+
+def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_path):
+    # The fake engine logs vLLM 0.26's GPU n-gram path: V1 runner, no async scheduling.
+    lines: list[str] = []
+    study = _auto(tmp_path, n_trials=9, differs=True, lines=lines)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    roles = [t.user_attrs["role"] for t in trials]
+    assert roles[:3] == ["baseline", "calibration", "aligned_baseline"]
+    aligned = trials[2].user_attrs["result"]
+    assert aligned["config"]["engine_args"] == {"no_async_scheduling": True}
+    assert aligned["config"]["engine_env"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    path = {k: aligned["engine"]["details"].get(k) for k in ("model_runner", "async_scheduling")}
+    assert path == {"model_runner": "V1", "async_scheduling": "false"}
+    assert trials[1].user_attrs["result"]["engine"]["details"]["model_runner"] == "V1"
+    assert trials[0].user_attrs["result"]["engine"]["details"]["model_runner"] == "V2"
+    # Repeated beside the plain baseline, so the path's cost has a spread as well.
+    repeated = [roles[t.user_attrs["repeat_of"]] for t in trials if "repeat_of" in t.user_attrs]
+    assert "aligned_baseline" in repeated and "baseline" in repeated
+    assert any("engine path" in ln and "speculation alone" in ln for ln in lines
+               if ln.startswith("Ranking"))
+    pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
+    spec = pred[pred["method"] == "ngram"]
+    assert spec["path"].str.contains("aligned baseline").all()
+    priced = spec[spec["pred_speedup"].notna()]
+    assert len(priced) > 100
+    assert (priced["path_cost"] * priced["pred_speculation_gain"]
+            - priced["pred_speedup"]).abs().max() < 1e-9
+    # A resumed study keeps its one aligned baseline.
+    study = _auto(tmp_path, n_trials=10, differs=True, lines=[])
+    assert [t.user_attrs["role"] for t in study.trials].count("aligned_baseline") == 1
+
+
+def test_auto_alignment_adds_no_launch_where_the_path_is_the_same(tmp_path):
+    # The CPU build: n-gram keeps the baseline's path, so nothing is aligned.
+    lines: list[str] = []
+    study = _auto(tmp_path, n_trials=3, differs=False, lines=lines)
+    roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
+    assert roles[:2] == ["baseline", "calibration"] and "aligned_baseline" not in roles
+    assert sum("no aligned baseline to measure" in ln for ln in lines) == 1

@@ -11,9 +11,12 @@ import pytest
 
 # tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
 from study_fakes import (
+    H200_GAIN,
+    H200_PATH,
     add_complete,
     add_failed,
     add_running,
+    aligned_study,
     fake_level,
     fake_study,
     ngram,
@@ -21,10 +24,15 @@ from study_fakes import (
     suffix,
 )
 
-from tuner.analysis.frame import trials_frame
+from tuner.analysis.frame import DECOMPOSITION_COLUMNS, decompose, trials_frame
 from tuner.analysis.pareto import knee, pareto_front, speedups
-from tuner.analysis.recommend import recommend, recommendations
-from tuner.records import Recommendation
+from tuner.analysis.recommend import recommend, recommendations, serve_config
+from tuner.records import Recommendation, TrialConfig
+
+
+def pareto_speedups(study):
+    """The frame as tuner.api renders it: speedups over the plain baseline."""
+    return speedups(trials_frame(study))
 
 
 def points(*rows: tuple) -> pd.DataFrame:
@@ -296,3 +304,80 @@ def test_repeat_trials_of_one_config_are_pooled_and_the_original_is_chosen():
     assert rec.trial == 2 and rec.n_repeats == 2
     assert rec.spread["output_throughput_mad"] == pytest.approx(2.0)
     assert rec.confidence.startswith("medium: 3 measurement(s)")
+
+
+# --- engine path and speculation (an aligned baseline) ---------------------------------------
+
+
+def test_decompose_splits_the_speedup_into_path_cost_and_speculation_gain():
+    df = decompose(trials_frame(aligned_study()))
+    for c in (1, 8, 32):
+        k3 = df[(df["trial"] == 2) & (df["concurrency"] == c)].iloc[0]
+        assert k3["path_cost"] == pytest.approx(H200_PATH[c])
+        assert k3["speculation_gain"] == pytest.approx(H200_GAIN["k3"][c])
+        assert k3["total_speedup"] == pytest.approx(H200_PATH[c] * H200_GAIN["k3"][c])
+    done = df[df["total_speedup"].notna()]
+    assert len(done) == 4 * 3  # both baselines and both configs, at every level
+    assert (done["total_speedup"] - done["path_cost"] * done["speculation_gain"]).abs().max() \
+        < 1e-12
+    # The total is the speedup every other table shows (over the plain baseline).
+    assert done["total_speedup"].to_numpy() == pytest.approx(
+        speedups(trials_frame(aligned_study())).loc[done.index, "speedup_throughput"].to_numpy())
+    # Spreads: the larger relative MAD of the two throughputs, in the ratio's units. The
+    # aligned baseline's repeats differ by 3%, the plain one's by 2%, k3's by 1%.
+    k3 = df[(df["trial"] == 2) & (df["concurrency"] == 1)].iloc[0]
+    assert k3["path_cost_spread"] == pytest.approx(0.03 * H200_PATH[1])
+    assert k3["speculation_gain_spread"] == pytest.approx(0.03 * H200_GAIN["k3"][1])
+    assert k3["total_speedup_spread"] == pytest.approx(0.02 * k3["total_speedup"])
+    # k5 was measured once: its own spread is unknown, the baselines' still count.
+    k5 = df[(df["trial"] == 3) & (df["concurrency"] == 1)].iloc[0]
+    assert k5["speculation_gain_spread"] == pytest.approx(0.03 * H200_GAIN["k5"][1])
+
+
+def test_the_recommendation_says_what_the_path_costs_in_one_line():
+    recs = {r.concurrency: r for r in recommendations(pareto_speedups(aligned_study()))}
+    on = recs[1]
+    assert on.status == "recommend" and on.label == "ngram k=3 window 1-3"
+    assert "ngram k=3 window 1-3: 1.06x over plain = path 0.83x x speculation 1.28x" in on.reason
+    assert on.speedup_throughput == pytest.approx(0.83 * 1.28)  # still against the plain one
+    split = on.decomposition
+    assert split["path_cost"] == pytest.approx(0.83) and split["speculation_gain"] == \
+        pytest.approx(1.28) and split["path_cost_spread"] == pytest.approx(0.03 * 0.83)
+    # Where speculation loses, the split says whether the path or speculation lost.
+    off = recs[32]
+    assert off.status == "speculation_off"
+    assert off.decomposition["label"] == "ngram k=5 window 2-5"
+    assert "path 0.92x x speculation 0.89x" in off.reason
+
+
+def test_without_an_aligned_baseline_nothing_changes():
+    df = trials_frame(realistic_study())
+    assert decompose(df)[list(DECOMPOSITION_COLUMNS)].isna().all().all()
+    for rec in recommendations(pareto_speedups(realistic_study())):
+        assert rec.decomposition is None and "over plain" not in rec.reason
+
+
+def test_serve_command_names_the_model_as_the_user_gave_it():
+    (rec, *_) = recommendations(pareto_speedups(aligned_study()))
+    assert rec.serve_command.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct ")
+    assert "/root/.cache" not in rec.serve_command
+    assert shlex.split(rec.serve_command)[-3:] == ["--max-model-len", "4096", "--enforce-eager"]
+    assert rec.serve_config == {
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "speculative-config": {"method": "ngram", "num_speculative_tokens": 3,
+                               "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        "max-model-len": 4096, "enforce-eager": True}
+
+
+def test_serve_config_maps_every_flag_form_as_vllm_reads_it():
+    meta = {"engine_spec": {"model": "/models/llama", "extra_args": [
+        "-tp", "2", "--no-async-scheduling", "--gpu-memory-utilization=0.85",
+        "--compilation-config", '{"level": 0}', "--max-model-len", "4k", "--seed", "-1",
+        "--enable-prefix-caching"]}}
+    config = TrialConfig(speculative_config=ngram(5), engine_args={"max_num_seqs": 64,
+                                                                  "enforce_eager": False})
+    assert serve_config(meta, config) == {
+        "model": "/models/llama", "speculative-config": ngram(5), "max-num-seqs": 64,
+        "tensor-parallel-size": 2, "async-scheduling": False, "gpu-memory-utilization": 0.85,
+        "compilation-config": {"level": 0}, "max-model-len": "4k", "seed": -1,
+        "enable-prefix-caching": True}

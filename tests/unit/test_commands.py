@@ -71,3 +71,27 @@ def test_the_serve_command_is_what_was_measured_and_pastes_into_a_shell():
 def test_bad_quoting_is_a_user_mistake():
     with pytest.raises(ConfigError, match="check the quotes"):
         commands.split("--model 'unterminated", flag="--engine-args")
+
+
+def test_the_verify_command_parses_back_to_the_same_engine_flags():
+    # Its engine strings start with "--": the line must read back through tuner's own CLI.
+    from tuner import cli
+
+    config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+                         engine_args={"no_async_scheduling": True})
+    line = commands.verify_command(
+        engine={"model": "/m", "vllm_cmd": ["/opt/v/bin/python", "-m", "vllm"],
+                "extra_args": ["--max-num-seqs", "8"]},
+        workload={"name": "instructcoder", "num_prompts": 16}, config=config, concurrency=4)
+    argv = shlex.split(line)
+    assert argv[:2] == ["tuner", "bench"]
+    parser = cli.build_parser()
+    args = parser.parse_args(cli.attach_engine_strings(argv[1:], cli.option_strings(parser)))
+    assert shlex.split(args.engine_args) == ["--max-num-seqs", "8", "--no-async-scheduling"]
+    assert shlex.split(args.vllm_cmd) == ["/opt/v/bin/python", "-m", "vllm"]
+    assert json.loads(args.speculative_config) == config.speculative_config
+    # And in the form a person types, the value as its own (quoted) word:
+    spaced = [part for a in argv[1:] for part in (a.split("=", 1) if a.startswith(
+        ("--engine-args=", "--vllm-cmd=")) else [a])]
+    again = parser.parse_args(cli.attach_engine_strings(spaced, cli.option_strings(parser)))
+    assert (again.engine_args, again.vllm_cmd) == (args.engine_args, args.vllm_cmd)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -76,7 +77,7 @@ def test_a_stream_without_usage_or_tokens_is_an_error() -> None:
 
 @pytest.mark.parametrize("bad, message", [
     (b'data: {"choices": [{"text": \n\n', "malformed JSON chunk"),
-    (b"event: ping\n\n", "malformed stream event"),
+    (b"event: error\ndata: engine dead\n\n", "server error in stream: engine dead"),
     (b'data: {"error": {"message": "engine dead"}}\n\n', "server error in stream"),
 ])
 def test_broken_streams_end_the_request_with_the_reason(bad, message) -> None:
@@ -86,9 +87,11 @@ def test_broken_streams_end_the_request_with_the_reason(bad, message) -> None:
 
 
 def test_garbage_and_broken_framing_are_errors_not_exceptions() -> None:
-    assert "not an HTTP response" in _feed(b"SSH-2.0-OpenSSH\r\n\r\n", []).error
+    assert "malformed HTTP response" in _feed(b"SSH-2.0-OpenSSH\r\n\r\n", []).error
     bad_size = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
-    assert "bad chunk size" in _feed(bad_size, []).error
+    assert "chunk size" in _feed(bad_size, []).error
+    huge = b"HTTP/1.1 200 OK\r\n" + b"x-pad: %s\r\n" % (b"a" * loadgen.MAX_HEAD_BYTES)
+    assert _feed(huge, [7]).error == "response headers too long"
 
 
 def test_a_body_until_close_and_a_connection_lost_midway() -> None:
@@ -318,3 +321,111 @@ def test_a_ctrl_c_whose_cancellation_is_swallowed_still_interrupts():
 
     with pytest.raises(KeyboardInterrupt):
         loadgen._event_loop_run(swallowing())
+
+
+# --- framing: what the SSE standard and HTTP/1.1 allow, each against a raw socket server -------
+
+def _spec_stream(tokens: int, *, eol: bytes = b"\n") -> bytes:
+    """A completion stream using what the SSE standard allows beyond vLLM's plain `data:`
+    lines: a byte-order mark, comments, event and id and retry fields, data split over lines,
+    named events a completion stream ignores, and the given line end everywhere."""
+    lines = [b"\xef\xbb\xbf: stream opened", b"retry: 3000", b""]
+    for i in range(tokens):
+        lines += [b": ping", b""] if i % 2 else []
+        lines += [b"event: message", b"id: %d" % i, b'data: {"choices":',
+                  b'data:[{"index":0,"text":" t%d"}]}' % i, b""]
+        lines += [b"event: ping", b"data: not json, and no concern of a completion", b""]
+    lines += [b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}'
+              % tokens, b"", b"data: [DONE]", b"", b""]
+    return eol.join(lines)
+
+
+def _framed(body: bytes, framing: str) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if framing == "chunked":
+        return _chunked(body, piece=23)
+    if framing == "continue":  # an interim answer first, as to `Expect: 100-continue`
+        return b"HTTP/1.1 100 Continue\r\n\r\n" + _chunked(body, piece=23)
+    if framing == "length":
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    raise ValueError(framing)
+
+
+FRAMINGS = [(eol, framing) for eol in (b"\n", b"\r\n", b"\r")
+            for framing in ("chunked", "continue", "length")]
+
+
+@pytest.mark.parametrize("eol, framing", FRAMINGS)
+def test_every_framing_parses_the_same_at_every_single_cut(eol, framing) -> None:
+    raw = _framed(_spec_stream(3, eol=eol), framing)
+    for cuts in [[k] for k in range(1, len(raw))] + [list(range(1, len(raw)))]:
+        resp = _feed(raw, cuts)
+        assert resp.error is None, (cuts[:3], resp.error)
+        assert resp.out_tokens == 3 and len(resp.gaps) == 2 and resp.keep_alive
+
+
+def test_sse_fields_follow_the_standard() -> None:
+    events = loadgen._EventStream()
+    got = events.feed(b"data\n\n:comment\ndata:a\ndata: b\r\n\nid: 7\nretry: 25\nretry: x\n"
+                      b"event: e1\nunknown: 1\ndata:  c\r\r\nevent: lone\n\ndata: d\r")
+    assert got == [(b"message", b""), (b"message", b"a\nb"), (b"e1", b" c")]
+    assert events.last_id == b"7" and events.retry_ms == 25
+    assert events.feed(b"\n") == []  # CR then LF: one line end, not two
+    assert events.feed(b"\n") == [(b"message", b"d")]
+
+
+def _raw_server(answers: list[list[bytes]], *, pause_s: float = 0.0) -> socket.socket:
+    """Answers GET /health, then each POST with the next answer's pieces, one write each and
+    `pause_s` between them (TCP_NODELAY), so the pieces reach the client as separate reads."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            data, todo = b"", iter(answers)
+            try:
+                while True:
+                    head, data = _read_request(conn, data)
+                    if head.startswith(b"GET /health"):
+                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        continue
+                    for i, piece in enumerate(next(todo)):
+                        if i and pause_s:
+                            time.sleep(pause_s)
+                        conn.sendall(piece)
+            except (ConnectionError, StopIteration):
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("eol, framing", FRAMINGS)
+def test_every_framing_against_a_socket_server(eol, framing) -> None:
+    raw = _framed(_spec_stream(4, eol=eol), framing)
+    pieces = [raw[i:i + 29] for i in range(0, len(raw), 29)]
+    records = _requests_to(_raw_server([pieces, [raw]], pause_s=0.001), n=2, output_len=4)
+    assert [r.error for r in records] == [None, None]
+    assert [r.output_tokens for r in records] == [4, 4]
+    assert all(len(r.chunk_gaps_s) == 3 and r.ttft_s > 0 for r in records)
+
+
+def test_a_response_split_at_every_byte_boundary_across_tcp_reads() -> None:
+    raw = _framed(_spec_stream(2, eol=b"\r\n"), "continue")
+    records = _requests_to(_raw_server([[raw[:k], raw[k:]] for k in range(1, len(raw))],
+                                       pause_s=0.0005), n=len(raw) - 1, output_len=2)
+    assert [r.error for r in records] == [None] * (len(raw) - 1)
+    assert all(r.output_tokens == 2 and len(r.chunk_gaps_s) == 1 for r in records)
+
+
+def test_chunk_arrival_times_are_those_of_the_reads_that_complete_the_events() -> None:
+    # The second event's blank line comes 0.2 s after the rest of it: its arrival is then.
+    raw = _framed(_spec_stream(2), "length")
+    cut = raw.index(b't1"}]}\n') + 7
+    records = _requests_to(_raw_server([[raw[:cut], raw[cut:]]], pause_s=0.2), n=1,
+                           output_len=2)
+    assert records[0].error is None
+    # Not exactly 0.2: this process's server thread and client share the GIL, so the first
+    # read may be stamped a little late on a busy machine; stamped early, the gap would be ~0.
+    assert records[0].chunk_gaps_s[0] >= 0.15

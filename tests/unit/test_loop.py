@@ -148,3 +148,143 @@ def test_a_missing_or_corrupt_capture_file_reads_as_none(tmp_path):
     path.write_bytes(path.read_bytes()[:40])  # truncated
     assert st.token_capture(out, first) is None
     assert st.token_capture(out, second) is None
+
+
+# --- --aligned-baseline: auto, off, explicit -------------------------------------------------
+class _PathExecutor(_Executor):
+    """An engine whose path is what vLLM 0.26 takes on a GPU: V2 runner with async scheduling,
+    except where a speculative config (`differs`) or the aligning flags and environment put it
+    on V1 without async scheduling, as tuner.measure.enginepath reads them from the log."""
+
+    def __init__(self, *, differs: bool) -> None:
+        super().__init__(inline=False, tokens=False)
+        self.differs = differs
+        self.configs: list[TrialConfig] = []
+
+    def submit(self, key, engine, config: TrialConfig, *args, **kwargs) -> None:
+        self.configs.append(config)
+        aligned = config.engine_args.get("no_async_scheduling") is True and \
+            config.engine_env.get("VLLM_USE_V2_MODEL_RUNNER") == "0"
+        off = aligned or (self.differs and config.speculative_config is not None)
+        details = {"model_runner": "V1" if off else "V2",
+                   "async_scheduling": "false" if off else "true"}
+        result = BenchResult(config=config, engine=EngineInfo(start_s=1.0, details=details),
+                             levels=(LevelMetrics(**fake_level(
+                                 1, output_throughput=100.0, mean_tpot_ms=10.0)),))
+        self.done.append((key, TrialOutcome(result=result)))
+
+
+ALIGNED = TrialConfig(engine_args={"no_async_scheduling": True},
+                      engine_env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+
+
+def _search(study, executor, lines: list[str], *, aligned) -> loop.SearchLoop:
+    sp = spaces.parse({"methods": {"ngram": {"num_speculative_tokens": {
+        "type": "choice", "values": [1, 2, 3, 4]}, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2}}})
+    loop.enqueue_start(study, sp, "grid", [])
+    return loop.SearchLoop(
+        study=study, space=sp, engine=EngineSpec(model="m"),
+        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
+        settings=MeasureSettings(), out_dir=Path("unused"), objectives=["output_throughput"],
+        target=1, constraints={}, executor=executor, gpus=0.0, say=lines.append,
+        line=lambda result, _base: result.config.label(), aligned=aligned)
+
+
+def _study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+
+
+def _roles(study) -> list[str]:
+    """The roles of the trials that ran, in the order they started (grid points wait)."""
+    ran = [t for t in study.trials if t.state != optuna.trial.TrialState.WAITING]
+    return [t.user_attrs[TrialAttr.ROLE] for t in sorted(ran, key=lambda t: t.datetime_start)]
+
+
+def test_auto_alignment_measures_the_speculative_path_once_right_after_it_is_seen():
+    study, executor, lines = _study(), _PathExecutor(differs=True), []
+    _search(study, executor, lines, aligned="auto").run(n_trials=4, timeout_s=None)
+    assert _roles(study) == ["baseline", "search", "aligned_baseline", "search"]
+    assert executor.configs[2] == ALIGNED
+    said = [ln for ln in lines if ln.startswith("Engine path:")]
+    assert len(said) == 1 and "model_runner: V2 without speculation, V1 with it" in said[0]
+    assert "--no-async-scheduling VLLM_USE_V2_MODEL_RUNNER=0" in said[0]
+    assert loop.aligned_config(study) == ALIGNED
+
+
+def test_auto_alignment_adds_no_launch_where_speculation_keeps_the_path():
+    study, executor, lines = _study(), _PathExecutor(differs=False), []
+    _search(study, executor, lines, aligned="auto").run(n_trials=4, timeout_s=None)
+    assert _roles(study) == ["baseline", "search", "search", "search"]
+    assert all(c.method != "none" or c == TrialConfig() for c in executor.configs)
+    assert sum("no aligned baseline to measure" in ln for ln in lines) == 1
+    assert loop.aligned_config(study) is None
+
+
+def test_a_resumed_study_never_launches_the_aligned_baseline_twice():
+    study, executor = _study(), _PathExecutor(differs=True)
+    # The budget ends with the first speculative trial: the resumed run aligns first, once.
+    _search(study, executor, [], aligned="auto").run(n_trials=2, timeout_s=None)
+    assert _roles(study) == ["baseline", "search"]
+    _search(study, executor, [], aligned="auto").run(n_trials=3, timeout_s=None)
+    _search(study, executor, [], aligned="auto").run(n_trials=5, timeout_s=None)
+    assert _roles(study).count("aligned_baseline") == 1
+    assert _roles(study)[2] == "aligned_baseline"
+
+
+def test_an_aligned_baseline_a_dead_driver_left_is_launched_again():
+    study, executor = _study(), _PathExecutor(differs=True)
+    _search(study, executor, [], aligned="auto").run(n_trials=2, timeout_s=None)
+    orphan = st.ask_fresh(study, user_attrs=loop.aligned_attrs(ALIGNED))
+    study._storage.set_trial_user_attr(orphan._trial_id, TrialAttr.FAILURE,
+                                       {"reason": "x", "kind": "driver_died"})
+    study._storage.set_trial_state_values(orphan._trial_id, optuna.trial.TrialState.FAIL)
+    assert not loop.has_aligned_baseline(study)
+    _search(study, executor, [], aligned="auto").run(n_trials=3, timeout_s=None)
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [t.user_attrs[TrialAttr.ROLE] for t in done].count("aligned_baseline") == 1
+
+
+def test_off_never_aligns_and_an_explicit_one_follows_the_baseline_whatever_the_path():
+    study, executor, lines = _study(), _PathExecutor(differs=True), []
+    _search(study, executor, lines, aligned="off").run(n_trials=3, timeout_s=None)
+    assert "aligned_baseline" not in _roles(study)
+    assert not any(ln.startswith("Engine path:") for ln in lines)
+
+    given = TrialConfig(engine_args={"no_async_scheduling": True})
+    study, executor = _study(), _PathExecutor(differs=False)
+    search = _search(study, executor, [], aligned=given)
+    search.run(n_trials=3, timeout_s=None)
+    assert _roles(study) == ["baseline", "aligned_baseline", "search"]
+    assert executor.configs[1] == given
+    # --repeats re-measures it beside the plain baseline: the path's cost gets a spread too.
+    search.repeat_leaders(repeats=2, leaders=1)
+    roles = {t.number: t.user_attrs[TrialAttr.ROLE] for t in study.trials}
+    repeated = [roles[t.user_attrs[TrialAttr.REPEAT_OF]] for t in study.trials
+                if t.user_attrs[TrialAttr.ROLE] == "repeat"]
+    assert repeated == ["baseline", "aligned_baseline", "search"]
+
+
+def test_an_aligned_baseline_that_missed_the_speculative_path_is_said_once():
+    class EnvIgnored(_PathExecutor):
+        """An engine that honours --no-async-scheduling but not VLLM_USE_V2_MODEL_RUNNER."""
+
+        def submit(self, key, engine, config: TrialConfig, *args, **kwargs) -> None:
+            super().submit(key, engine, config, *args, **kwargs)
+            if config.engine_args.get("no_async_scheduling"):
+                key, outcome = self.done.pop()
+                engine_info = outcome.result.engine.model_copy(update={"details": {
+                    "model_runner": "V2", "async_scheduling": "false"}})
+                self.done.append((key, outcome.model_copy(update={
+                    "result": outcome.result.model_copy(update={"engine": engine_info})})))
+
+    lines: list[str] = []
+    _search(_study(), EnvIgnored(differs=True), lines, aligned="auto").run(n_trials=4,
+                                                                           timeout_s=None)
+    missed = [ln for ln in lines if "still differs" in ln]
+    assert len(missed) == 1 and "model_runner: V2 without speculation, V1 with it" in missed[0]
+    lines.clear()
+    _search(_study(), _PathExecutor(differs=True), lines, aligned="auto").run(n_trials=4,
+                                                                              timeout_s=None)
+    assert not any("still differs" in ln for ln in lines)

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tuner.errors import ConfigError
 from tuner.measure import metrics
-from tuner.records import RequestRecord, SpecDecodeCounts
+from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 # Two engines (data parallel), prometheus_client's exposition with HELP/TYPE and _created lines.
 SCRAPE = """\
@@ -159,16 +160,17 @@ def test_level_metrics_all_failed_gives_nan_latencies_and_zero_throughput() -> N
 
 
 def test_acceptance_formulas_follow_vllm() -> None:
-    # vLLM: rate = accepted / draft tokens; mean length = 1 + accepted / drafts;
-    # per position = accepted at that position / drafts.
+    # vLLM: rate = 100 * accepted / draft tokens (a percentage in its bench results);
+    # mean length = 1 + accepted / drafts; per position = accepted at that position / drafts.
     counts = SpecDecodeCounts(num_drafts=30, num_draft_tokens=90, num_accepted_tokens=48,
                               accepted_per_pos=(28.0, 15.0, 5.0))
     lv = metrics.level_metrics([_rec(0)], concurrency=1, duration_s=1.0, warmup_requests=0,
                                counts=counts)
-    assert lv.spec_decode_acceptance_rate == pytest.approx(48 / 90)
+    assert lv.spec_decode_acceptance_rate == pytest.approx(100 * 48 / 90)
     assert lv.spec_decode_acceptance_length == pytest.approx(1 + 48 / 30)
     assert lv.spec_decode_per_position_acceptance_rates == pytest.approx((28 / 30, 15 / 30, 5 / 30))
     assert lv.spec_decode_num_drafts == 30
+    assert (lv.spec_decode_draft_tokens, lv.spec_decode_accepted_tokens) == (90, 48)
 
 
 def test_acceptance_from_scrape_delta_end_to_end() -> None:
@@ -180,5 +182,122 @@ def test_acceptance_from_scrape_delta_end_to_end() -> None:
     assert (d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens) == (10, 30, 15)
     lv = metrics.level_metrics([_rec(0)], concurrency=1, duration_s=1.0, warmup_requests=0,
                                counts=d)
-    assert lv.spec_decode_acceptance_rate == pytest.approx(0.5)
+    assert lv.spec_decode_acceptance_rate == pytest.approx(50.0)
     assert lv.spec_decode_acceptance_length == pytest.approx(2.5)
+
+
+def _ttft_scrape(total_s: float, count: float) -> str:
+    """vLLM's TTFT histogram as its /metrics shows it, over two engines."""
+    lines = ["# TYPE vllm:time_to_first_token_seconds histogram"]
+    for engine in ("0", "1"):
+        labels = f'engine="{engine}",model_name="m"'
+        lines += [f'vllm:time_to_first_token_seconds_bucket{{{labels},le="0.1"}} {count / 2}',
+                  f"vllm:time_to_first_token_seconds_count{{{labels}}} {count / 2}",
+                  f"vllm:time_to_first_token_seconds_sum{{{labels}}} {total_s / 2}",
+                  f"vllm:time_to_first_token_seconds_created{{{labels}}} 1.7e9"]
+    return "\n".join(lines) + "\n"
+
+
+def test_server_ttft_is_the_level_delta_of_vllms_histogram() -> None:
+    before = metrics.parse_spec_counters(SCRAPE + _ttft_scrape(1.0, 10))
+    after = metrics.parse_spec_counters(SCRAPE + _ttft_scrape(1.9, 16))
+    assert (after.server_ttft_s_sum, after.server_ttft_count) == (1.9, 16)
+    lv = metrics.level_metrics([_rec(0)], concurrency=1, duration_s=1.0, warmup_requests=0,
+                               counts=metrics.delta(before, after))
+    assert lv.server_mean_ttft_ms == pytest.approx(150.0)  # 0.9 s over 6 requests
+    none = metrics.level_metrics([_rec(0)], concurrency=1, duration_s=1.0, warmup_requests=0,
+                                 counts=metrics.delta(before, before))
+    assert none.server_mean_ttft_ms is None  # no request in the delta: nothing to report
+
+
+# --- vLLM's names, units and percentiles in what is written -----------------------------------
+
+# The keys `vllm bench serve --save-result` writes (vllm/benchmarks/serve.py, vLLM 0.32) that
+# a tuner level also measures; a user comparing the two files finds each under the same name.
+VLLM_RESULT_KEYS = {
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput", "max_concurrency",
+    "num_prompts", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+    "median_itl_ms", "std_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+    "std_e2el_ms", "p99_e2el_ms", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
+    "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+    "spec_decode_per_position_acceptance_rates",
+}
+
+
+def _spec_level(**kw):
+    counts = SpecDecodeCounts(num_drafts=30, num_draft_tokens=90, num_accepted_tokens=48,
+                              accepted_per_pos=(28.0, 15.0, 5.0))
+    records = [_rec(i, ttft=0.1 * (i + 1), e2e=1.0 + i, out=10 + i, gaps=(0.01 * (i + 1),))
+               for i in range(5)]
+    return metrics.level_metrics(records, concurrency=4, duration_s=2.0, warmup_requests=0,
+                                 counts=counts, **kw)
+
+
+def test_vllm_record_has_vllm_bench_serve_keys_and_units() -> None:
+    rec = _spec_level().vllm_record()
+    assert VLLM_RESULT_KEYS <= set(rec)
+    assert (rec["max_concurrency"], rec["num_prompts"]) == (4, 5)
+    assert rec["spec_decode_acceptance_rate"] == pytest.approx(100 * 48 / 90)  # percent
+    assert "concurrency" not in rec and "spec_decode_num_draft_tokens" not in rec
+    # vLLM's std is numpy's (population) std
+    ttfts = [100.0 * (i + 1) for i in range(5)]
+    assert rec["std_ttft_ms"] == pytest.approx(float(np.std(ttfts)))
+    # read back under either name
+    assert LevelMetrics.model_validate(rec).concurrency == 4
+
+
+def test_selected_percentiles_are_keyed_as_vllm_keys_them() -> None:
+    lv = _spec_level(percentile_metrics=("tpot", "e2el"), metric_percentiles=(50.0, 99.9))
+    e2els = [1000.0 * (1.0 + i) for i in range(5)]
+    assert set(lv.percentiles) == {"p50_tpot_ms", "p99.9_tpot_ms", "p50_e2el_ms",
+                                   "p99.9_e2el_ms"}
+    assert lv.percentiles["p99.9_e2el_ms"] == pytest.approx(float(np.percentile(e2els, 99.9)))
+    rec = lv.vllm_record()
+    assert rec["p50_tpot_ms"] == pytest.approx(lv.median_tpot_ms)
+    assert "percentiles" not in rec and rec["p99_tpot_ms"] == lv.p99_tpot_ms  # fixed ones stay
+
+
+def test_default_percentiles_are_vllms() -> None:
+    lv = _spec_level()
+    assert set(lv.percentiles) == {"p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms"}
+    assert lv.percentiles["p99_tpot_ms"] == pytest.approx(lv.p99_tpot_ms)
+
+
+@pytest.mark.parametrize("text, expected", [("ttft,tpot", ("ttft", "tpot")),
+                                            (" e2el , itl ,", ("e2el", "itl"))])
+def test_percentile_metrics_parse(text, expected) -> None:
+    assert metrics.parse_percentile_metrics(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "ttft,queue", "client_queue_time", ","])
+def test_percentile_metrics_refuse_what_a_closed_loop_does_not_measure(text) -> None:
+    with pytest.raises(ConfigError, match="--percentile-metrics .*Choose from ttft,tpot,itl,e2el"):
+        metrics.parse_percentile_metrics(text)
+
+
+def test_metric_percentiles_parse_and_refuse() -> None:
+    assert metrics.parse_metric_percentiles("50,90,99,99.9") == (50.0, 90.0, 99.0, 99.9)
+    for bad in ("", "0", "101", "nan", "ninety", "50,-1"):
+        with pytest.raises(ConfigError, match="--metric-percentiles .*e.g. --metric-percentiles"):
+            metrics.parse_metric_percentiles(bad)
+
+
+def test_percentile_keys_follow_vllm() -> None:
+    assert metrics.percentile_key("tpot", 99.0) == "p99_tpot_ms"
+    assert metrics.percentile_key("itl", 99.9) == "p99.9_itl_ms"
+
+
+def test_old_level_keys_and_fraction_rate_are_migrated() -> None:
+    old = _spec_level().model_dump(mode="json")
+    old["spec_decode_num_draft_tokens"] = old.pop("spec_decode_draft_tokens")
+    old["spec_decode_num_accepted_tokens"] = old.pop("spec_decode_accepted_tokens")
+    old["spec_decode_acceptance_rate"] = 48 / 90  # old folders stored a fraction
+    for key in ("std_ttft_ms", "std_itl_ms", "std_e2el_ms", "percentiles"):
+        old.pop(key)
+    lv = LevelMetrics.model_validate(old)
+    assert lv.spec_decode_acceptance_rate == pytest.approx(100 * 48 / 90)
+    assert (lv.spec_decode_draft_tokens, lv.spec_decode_accepted_tokens) == (90, 48)
+    current = lv.model_dump(mode="json")
+    assert LevelMetrics.migrate(current) is current  # a current dict passes untouched

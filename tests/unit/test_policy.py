@@ -144,3 +144,43 @@ def test_predicted_ks_join_the_choice_and_are_named_in_the_document():
     assert doc["schedule"][-1][2] == 2
     without = P.draft_policy(measured, runs, max_batch=8, context={}, where="x")
     assert without["k_by_level"] == {1: 6, 4: 3} and without["k_predicted"] == []
+
+
+def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_speculation_gain():
+    from tuner.records import TrialConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3}
+    k3 = TrialConfig(speculative_config=spec)
+    aligned = TrialConfig(engine_args={"no_async_scheduling": True},
+                          engine_env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    runs = P.ladder_runs([k3], (3,), study="s", aligned=aligned)
+    assert [role for role, _ in runs] == ["baseline", "aligned_baseline", "leader"]
+    # The H200 study of issue 16: the path costs 0.83x at c=1, speculation gains 1.28x there.
+    measured = (_ladder_runs(TrialConfig().key(), {1: [10.0, 10.2], 8: [10.0, 10.0]})
+                + _ladder_runs(aligned.key(), {1: [8.3, 8.3], 8: [8.0, 8.1]})
+                + _ladder_runs(k3.key(), {1: [10.6, 10.7], 8: [9.0, 9.0]}))
+    doc = P.draft_policy(measured, runs, max_batch=8, context={}, where="x")
+    stats = doc["configs"][0]["stats"]
+    assert stats[1]["path_cost"] == pytest.approx(8.3 / 10.1)
+    assert stats[1]["speculation_gain"] == pytest.approx(10.65 / 8.3)
+    for c in (1, 8):
+        assert stats[c]["path_cost"] * stats[c]["speculation_gain"] == \
+            pytest.approx(stats[c]["speedup"])
+        assert stats[c]["path_noise"] > 0 and stats[c]["gain_noise"] > 0
+    assert doc["aligned_baseline"]["path_cost"]["1"]["speedup"] == pytest.approx(8.3 / 10.1)
+    assert "c=1 1.05x = path 0.82x" in doc["decomposition"]
+    assert "speculation 1.28x" in doc["decomposition"]
+    # The decisions stay against the plain baseline, what a user gets today: at c=8
+    # speculation alone gains 1.12x, yet on its path it is 0.9x of the plain baseline.
+    assert stats[8]["speculation_gain"] > 1.1 and stats[8]["speedup"] < 0.95
+    assert doc["k_by_level"] == {1: 3, 8: 0}
+    policy_cfg, static = P.policy_configs(doc, runs)
+    verified = P.with_verification(doc, measured, policy_cfg=policy_cfg, static=static,
+                                   side_by_side=False)
+    assert verified["verdict"].endswith(doc["decomposition"])  # the line a user reads
+
+    plain = P.draft_policy(measured, [r for r in runs if r[0] != "aligned_baseline"],
+                           max_batch=8, context={}, where="x")
+    assert plain["decomposition"] is None and plain["aligned_baseline"] is None
+    assert "path_cost" not in plain["configs"][0]["stats"][1]

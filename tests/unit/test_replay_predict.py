@@ -62,9 +62,10 @@ def _level(c: int, tpot: float, thr: float, acc_len: float | None = None) -> Lev
         median_e2el_ms=nan, p99_e2el_ms=nan, spec_decode_acceptance_length=acc_len)
 
 
-def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str
-                     ) -> MeasuredTrial:
-    """What an engine whose step costs A + B x tokens scored would measure."""
+def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str, *,
+                     path_ms: float = 0.0, config: TrialConfig | None = None) -> MeasuredTrial:
+    """What an engine whose step costs A + B x tokens scored (+ path_ms on a slower engine
+    path) would measure."""
     levels = {}
     for c in (1, 2):
         lengths = [len(r.output) for r in sorted(cap.level(c, warmup=False), key=lambda r: r.index)]
@@ -73,11 +74,12 @@ def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: st
         else:
             acc = acceptance.replay(cap, spec, levels=[c])[c]
             steps, drafted, acc_len = acc.request_steps, acc.drafted_per_step, acc.acceptance_length
-        step = A_MS[c] + B_MS[c] * c * (1 + drafted)
+        step = A_MS[c] + path_ms + B_MS[c] * c * (1 + drafted)
         tpot = float(np.mean([s * step / (n - 1) for s, n in zip(steps, lengths, strict=True)]))
         e2e = sum(TTFT_MS + s * step for s in steps)
         levels[c] = _level(c, tpot, thr=1000.0 * sum(lengths) * c / e2e, acc_len=acc_len)
-    return MeasuredTrial(number, TrialConfig(speculative_config=spec), role, levels, cap)
+    return MeasuredTrial(number, config or TrialConfig(speculative_config=spec), role, levels,
+                         cap)
 
 
 NG = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 1,
@@ -143,3 +145,35 @@ def test_leaders_to_confirm_take_the_best_of_each_method_first():
     assert [r["key"] for r in confirm._diverse(ranked, 2)] == ["s1", "n1"]
     assert [r["key"] for r in confirm._diverse(ranked, 3)] == ["s1", "s2", "n1"]
     assert [r["key"] for r in confirm._diverse(ranked[:2], 2)] == ["s1", "s2"]
+
+
+def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_gain():
+    # Speculation runs another engine path, 3 ms slower per step; the aligned baseline (no
+    # speculation on that path) anchors the line, and each row says what the path costs.
+    cap = _capture()
+    aligned_cfg = TrialConfig(engine_args={"no_async_scheduling": True})
+    plain = _synthetic_trial(0, cap, None, "baseline")
+    aligned = _synthetic_trial(1, cap, None, "aligned_baseline", path_ms=3.0, config=aligned_cfg)
+    measured = [plain, aligned, _synthetic_trial(2, cap, NG, "calibration", path_ms=3.0),
+                _synthetic_trial(3, cap, SMALL, "confirm", path_ms=3.0)]
+    pred = predict(cap, [TrialConfig(speculative_config=NG), TrialConfig(speculative_config=SMALL)],
+                   measured, max_model_len=4096, max_num_seqs=16)
+    for c in (1, 2):
+        assert pred.costs[c].path == cost.PATH_ALIGNED
+        assert pred.costs[c].a == pytest.approx(A_MS[c] + 3.0, rel=1e-6)
+    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    for r in small:
+        c = r["concurrency"]
+        path_cost = aligned.levels[c].output_throughput / plain.levels[c].output_throughput
+        assert r["path_cost"] == pytest.approx(path_cost) and r["path_cost"] < 1.0
+        assert r["path_cost"] * r["pred_speculation_gain"] == pytest.approx(r["pred_speedup"])
+        measured_gain = r["meas_output_throughput"] / aligned.levels[c].output_throughput
+        assert r["pred_speculation_gain"] == pytest.approx(measured_gain, rel=0.05)
+    base_rows = [r for r in pred.rows if r["method"] == "none"]
+    assert base_rows and all(r["path_cost"] is None for r in base_rows)
+
+    without = predict(cap, [TrialConfig(speculative_config=SMALL)], [plain, measured[2]],
+                      max_model_len=4096, max_num_seqs=16)
+    assert all(r["path_cost"] is None and r["pred_speculation_gain"] is None
+               for r in without.rows)
+    assert all(c.path == cost.PATH_PLAIN for c in without.costs.values())

@@ -8,11 +8,13 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import yaml
 
 # tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
 from study_fakes import (
     add_complete,
     add_failed,
+    aligned_study,
     fake_level,
     fake_study,
     ngram,
@@ -162,3 +164,103 @@ def test_format_recommendation_for_the_terminal():
                      role="baseline" if spec is None else "search")
     text = format_recommendation(recommendations(trials_frame(off))[0])
     assert text.startswith("Concurrency 8: Leave speculation off")
+
+
+# --- an aligned baseline: engine path x speculation; serve configs; vLLM-shaped files -----------
+
+
+@pytest.fixture(scope="module")
+def aligned_outputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("aligned")
+    return write_outputs(aligned_study(), tmp / "out"), tmp / "out"
+
+
+def test_every_level_shows_path_cost_times_speculation_gain(aligned_outputs):
+    paths, _ = aligned_outputs
+    doc = json.loads(paths["recommendation_json"].read_text())
+    for lv in doc["levels"]:
+        split = lv["decomposition"]
+        assert split["total_speedup"] == pytest.approx(split["path_cost"]
+                                                       * split["speculation_gain"])
+        assert split["path_cost_spread"] > 0 and split["speculation_gain_spread"] > 0
+    html = paths["report_html"].read_text()
+    md = paths["report_md"].read_text()
+    for text in (html, md):
+        assert "Engine path and speculation" in text
+        assert "0.83x \u00b10.02 / 1.00x" in text  # the aligned row at c=1: the path cost
+        assert "1.06x \u00b10.02 / 1.28x \u00b10.04" in text  # k3 at c=1
+        assert "path 0.83x x speculation 1.28x" in text
+
+
+def test_serve_config_yaml_per_level_is_listed_and_names_the_model_as_given(aligned_outputs):
+    paths, out = aligned_outputs
+    doc = json.loads(paths["recommendation_json"].read_text())
+    assert doc["serve_config_files"] == {"1": "vllm_config_c1.yaml", "8": "vllm_config_c8.yaml",
+                                         "32": "vllm_config_c32.yaml"}
+    for lv in doc["levels"]:
+        assert "/root/.cache" not in lv["serve_command"]
+        loaded = yaml.safe_load((out / lv["serve_config_file"]).read_text())
+        assert loaded == lv["serve_config"]
+        assert loaded["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    c1 = yaml.safe_load((out / "vllm_config_c1.yaml").read_text())
+    assert c1["speculative-config"]["num_speculative_tokens"] == 3
+    assert "speculative-config" not in yaml.safe_load((out / "vllm_config_c32.yaml").read_text())
+    # the resolved path stays in the fingerprint
+    assert doc["fingerprint"]["model"].startswith("/root/.cache/")
+
+
+def test_speedup_plot_splits_into_two_panels_with_an_aligned_baseline(aligned_outputs, outputs):
+    from PIL import Image
+
+    split = Image.open(aligned_outputs[0]["plot_speedup_vs_concurrency"]).size
+    plain = Image.open(outputs[0]["plot_speedup_vs_concurrency"]).size
+    assert split[0] > 1.3 * plain[0]
+
+
+def test_without_an_aligned_baseline_the_report_has_no_split(outputs):
+    paths, _ = outputs
+    assert "Engine path and speculation" not in paths["report_html"].read_text()
+    doc = json.loads(paths["recommendation_json"].read_text())
+    assert all(lv["decomposition"] is None for lv in doc["levels"])
+
+
+def test_bench_files_use_vllm_names_and_sweep_reads_summary_json(tmp_path):
+    from tuner.outputs import files
+    from tuner.records import BenchResult, EngineInfo, EngineSpec, LevelMetrics, TrialConfig
+
+    levels = tuple(LevelMetrics.model_validate(fake_level(
+        c, output_throughput=50.0 * c, mean_tpot_ms=20.0, acceptance_length=3.0, k=5))
+        for c in (1, 4))
+    result = BenchResult(config=TrialConfig(speculative_config=ngram(5)),
+                         engine=EngineInfo(start_s=61.0), levels=levels)
+    written = files.write_bench_result(tmp_path, result, header={"wall_s": 3.0},
+                                       engine=EngineSpec(model="/abs/m", model_name="org/m"),
+                                       metadata={"gpu": "H200"})
+    doc = json.loads(written["result_json"].read_text())
+    assert doc["wall_s"] == 3.0 and doc["levels"][1]["max_concurrency"] == 4
+    assert BenchResult.model_validate({k: doc[k] for k in ("config", "engine", "levels")}
+                                      ).levels == levels  # read back under vLLM's names
+    runs = json.loads(written["summary_json"].read_text())
+    # vllm bench sweep plot reads every **/summary.json as a list of flat run dicts
+    assert isinstance(runs, list) and [r["max_concurrency"] for r in runs] == [1, 4]
+    for run in runs:
+        assert all(not isinstance(v, dict) for v in run.values())
+        assert run["spec_decode_acceptance_rate"] == pytest.approx(
+            100 * run["spec_decode_accepted_tokens"] / run["spec_decode_draft_tokens"])
+        assert run["model_id"] == "org/m" and run["gpu"] == "H200"
+        assert json.loads(run["speculative_config"]) == ngram(5)
+
+
+def test_an_old_study_folder_reads_with_todays_names_and_units(tmp_path):
+    import shutil
+
+    shutil.copy(Path(__file__).parent.parent / "data" / "old_study_grid" / "study.journal",
+                tmp_path)
+    df = trials_frame(reopen(tmp_path))
+    spec = df[df["spec_decode_draft_tokens"] > 0]
+    assert not spec.empty
+    # stored as a fraction with the old keys; read as vLLM's percentage
+    assert list(spec["spec_decode_acceptance_rate"]) == pytest.approx(
+        list(100 * spec["spec_decode_accepted_tokens"] / spec["spec_decode_draft_tokens"]))
+    paths = write_outputs(reopen(tmp_path), tmp_path / "out")
+    assert paths["report_html"].exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,10 @@ from tuner.records import LevelMetrics, Role, TrialAttr, TrialConfig
 if TYPE_CHECKING:
     import optuna
 
-LEVEL_FIELDS = tuple(LevelMetrics.model_fields)
+# The level's figures as columns; the percentiles a user selected (LevelMetrics.percentiles,
+# "p95_tpot_ms", ...) become columns of their own after these.
+LEVEL_FIELDS = tuple(f for f in LevelMetrics.model_fields if f != "percentiles")
+_PERCENTILE_COLUMN = re.compile(r"^p\d+(\.\d+)?_[a-z]+_ms$")
 # Metrics whose run-to-run spread is measured; they are the two objectives of a study.
 SPREAD_METRICS = ("output_throughput", "mean_tpot_ms")
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
@@ -35,6 +39,11 @@ SPREAD_COLUMNS = (
     *(f"{m}_{s}" for m in SPREAD_METRICS for s in ("median", "mad")),
 )
 SPEEDUP_COLUMNS = ("speedup_throughput", "speedup_tpot")
+# decompose(): the speedup over the plain baseline = the engine path's cost (aligned baseline
+# over plain) x what speculation alone gives (this config over the aligned baseline); each
+# with its spread, in the ratio's own units.
+DECOMPOSITION_COLUMNS = ("total_speedup", "total_speedup_spread", "path_cost",
+                         "path_cost_spread", "speculation_gain", "speculation_gain_spread")
 CONFIG_COLUMNS = ("trials", "n_failed")  # configs_frame: a config's launches, failed ones
 _NOT_FINISHED = {
     "RUNNING": "not finished: still running, or the driver was stopped (rerun the same "
@@ -59,20 +68,25 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     pooled: dict[tuple[str, int], list[tuple[float, float]]] = {}
     param_names: dict[str, None] = {}
+    percentile_names: dict[str, None] = {}
     for t in study.get_trials(deepcopy=False):
         base = _trial_base(t, study.study_name)
         for name, value in t.params.items():
             param_names[f"params_{name}"] = None
             base[f"params_{name}"] = value
         result = t.user_attrs.get(TrialAttr.RESULT) if t.state.name == "COMPLETE" else None
-        levels = [lv for lv in (result or {}).get("levels", []) if isinstance(lv, dict)]
+        levels = [LevelMetrics.migrate(lv) for lv in (result or {}).get("levels", [])
+                  if isinstance(lv, dict)]
         if not levels:
             if t.state.name == "COMPLETE":
                 base["reason"] = "completed without a stored result (nothing to analyse)"
             rows.append(base)
             continue
         for lv in levels:
-            rows.append({**base, **{f: lv.get(f) for f in LEVEL_FIELDS}})
+            chosen = {k: v for k, v in (lv.get("percentiles") or {}).items()
+                      if k not in LevelMetrics.model_fields}
+            percentile_names.update(dict.fromkeys(chosen))
+            rows.append({**base, **{f: lv.get(f) for f in LEVEL_FIELDS}, **chosen})
         if base["duplicate_of"] is None:  # a copy would count the same measurement twice
             runs = [levels] + [r for r in t.user_attrs.get(TrialAttr.REPEATS) or [] if isinstance(r, list)]
             for run in runs:
@@ -80,7 +94,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
                     if isinstance(lv, dict) and lv.get("concurrency") is not None:
                         pooled.setdefault((base["config_key"], int(lv["concurrency"])), []).append(
                             (number(lv.get("output_throughput")), number(lv.get("mean_tpot_ms"))))
-    columns = [*TRIAL_COLUMNS, *param_names, *LEVEL_FIELDS, *SPREAD_COLUMNS]
+    columns = [*TRIAL_COLUMNS, *param_names, *LEVEL_FIELDS, *percentile_names, *SPREAD_COLUMNS]
     df = pd.DataFrame(rows, columns=columns)
     df["trial"] = df["trial"].astype("Int64")
     df["concurrency"] = pd.to_numeric(df["concurrency"]).astype("Int64")
@@ -189,7 +203,8 @@ def configs_frame(df: pd.DataFrame) -> pd.DataFrame:
     (JSON list) all its launches, `n_failed` those that failed; `duplicate_of` is dropped.
     """
     launched = df[df["duplicate_of"].isna()]
-    numeric = [f for f in LEVEL_FIELDS if f in df and pd.api.types.is_numeric_dtype(df[f])]
+    numeric = [f for f in df.columns if (f in LEVEL_FIELDS or _PERCENTILE_COLUMN.match(f))
+               and pd.api.types.is_numeric_dtype(df[f])]
     rows: list[dict[str, Any]] = []
     for _, group in launched.groupby("config_key", sort=False, dropna=False):
         group = group.sort_values(["trial", "concurrency"], kind="stable")
@@ -226,3 +241,66 @@ def levels_of(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> list[int]
 
 def is_baseline(df: pd.DataFrame) -> pd.Series:
     return (df["state"] == "COMPLETE") & (df["method"] == "none") & (df["role"] == Role.BASELINE)
+
+
+def is_aligned_baseline(df: pd.DataFrame) -> pd.Series:
+    """The aligned baseline: no speculation on the speculative engine path (tuner.search)."""
+    return ((df["state"] == "COMPLETE") & (df["method"] == "none")
+            & (df["role"] == Role.ALIGNED_BASELINE))
+
+
+def relative_spread(row: Any) -> float:
+    """A row's run-to-run throughput spread as a fraction (MAD / median over its repeats);
+    NaN when its config was measured once."""
+    median, mad = number(row.get("output_throughput_median")), number(
+        row.get("output_throughput_mad"))
+    return mad / median if median > 0 and not math.isnan(mad) else math.nan
+
+
+def ratio_spread(ratio: float, *rows: Any) -> float:
+    """The spread of a ratio of two rows' throughputs, in the ratio's units: the ratio times
+    the larger relative spread of the two (the rule recommend applies to a speedup); NaN
+    when neither row was re-measured."""
+    rels = [r for r in (relative_spread(row) for row in rows) if not math.isnan(r)]
+    return ratio * max(rels) if rels and not math.isnan(ratio) else math.nan
+
+
+def decompose(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `df` with DECOMPOSITION_COLUMNS where the study measured an aligned baseline
+    at the row's level (NaN elsewhere, and for rows that did not complete).
+
+    total_speedup = path_cost x speculation_gain, exactly: throughput over the plain baseline's
+    (what a user gets today), the aligned baseline's over the plain one's (what the engine path
+    the speculative configs run on costs without any speculation), and throughput over the
+    aligned baseline's (what speculation alone gives). Medians where a config was re-measured,
+    the earliest of each baseline, spreads as ratio_spread; per study when `df` has several.
+    """
+    out = df.copy()
+    for col in DECOMPOSITION_COLUMNS:
+        out[col] = math.nan
+    if df.empty:
+        return out
+    robust = with_medians(df)
+    plain_rows = robust[is_baseline(robust)].sort_values("trial", kind="stable")
+    aligned_rows = robust[is_aligned_baseline(robust)].sort_values("trial", kind="stable")
+    if aligned_rows.empty or plain_rows.empty:
+        return out
+    keys = ["study", "concurrency"] if "study" in robust else ["concurrency"]
+    # Reversed, so the earliest trial of each baseline is the one kept per level.
+    plain = {tuple(r[k] for k in keys): r for _, r in plain_rows.iloc[::-1].iterrows()}
+    aligned = {tuple(r[k] for k in keys): r for _, r in aligned_rows.iloc[::-1].iterrows()}
+    for i, row in robust.iterrows():
+        at = tuple(row[k] for k in keys)
+        if row["state"] != "COMPLETE" or at not in plain or at not in aligned:
+            continue
+        p, a = plain[at], aligned[at]
+        thr, p_thr, a_thr = (number(x["output_throughput"]) for x in (row, p, a))
+        if not (p_thr > 0 and a_thr > 0) or math.isnan(thr):
+            continue
+        total, path, gain = thr / p_thr, a_thr / p_thr, thr / a_thr
+        out.loc[i, list(DECOMPOSITION_COLUMNS)] = [
+            total, ratio_spread(total, row, p), path, ratio_spread(path, a, p),
+            gain, ratio_spread(gain, row, a)]
+    for col in DECOMPOSITION_COLUMNS:
+        out[col] = pd.to_numeric(out[col])
+    return out

@@ -5,8 +5,12 @@ launch per config and repeat, interleaved with the baseline), find each config's
 concurrency (speedup over the baseline falls to 1 within the measured noise), choose per band
 of concurrency the best K for the chosen method (K never rises with load, so neighbouring
 bands cannot flip-flop), emit `num_speculative_tokens_per_batch_size`, and verify the emitted
-config on the same ladder. This module holds the rules (pure functions of measured runs);
-tuner/search/campaign.py measures and tuner/api.py's policy() runs the whole step.
+config on the same ladder. Where the study has an aligned baseline (no speculation on the
+speculative engine path), the ladder measures it too and every speedup over the plain baseline
+is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
+its noise; the decisions stay against the plain baseline, which is what a user gets. This module
+holds the rules (pure functions of measured runs); tuner/search/campaign.py measures and
+tuner/api.py's policy() runs the whole step.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tuner.records import TrialConfig
 if TYPE_CHECKING:
     import pandas as pd
 
+ALIGNED_ROLE = "aligned_baseline"  # tuner.records.Role.ALIGNED_BASELINE, as runs store it
 UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
 MAX_BATCH = 1024  # end of the last range when the engine's max_num_seqs is not known
 
@@ -52,6 +57,33 @@ def _rel_mad(xs: Sequence[float]) -> float:
     mad = statistics.median(abs(x - med) for x in xs)
     # A MAD of two runs understates the spread; never claim less than 1%.
     return max(mad / med if med > 0 else math.inf, 0.01)
+
+
+def decompose(stats: dict[int, dict[str, float]], path: dict[int, dict[str, float]],
+              gain: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """`stats` (a config over the plain baseline) with, at each level where the aligned
+    baseline was measured too, path_cost (aligned over plain: `path`) and speculation_gain
+    (the config over aligned: `gain`), each with its noise. The medians' ratios multiply back
+    exactly: speedup = path_cost x speculation_gain."""
+    out = {}
+    for c, stat in stats.items():
+        p, g = path.get(c), gain.get(c)
+        out[c] = stat if p is None or g is None else {
+            **stat, "path_cost": p["speedup"], "path_noise": p["noise"],
+            "speculation_gain": g["speedup"], "gain_noise": g["noise"]}
+    return out
+
+
+def decomposition_line(label: str, stats: dict[int, dict[str, float]]) -> str | None:
+    """One sentence: per level, the total speedup as path cost x speculation gain (None when
+    no level is decomposed)."""
+    parts = [f"c={c} {s['speedup']:.2f}x = path {s['path_cost']:.2f}x \u00b1{s['path_noise']:.0%}"
+             f" x speculation {s['speculation_gain']:.2f}x \u00b1{s['gain_noise']:.0%}"
+             for c, s in sorted(stats.items()) if "path_cost" in s]
+    if not parts:
+        return None
+    return (f"{label} over the plain baseline, split into the engine path's cost (aligned "
+            f"baseline over plain) and speculation's own gain: " + "; ".join(parts) + ".")
 
 
 def pays(stat: dict[str, float]) -> bool:
@@ -187,10 +219,10 @@ def band_table(schedule: list[tuple[int, int, int]], label: str) -> list[str]:
 
 
 # --- the step's plan and document -------------------------------------------------------------
-def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, study: str
-                ) -> list[tuple[str, TrialConfig]]:
-    """What the ladder measures: the baseline, the leaders, and K variants of the first leader
-    (by default its K and half of it)."""
+def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, study: str,
+                aligned: TrialConfig | None = None) -> list[tuple[str, TrialConfig]]:
+    """What the ladder measures: the baseline, the study's aligned baseline where it has one,
+    the leaders, and K variants of the first leader (by default its K and half of it)."""
     if not picks:
         raise ConfigError(f"Study '{study}' has no completed speculative trial yet; run "
                           f"`tuner optimize` first (the policy starts from its leading configs).")
@@ -198,6 +230,8 @@ def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, s
     k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
     ks = sorted(set(k_values or (k_best, max(1, round(k_best / 2)))), reverse=True)
     runs: list[tuple[str, TrialConfig]] = [("baseline", TrialConfig())]
+    if aligned is not None:
+        runs.append((ALIGNED_ROLE, aligned))
     runs += [("leader", c) for c in picks]
     for k in ks:
         cfg = TrialConfig(speculative_config={**chosen.speculative_config,
@@ -225,6 +259,12 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
                           f"in {where}); no policy without it.")
     configs = [c for _, c in runs if c.method != "none"]
     stats = {c.key(): level_stats(throughput_series(measured, c.key()), base) for c in configs}
+    aligned = next((c for role, c in runs if role == ALIGNED_ROLE), None)
+    aligned_series = throughput_series(measured, aligned.key()) if aligned is not None else {}
+    path = level_stats(aligned_series, base)
+    for c in configs:
+        stats[c.key()] = decompose(stats[c.key()], path, level_stats(
+            throughput_series(measured, c.key()), aligned_series))
     per_k = {int(c.speculative_config["num_speculative_tokens"]): stats[c.key()]
              for c in configs if c.method == chosen.method
              and c.speculative_config_without_k() == chosen.speculative_config_without_k()
@@ -255,11 +295,22 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
                                for k, curve in (predicted or {}).items()},
         "schedule_problems": problems, "speculative_config": spec,
         "serve_command": None, "verification": None, "fallback_bands": None,
+        "aligned_baseline": None if aligned is None else {
+            "label": aligned.label(), "config": aligned.model_dump(mode="json"),
+            "path_cost": {str(c): v for c, v in path.items()}},
+        "decomposition": decomposition_line(chosen.label(), stats.get(chosen.key(), {})),
     }
     if spec is None:
-        doc["verdict"] = ("Speculation does not pay beyond the noise at any measured level: "
-                          "leave it off.")
+        doc["verdict"] = _with_decomposition(
+            "Speculation does not pay beyond the noise at any measured level: leave it off.",
+            doc)
     return doc
+
+
+def _with_decomposition(verdict: str, doc: dict[str, Any]) -> str:
+    # The verdict is the line a user reads; whether the path or speculation itself decided
+    # belongs in it.
+    return verdict + (f" {doc['decomposition']}" if doc.get("decomposition") else "")
 
 
 def policy_configs(doc: dict[str, Any], runs: list[tuple[str, TrialConfig]]
@@ -281,7 +332,7 @@ def with_verification(doc: dict[str, Any], reference: list[dict[str, Any]], *,
     """The document with its verification, verdict and, when the engine did not run or honour
     the schedule, the band table a router can use instead."""
     ver = {**verification(reference, policy_cfg, static), "side_by_side": side_by_side}
-    out = {**doc, "verification": ver, "verdict": ver["verdict"]}
+    out = {**doc, "verification": ver, "verdict": _with_decomposition(ver["verdict"], doc)}
     if ver.get("engine_rejected") or not ver.get("honoured", True):
         out["fallback_bands"] = band_table([tuple(b) for b in doc["schedule"]], doc["chosen"])
     return out

@@ -1,6 +1,9 @@
 """Analysis stage, the recommendation: per concurrency level, the config to run, "leave
 speculation off", or a refusal with the reason when the data cannot support a choice; each
-says how sure it is (repeats, spread) and carries the serve and verify commands.
+says how sure it is (repeats, spread) and carries the serve and verify commands (the model
+named as the user gave it, the serve flags also as a `vllm serve --config` mapping). Where the
+study measured an aligned baseline, the speedup over the plain baseline is split into the
+engine path's cost and speculation's own gain (frame.decompose), in the record and its reason.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def recommend(
     at = _Level(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
                 meta if meta is not None else dict(df.attrs.get("tuner") or {}))
     rows = df[(df["concurrency"] == concurrency).fillna(False)]
-    level = pareto.speedups(frame.with_medians(rows[rows["state"] == "COMPLETE"])
+    level = frame.decompose(pareto.speedups(frame.with_medians(rows[rows["state"] == "COMPLETE"]))
                             ).reset_index(drop=True)
     base_rows = level[frame.is_baseline(level)].sort_values("trial")
     if base_rows.empty:
@@ -128,13 +131,17 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
     among = (f" among the configs meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
     spread = _spread(best, base)
+    split = decomposition(best)
     return at.refuse(
         "speculation_off",
         f"Leave speculation off at concurrency {at.concurrency}: no speculative config beat "
         f"the baseline (no speculation){among}. The fastest one, {best['label']}, reached "
         f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
-        f"{base['output_throughput']:.1f} tok/s). Serve without --speculative-config.",
-        serve_command=_serve_command(at.meta, TrialConfig()), metrics=_metrics(base),
+        f"{base['output_throughput']:.1f} tok/s). Serve without --speculative-config."
+        + _split_sentence(split),
+        serve_command=_serve_command(at.meta, TrialConfig()),
+        serve_config=serve_config(at.meta, TrialConfig()), decomposition=split,
+        metrics=_metrics(base),
         baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
         speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
         n_repeats=int(_int(base["n_repeats"])),
@@ -146,6 +153,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
 def _within_noise(win: pd.Series, base: pd.Series, gain: float, at: _Level) -> Recommendation:
     spread = _spread(win, base)
     spread_rel = spread["relative_throughput_spread"]
+    split = decomposition(win)
     noise_text = (f"within the measured run-to-run spread (±{spread_rel:.1%})"
                   if spread_rel is not None else
                   f"below the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread "
@@ -155,7 +163,7 @@ def _within_noise(win: pd.Series, base: pd.Series, gain: float, at: _Level) -> R
         f"The best config at concurrency {at.concurrency}, {win['label']}, gains "
         f"{gain:+.1%} throughput over the baseline, {noise_text}: the data cannot tell it "
         f"from noise, so speculation stays off until it is re-measured. Re-measure with "
-        f"the verify command.",
+        f"the verify command." + _split_sentence(split), decomposition=split,
         label=str(win["label"]), trial=int(win["trial"]), metrics=_metrics(win),
         speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), verify_command=at.verify(_row_config(win)),
@@ -175,10 +183,13 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         reason += f" The baseline itself misses {_slo_text(at.slos)}."
     if float(win["speedup_tpot"]) < 1.0:
         reason += " It pays for the throughput with a higher per-token latency."
+    split = decomposition(win)
+    reason += _split_sentence(split)
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
         speculative_config=config.speculative_config, label=str(win["label"]),
         trial=int(win["trial"]), serve_command=_serve_command(at.meta, config),
+        serve_config=serve_config(at.meta, config), decomposition=split,
         metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
         baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
@@ -202,12 +213,40 @@ def _row_config(row: pd.Series) -> TrialConfig:
                        engine_args=json.loads(row["engine_args_json"]))
 
 
+# The figures a recommendation carries, keyed and in the units `vllm bench serve` uses
+# (acceptance rate in percent).
+METRIC_KEYS = ("output_throughput", "mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms",
+               "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+
+
 def _metrics(row: pd.Series) -> dict[str, float | None]:
-    names = {"output_throughput": "output_throughput", "mean_tpot_ms": "mean_tpot_ms",
-             "p99_tpot_ms": "p99_tpot_ms", "mean_ttft_ms": "mean_ttft_ms",
-             "p99_ttft_ms": "p99_ttft_ms", "acceptance_rate": "spec_decode_acceptance_rate",
-             "acceptance_length": "spec_decode_acceptance_length"}
-    return {k: _opt(row.get(col)) for k, col in names.items()}
+    return {k: _opt(row.get(k)) for k in METRIC_KEYS}
+
+
+def decomposition(row: pd.Series) -> dict[str, Any] | None:
+    """A row of frame.decompose as the record carries it; None where the study has no aligned
+    baseline at the row's level."""
+    if _opt(row.get("path_cost")) is None:
+        return None
+    out: dict[str, Any] = {"label": str(row["label"])}
+    out.update({c: _opt(row.get(c)) for c in frame.DECOMPOSITION_COLUMNS})
+    return out
+
+
+def decomposition_line(split: dict[str, Any]) -> str:
+    """One line: "ngram k=3 window 1-3: 1.07x over plain = path 0.83x x speculation 1.28x"."""
+    return (f"{split['label']}: {split['total_speedup']:.2f}x over plain = path "
+            f"{split['path_cost']:.2f}x x speculation {split['speculation_gain']:.2f}x")
+
+
+def _split_sentence(split: dict[str, Any] | None) -> str:
+    """The decomposition as the reason's last sentence: the line, and what the path costs."""
+    if split is None:
+        return ""
+    path = split["path_cost"]
+    what = (f"costs {1 - path:.0%} of the throughput" if path < 1 else
+            f"gains {path - 1:.0%}")
+    return f" {decomposition_line(split)} (the speculative engine path alone {what})."
 
 
 UNMEASURED_NOISE = 0.05
@@ -277,11 +316,75 @@ def _engine_spec(meta: dict[str, Any]) -> EngineSpec | None:
         return None
 
 
-def _serve_command(meta: dict[str, Any], config: TrialConfig) -> str:
-    """`vllm serve MODEL --speculative-config '...'` plus the engine flags it was measured with."""
+def _shown_engine(meta: dict[str, Any]) -> EngineSpec:
+    """The study's engine with the model as the user named it (the resolved path stays in the
+    fingerprint); a study stored before names were kept shows its path."""
     spec = _engine_spec(meta) or EngineSpec(model=str(
         (meta.get("engine_spec") or {}).get("model") or "MODEL"))
-    return commands.serve_command(spec, config)
+    return spec.model_copy(update={"model": spec.model_name or spec.model})
+
+
+def _serve_command(meta: dict[str, Any], config: TrialConfig) -> str:
+    """`vllm serve MODEL --speculative-config '...'` plus the engine flags it was measured with."""
+    return commands.serve_command(_shown_engine(meta), config)
+
+
+def serve_config(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
+    """The serve command as the mapping `vllm serve --config FILE.yaml` reads: each option's
+    name without its dashes, the speculative config as a mapping, a flag as true (`--no-x`
+    as `x: false`), JSON values as mappings. A short flag the mapping cannot name is kept
+    under its own spelling, so nothing measured is dropped silently."""
+    spec = _shown_engine(meta)
+    out: dict[str, Any] = {"model": spec.model}
+    if config.speculative_config:
+        out["speculative-config"] = dict(config.speculative_config)
+    out.update(_flags_mapping(commands.engine_flags(config) + list(spec.extra_args)))
+    return out
+
+
+# vLLM's short aliases of the flags the tuner knows (-tp 2 -> tensor-parallel-size: 2).
+_LONG_NAMES = {short: flags[0].removeprefix("--") for flags in commands.READ_FLAGS.values()
+               for short in flags[1:]}
+
+
+def _is_value(token: str) -> bool:
+    if not token.startswith("-"):
+        return True
+    try:
+        float(token)  # a negative number
+    except ValueError:
+        return False
+    return True
+
+
+def _flags_mapping(argv: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if _is_value(token):
+            continue  # a stray value: nothing names it
+        flag, eq, value = token.partition("=")
+        name = _LONG_NAMES.get(flag, flag.lstrip("-"))
+        if not eq and i < len(argv) and _is_value(argv[i]):
+            value, eq = argv[i], "="
+            i += 1
+        if not eq:
+            if name.startswith("no-"):
+                out[name[3:]] = False
+            else:
+                out[name] = True
+            continue
+        try:  # "4096" -> 4096, '{"a": 1}' -> {"a": 1}; "4k" stays text, as vLLM reads it
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        out[name] = parsed if isinstance(parsed, (int, float, dict, list)) and not isinstance(
+            parsed, bool) else value
+    return out
 
 
 def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int) -> str:

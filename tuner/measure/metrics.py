@@ -4,7 +4,9 @@ Definitions follow DESIGN.md exactly: output throughput is output tokens of meas
 over the measured wall time; TPOT is (e2e - TTFT) / (output tokens - 1) per request; chunk ITL
 is the gap between streamed chunks (several tokens per chunk under speculation, so reported but
 never used as the per-token latency); acceptance comes from deltas of vLLM's spec-decode
-counters over the measured phase only.
+counters over the measured phase only. Names and units are `vllm bench serve`'s: acceptance
+rate in percent, percentiles keyed "p99_tpot_ms" (the `--metric-percentiles` a user selects
+for the `--percentile-metrics` named, beside the fixed p90/p99 fields the tuner needs).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 import urllib.request
 from collections.abc import Sequence
 
+from tuner.errors import ConfigError
 from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 OBJECTIVES = {
@@ -33,16 +36,30 @@ OBJECTIVES = {
     "p99_e2el_ms": ("minimize", "ms"),
 }
 
+# vLLM's --percentile-metrics choices that a closed loop measures (it has no client queue, so
+# vLLM's client_queue_time and e2el_including_client_queue do not apply).
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POS = re.compile(r'position="(\d+)"')
 _PREFIX = "vllm:spec_decode_"
+_TTFT = "vllm:time_to_first_token_seconds_"  # a histogram: _sum and _count are read
 
 
 def parse_spec_counters(text: str) -> SpecDecodeCounts:
     """Sum vLLM's spec-decode counters (over engines and label sets) in a /metrics scrape."""
     totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
     per_pos: dict[int, float] = {}
+    ttft = {"sum": 0.0, "count": 0.0}
     for line in text.splitlines():
+        if line.startswith(_TTFT):
+            m = _SAMPLE.match(line)
+            if m and m.group(1)[len(_TTFT):] in ttft:
+                try:
+                    ttft[m.group(1)[len(_TTFT):]] += float(m.group(3))
+                except ValueError:
+                    pass
+            continue
         if not line.startswith(_PREFIX):
             continue
         m = _SAMPLE.match(line)
@@ -63,7 +80,8 @@ def parse_spec_counters(text: str) -> SpecDecodeCounts:
         elif base in totals:
             totals[base] += v
     pos = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
-    return SpecDecodeCounts(**totals, accepted_per_pos=pos)
+    return SpecDecodeCounts(**totals, accepted_per_pos=pos, server_ttft_s_sum=ttft["sum"],
+                            server_ttft_count=ttft["count"])
 
 
 def scrape(url: str, api_key: str) -> SpecDecodeCounts:
@@ -81,6 +99,8 @@ def delta(before: SpecDecodeCounts, after: SpecDecodeCounts) -> SpecDecodeCounts
         num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
         num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
         accepted_per_pos=tuple(x - y for x, y in zip(a, b, strict=True)),
+        server_ttft_s_sum=after.server_ttft_s_sum - before.server_ttft_s_sum,
+        server_ttft_count=after.server_ttft_count - before.server_ttft_count,
     )
 
 
@@ -95,18 +115,55 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _stats_ms(values: Sequence[float]) -> tuple[float, float, float, float]:
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    """`--percentile-metrics ttft,tpot,itl` as vLLM takes it; an unknown name is refused."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in PERCENTILE_METRICS]
+    if not names or bad:
+        raise ConfigError(
+            f"--percentile-metrics {text!r}: {', '.join(map(repr, bad)) or 'no metric named'}"
+            f" is not one the tuner measures. Choose from {','.join(PERCENTILE_METRICS)} "
+            f"(a closed loop has no client queue), e.g. --percentile-metrics ttft,tpot,itl.")
+    return names
+
+
+def parse_metric_percentiles(text: str) -> tuple[float, ...]:
+    """`--metric-percentiles 50,90,99` as vLLM takes it: numbers above 0, at most 100."""
+    try:
+        values = tuple(dict.fromkeys(float(p) for p in text.split(",") if p.strip()))
+    except ValueError:
+        values = ()
+    if not values or any(not 0 < p <= 100 for p in values):
+        raise ConfigError(
+            f"--metric-percentiles {text!r}: expected percentiles above 0 and at most 100, "
+            f"separated by commas. Use e.g. --metric-percentiles 50,90,99 (vLLM's default "
+            f"is 99).")
+    return values
+
+
+def percentile_key(metric: str, p: float) -> str:
+    """vLLM's key for one percentile: 99 -> "p99_tpot_ms", 99.9 -> "p99.9_tpot_ms"."""
+    word = str(int(p)) if int(p) == p else str(p)
+    return f"p{word}_{metric}_ms"
+
+
+def _stats_ms(values: Sequence[float]) -> tuple[float, float, float, float, float]:
+    """Mean, p50, p90, p99 and the population std (numpy's default, as vLLM's), in ms."""
     ms = [v * 1000.0 for v in values]
     if not ms:
-        return (math.nan,) * 4
-    return (statistics.fmean(ms), percentile(ms, 50), percentile(ms, 90), percentile(ms, 99))
+        return (math.nan,) * 5
+    return (statistics.fmean(ms), percentile(ms, 50), percentile(ms, 90), percentile(ms, 99),
+            statistics.pstdev(ms) if len(ms) > 1 else 0.0)
 
 
 def level_metrics(
     records: Sequence[RequestRecord], *, concurrency: int, duration_s: float,
     warmup_requests: int, counts: SpecDecodeCounts,
+    percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl"),
+    metric_percentiles: Sequence[float] = (99.0,),
 ) -> LevelMetrics:
-    """Aggregate the measured (non-warm-up) requests of one concurrency level."""
+    """Aggregate the measured (non-warm-up) requests of one concurrency level; the selected
+    percentiles (vLLM's --percentile-metrics and --metric-percentiles) go in `percentiles`."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -120,10 +177,13 @@ def level_metrics(
     itl = _stats_ms(gaps)
     e2e = _stats_ms(e2es)
     dur = max(duration_s, 1e-9)
+    seconds = {"ttft": ttfts, "tpot": tpots, "itl": gaps, "e2el": e2es}
+    selected = {percentile_key(m, p): percentile([v * 1000.0 for v in seconds[m]], p)
+                for m in percentile_metrics for p in metric_percentiles if seconds[m]}
     acc_rate = acc_len = None
     per_pos: tuple[float, ...] = ()
     if counts.num_draft_tokens > 0:
-        acc_rate = counts.num_accepted_tokens / counts.num_draft_tokens
+        acc_rate = 100.0 * counts.num_accepted_tokens / counts.num_draft_tokens
     if counts.num_drafts > 0:
         acc_len = 1.0 + counts.num_accepted_tokens / counts.num_drafts
         per_pos = tuple(x / counts.num_drafts for x in counts.accepted_per_pos)
@@ -136,12 +196,15 @@ def level_metrics(
         total_token_throughput=(in_tokens + out_tokens) / dur,
         mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], p90_ttft_ms=ttft[2], p99_ttft_ms=ttft[3],
         mean_tpot_ms=tpot[0], median_tpot_ms=tpot[1], p90_tpot_ms=tpot[2], p99_tpot_ms=tpot[3],
-        std_tpot_ms=statistics.pstdev([t * 1000 for t in tpots]) if len(tpots) > 1 else 0.0,
+        std_tpot_ms=0.0 if math.isnan(tpot[4]) else tpot[4],
         mean_itl_ms=itl[0], median_itl_ms=itl[1], p90_itl_ms=itl[2], p99_itl_ms=itl[3],
         mean_e2el_ms=e2e[0], median_e2el_ms=e2e[1], p99_e2el_ms=e2e[3],
+        std_ttft_ms=ttft[4], std_itl_ms=itl[4], std_e2el_ms=e2e[4], percentiles=selected,
         spec_decode_num_drafts=counts.num_drafts,
-        spec_decode_num_draft_tokens=counts.num_draft_tokens,
-        spec_decode_num_accepted_tokens=counts.num_accepted_tokens,
+        spec_decode_draft_tokens=counts.num_draft_tokens,
+        spec_decode_accepted_tokens=counts.num_accepted_tokens,
         spec_decode_acceptance_rate=acc_rate, spec_decode_acceptance_length=acc_len,
         spec_decode_per_position_acceptance_rates=per_pos, errors=tuple(errors),
+        server_mean_ttft_ms=(1000.0 * counts.server_ttft_s_sum / counts.server_ttft_count
+                             if counts.server_ttft_count > 0 else None),
     )

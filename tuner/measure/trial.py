@@ -50,6 +50,7 @@ def measure(
     tokens_path.unlink(missing_ok=True)  # a file here always belongs to this measurement
     sent: list[_Sent] = []
     pool = _PromptPool(workload.prompts)
+    say(f"engine starting for {config.label()} (log: {trial_dir / 'engine.log'})")
     with Engine(engine_spec, config, log_path=trial_dir / "engine.log") as eng:
         say(f"engine ready in {eng.info.start_s:.0f} s")
         for c in settings.concurrencies:
@@ -122,8 +123,8 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
                    sent: list[_Sent]) -> LevelMetrics:
     spec = workload.spec
     n = settings.requests_for(c, spec.num_prompts)
-    # Warm-up: one short request per slot, excluded from figures.
-    warm_prompts, _ = pool.take(c)
+    # Warm-up: short requests (--num-warmups, by default one per slot), excluded from figures.
+    warm_prompts, _ = pool.take(settings.warmups_for(c))
     warm = [Prompt(prompt=p.prompt, prompt_len=p.prompt_len,
                    output_len=min(p.output_len, settings.warmup_output_len))
             for p in warm_prompts]
@@ -132,7 +133,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
                   temperature=spec.temperature, ignore_eos=spec.ignore_eos,
                   request_timeout_s=eng.spec.request_timeout_s,
                   level_timeout_s=eng.spec.level_timeout_s)
-    warm_records, _ = _run(eng, warm, c, warmup=True, common=common, bar=None)
+    warm_records = _run(eng, warm, c, warmup=True, common=common, bar=None)[0] if warm else []
     before = _scrape(eng)
     bar = _bar(n, f"c={c}") if show_bar else None
     records, wall_s = _run(eng, measured, c, warmup=False, common=common, bar=bar)
@@ -144,7 +145,9 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
         for r in warm_records + records:
             f.write(r.model_dump_json() + "\n")
     level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
-                                  warmup_requests=len(warm), counts=metrics.delta(before, after))
+                                  warmup_requests=len(warm), counts=metrics.delta(before, after),
+                                  percentile_metrics=settings.percentile_metrics,
+                                  metric_percentiles=settings.metric_percentiles)
     level = level.model_copy(update={"reused_prompts": reused})
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
@@ -191,8 +194,11 @@ def failure_of(exc: TrialFailed) -> Failure:
 
 
 def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Workload,
-                    settings: MeasureSettings, trial_dir: str) -> TrialOutcome:
-    """One trial as data, a result or a failure, never an exception; runs in a Ray worker too.
+                    settings: MeasureSettings, trial_dir: str, *,
+                    progress: Callable[[str], None] | None = None,
+                    show_bar: bool = False) -> TrialOutcome:
+    """One trial as data, a result or a failure, never an exception; runs in a Ray worker too
+    (there without `progress` and `show_bar`: a worker's terminal is not the user's).
 
     Ray sets CUDA_VISIBLE_DEVICES in the worker; the engine inherits it. We record it so a
     user can check that each engine got its own GPU.
@@ -202,7 +208,8 @@ def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Work
     where = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              "host": os.uname().nodename, "ran_from": time.time()}
     try:
-        result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir))
+        result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir),
+                         progress=progress, show_bar=show_bar)
     except TrialFailed as e:
         return TrialOutcome(failure=failure_of(e), **where, ran_to=time.time())
     # The capture's bytes travel with the result: the driver may not see this host's disk.

@@ -2,7 +2,8 @@
 
 Prompts are built as `vllm bench serve` builds them for the same dataset (same prompt text,
 chat template applied where vLLM applies it, same shuffle with the same seed for files read
-with Python's `random`, same length filters), so figures compare with vLLM's own benchmark.
+with Python's `random`, NumPy's generator for `random` as vLLM's RandomDataset, same length
+filters), so figures compare with vLLM's own benchmark.
 Small samples ship inside the package; `--dataset-path` reads a local copy of the full data.
 Files are read within tuner.settings' size limits, and a prompt that does not fit the engine's
 context (prompt + output tokens; vLLM would refuse the request) is skipped and counted.
@@ -139,8 +140,15 @@ def read_rows(path: Path) -> list[dict]:
     """
     checks.dataset_file(path)
     if path.suffix == ".parquet":
+        import importlib.util
+
         import pandas as pd
 
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ConfigError(
+                f"{path}: reading a .parquet dataset needs pyarrow, which is not installed. "
+                f"Install it with `pip install 'spec-tuner[parquet]'`, or convert the file to "
+                f".jsonl (one JSON object a line).")
         try:
             return pd.read_parquet(path).to_dict("records")
         except Exception as e:  # pyarrow raises many types for a broken file
@@ -372,23 +380,50 @@ def _custom(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
 
 
 def _random(spec: WorkloadSpec, tok: Any, ctx: _Context) -> list[Prompt]:
+    """vLLM's RandomDataset (vllm/benchmarks/datasets.py, 0.32) with no prefix and range ratio
+    0: the same NumPy generator draws, in the same order, so `--seed S` gives the prompts that
+    `vllm bench serve --dataset-name random --seed S` sends for the same number of prompts."""
+    import numpy as np
+
     output_len = spec.output_len or spec.random_output_len
     if ctx.max_model_len is not None and spec.random_input_len + output_len > ctx.max_model_len:
         ctx.skipped = spec.num_prompts  # every prompt has this length: none would fit
         return []
-    rng = random.Random(spec.seed)
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    vocab = [i for i in range(min(len(tok), 1 << 20)) if i not in special]
+    rng = np.random.default_rng(spec.seed)
+    n = spec.num_prompts
+    input_len = max(0, spec.random_input_len - int(tok.num_special_tokens_to_add()))
+    if input_len < 1:
+        raise ConfigError(
+            f"--random-input-len {spec.random_input_len} leaves no prompt tokens once the "
+            f"tokenizer's special tokens are counted. Use --random-input-len 2 or more.")
+    # vLLM draws the per-request lengths even when the range is one value: keep the draws so
+    # the offsets come from the same place in the generator's stream.
+    rng.integers(input_len, input_len + 1, size=n)
+    rng.integers(max(output_len, 1), max(output_len, 1) + 1, size=n)
+    offsets = rng.integers(0, tok.vocab_size, size=n)
+    # vLLM's own expression: the order of this set difference is the order of the tokens.
+    allowed = np.array(list(set(np.arange(tok.vocab_size)) - set(tok.all_special_ids)))
     out = []
-    for _ in range(spec.num_prompts):
-        ids = [rng.choice(vocab) for _ in range(spec.random_input_len)]
-        text = tok.decode(ids)
-        # Re-tokenising decoded text can change the length; trim to the target.
-        ids2 = tok(text, add_special_tokens=False).input_ids[: spec.random_input_len]
-        text = tok.decode(ids2)
-        out.append(Prompt(prompt=text, prompt_len=len(tok(text).input_ids),
-                          output_len=output_len))
+    for i in range(n):
+        ids = allowed[(int(offsets[i]) + i + np.arange(input_len)) % len(allowed)].tolist()
+        text, ids = _decode_to_len(tok, ids, input_len, rng)
+        out.append(Prompt(prompt=text, prompt_len=len(ids), output_len=output_len))
     return out
+
+
+def _decode_to_len(tok: Any, ids: list[int], target: int, rng: Any) -> tuple[str, list[int]]:
+    """vLLM's gen_prompt_decode_to_target_len: decoded text can re-encode to another length, so
+    pad with random tokens or cut, at most ten times; the text and its own token ids."""
+    for tries_left in range(10, -1, -1):
+        text = tok.decode(ids)
+        ids = tok.encode(text, add_special_tokens=False)
+        if tries_left == 0 or len(ids) == target:
+            break
+        if len(ids) < target:
+            ids.extend(rng.integers(0, tok.vocab_size, size=target - len(ids)).tolist())
+        else:
+            ids = ids[:target]
+    return text, ids
 
 
 _BUILDERS: dict[str, Callable[[WorkloadSpec, Any, _Context], list[Prompt]]] = {

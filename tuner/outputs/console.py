@@ -1,13 +1,16 @@
 """Outputs stage, the console: the lines a person reads on the terminal. One line per finished
-trial, the bench table, a recommendation in a few lines, the policy summary, the replay's
-predicted table; and the small number formats the Markdown and HTML reports share with them.
+trial, the bar over a study's trials (a TTY only), the bench table, a recommendation in a few
+lines, the policy summary, the replay's predicted table; and the small number formats the
+Markdown and HTML reports share with them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import sys
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tuner.records import BenchResult, Recommendation
@@ -41,19 +44,78 @@ def signed_pct(value: float | None) -> str:
 
 
 def trial_line(result: BenchResult, baseline: dict | None) -> str:
-    """One line per finished trial: config, start-up, and per level throughput (speedup),
-    TPOT and acceptance length."""
+    """One line per finished trial: config, then per level the speedup over the baseline,
+    throughput, TPOT and acceptance length, then the engine's start-up time."""
     base = {lv["concurrency"]: lv for lv in (baseline or {}).get("levels", [])}
-    parts = [f"{result.config.label()}: start {result.engine.start_s:.0f} s"]
+    parts = []
     for lv in result.levels:
         b = base.get(lv.concurrency)
-        speed = (f" ({lv.output_throughput / b['output_throughput']:.2f}x)"
+        speed = (f"{lv.output_throughput / b['output_throughput']:.2f}x "
                  if b and b["output_throughput"] > 0 and result.config.method != "none" else "")
         acc = (f" acc {lv.spec_decode_acceptance_length:.2f}"
                if lv.spec_decode_acceptance_length is not None else "")
-        parts.append(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s{speed} "
+        parts.append(f"c={lv.concurrency} {speed}{lv.output_throughput:.1f} tok/s "
                      f"TPOT {lv.mean_tpot_ms:.1f} ms{acc}")
-    return " | ".join(parts)
+    return (f"{result.config.label()}: " + " | ".join(parts)
+            + f" | engine start {result.engine.start_s:.0f} s")
+
+
+class TrialProgress:
+    """The bar over a study's engine launches, on a TTY: done/total, elapsed and ETA, the
+    trial lines printed above it. Without a bar, `say` is the caller's own.
+
+    `update(done, total)` takes absolute counts, so a resumed study starts its bar where the
+    storage stands and the ETA counts only this run's pace (tqdm's `initial`)."""
+
+    def __init__(self, *, say: Callable[[str], None], show_bar: bool, desc: str = "trials",
+                 unit: str = "trial", refresh_s: float = 1.0) -> None:
+        self._say, self.show_bar, self.desc, self.unit = say, show_bar, desc, unit
+        self.refresh_s = refresh_s
+        self.bar: Any = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def say(self, message: str) -> None:
+        """A line above the bar (tqdm clears it, the line is written, the bar redrawn)."""
+        if self.bar is None:
+            self._say(message)
+            return
+        with self.bar.external_write_mode(file=sys.stderr):
+            self._say(message)
+
+    def update(self, done: int, total: int) -> None:
+        if not self.show_bar:
+            return
+        if self.bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self.show_bar = False
+                return
+            self.bar = tqdm(total=total, initial=done, desc=self.desc, unit=self.unit,
+                            file=sys.stderr, dynamic_ncols=True, smoothing=0.5)
+            # tqdm redraws only when counted; a trial runs for minutes, so a ticker keeps
+            # the elapsed time moving between trials.
+            self._ticker = threading.Thread(target=self._tick, name="trial-bar", daemon=True)
+            self._ticker.start()
+            return
+        self.bar.total = total
+        if done != self.bar.n:
+            self.bar.update(done - self.bar.n)
+        else:
+            self.bar.refresh()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def bench_table(result: BenchResult) -> str:
@@ -66,8 +128,7 @@ def bench_table(result: BenchResult) -> str:
             str(lv.concurrency), f"{lv.completed}/{lv.num_requests}",
             num(lv.output_throughput), num(lv.mean_tpot_ms), num(lv.median_tpot_ms),
             num(lv.p99_tpot_ms), num(lv.mean_ttft_ms), num(lv.mean_itl_ms),
-            num(None if lv.spec_decode_acceptance_rate is None
-               else 100 * lv.spec_decode_acceptance_rate),
+            num(lv.spec_decode_acceptance_rate),  # already in percent, as vLLM's
             num(lv.spec_decode_acceptance_length, "{:.2f}"),
         ])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
@@ -89,8 +150,8 @@ def format_recommendation(rec: Recommendation) -> str:
             f"  {num(m.get('output_throughput'))} tok/s ({times(rec.speedup_throughput)} baseline), "
             f"TPOT mean {num(m.get('mean_tpot_ms'))} / p99 {num(m.get('p99_tpot_ms'))} ms "
             f"(baseline {num(b.get('mean_tpot_ms'))}), TTFT {num(m.get('mean_ttft_ms'), '{:.0f}')}"
-            f" ms, acceptance {pct(m.get('acceptance_rate'))} "
-            f"(length {num(m.get('acceptance_length'), '{:.2f}')})")
+            f" ms, acceptance {num(m.get('spec_decode_acceptance_rate'), '{:.0f}%')} "
+            f"(length {num(m.get('spec_decode_acceptance_length'), '{:.2f}')})")
     if rec.confidence:
         lines.append(f"  confidence: {rec.confidence}")
     if rec.serve_command:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tuner.analysis.frame import with_medians
+from tuner.analysis.frame import decompose, is_aligned_baseline, with_medians
 from tuner.analysis.pareto import pareto_front, speedups
 from tuner.records import Recommendation, Role
 
@@ -70,6 +70,12 @@ def pareto_plots(
                 _annotate(ax, b["mean_tpot_ms"], b["output_throughput"],
                           f"baseline\n{b['output_throughput']:.1f} tok/s", (-14, -8), "right",
                           "top")
+            aligned = lv[is_aligned_baseline(lv)]
+            if not aligned.empty:
+                a = aligned.sort_values("trial").iloc[0]
+                ax.scatter([a["mean_tpot_ms"]], [a["output_throughput"]], s=170, marker="D",
+                           facecolor="none", edgecolor=BASELINE_COLOR, lw=1.4, ls="--",
+                           zorder=4, label="aligned baseline (speculative path,\nno speculation)")
             rec = recs.get(int(c))
             if rec is not None and rec.status == "recommend" and rec.trial is not None:
                 row = lv[lv["trial"] == rec.trial]
@@ -80,6 +86,10 @@ def pareto_plots(
                                zorder=5, label="recommended")
                     speed = (f" ({rec.speedup_throughput:.2f}x baseline)"
                              if rec.speedup_throughput else "")
+                    split = rec.decomposition
+                    if split:  # the aligned baseline's split: path cost x speculation gain
+                        speed += (f"\n= path {split['path_cost']:.2f}x \u00d7 speculation "
+                                  f"{split['speculation_gain']:.2f}x")
                     # The upper right (slow yet fast) stays empty at a fixed concurrency, so
                     # the long label goes there, under the front's top line (at 0.885 of the
                     # height with these margins), and points at the star.
@@ -107,10 +117,13 @@ def speedup_plot(
     df: pd.DataFrame, out_dir: Path, *, workload: str = "", top_n: int = 4,
     recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
 ) -> list[Path]:
-    """Throughput speedup over the baseline against concurrency for the leading configs."""
+    """Throughput speedup over the baseline against concurrency for the leading configs. With
+    an aligned baseline, two panels: the speedup over the plain baseline with the engine
+    path's cost as its own line, and speculation's gain over the aligned baseline; error bars
+    are the run-to-run spreads (frame.decompose), where repeats measured them."""
     import seaborn as sns
 
-    sp = _measured(speedups(df))
+    sp = _measured(decompose(speedups(df)))
     spec = sp[(sp["method"] != "none") & sp["speedup_throughput"].notna()]
     if spec.empty:
         _note(notes, "Speedup vs concurrency: needs a baseline and at least one completed "
@@ -120,25 +133,75 @@ def speedup_plot(
     data = spec[spec["config_key"].isin(leaders)].drop_duplicates(["config_key", "concurrency"])
     data = data.assign(config=data["label"].map(lambda s: _wrap(s, 30)))
     order = [data.loc[data["config_key"] == k, "config"].iloc[0] for k in leaders]
+    colors = dict(zip(order, sns.color_palette("colorblind", len(order)), strict=True))
+    aligned = sp[is_aligned_baseline(sp) & sp["path_cost"].notna()].drop_duplicates(
+        "concurrency").sort_values("concurrency")
     levels = sorted(sp["concurrency"].unique())
+    split = not aligned.empty
     with sns.axes_style("whitegrid"):
-        fig = _figure(8.6, 4.8)
-        ax = fig.add_subplot()
-        ax.axhline(1.0, color=BASELINE_COLOR, ls="--", lw=1.3, label="baseline (no speculation)")
-        sns.lineplot(data=data, x="concurrency", y="speedup_throughput", hue="config",
-                     hue_order=order, style="config", style_order=order, markers=True,
-                     dashes=False, markersize=8, lw=1.8, ax=ax, palette="colorblind")
-        if len(levels) > 1 and max(levels) / min(levels) >= 4:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(int(c)) for c in levels])
-        ax.minorticks_off()
-        lo, hi = data["speedup_throughput"].min(), data["speedup_throughput"].max()
-        ax.set_ylim(min(0.9, lo - 0.1), max(1.1, hi + 0.15))
-        ax.set_xlabel("concurrency (requests in flight)")
-        ax.set_ylabel("output throughput vs baseline (\u00d7)")
-        ax.set_title(_title(f"Where speculation pays: top {len(leaders)} configs", workload))
-        _legend_outside(ax, title="config")
+        fig = _figure(13.0 if split else 8.6, 4.8)
+        axes = fig.subplots(1, 2 if split else 1, sharey=True, squeeze=False)[0]
+        total = axes[0]
+        total.axhline(1.0, color=BASELINE_COLOR, ls="--", lw=1.3,
+                      label="plain baseline (no speculation)" if split else
+                      "baseline (no speculation)")
+        col, err = ("total_speedup", "total_speedup_spread") if split else (
+            "speedup_throughput", None)
+        for name in order:
+            _ratio_line(total, data[data["config"] == name], col, err, name, colors[name])
+        if split:
+            _ratio_line(total, aligned, "path_cost", "path_cost_spread",
+                        "engine path cost:\naligned baseline over plain", BASELINE_COLOR,
+                        ls=":", marker="D")
+            gain = axes[1]
+            gain.axhline(1.0, color=BASELINE_COLOR, ls=":", lw=1.3,
+                         label="aligned baseline (speculative\npath, no speculation)")
+            for name in order:
+                _ratio_line(gain, data[data["config"] == name], "speculation_gain",
+                            "speculation_gain_spread", None, colors[name])
+            gain.set_title("speculation alone: over the aligned baseline", fontsize="medium")
+            total.set_title("total: over the plain baseline = path cost \u00d7 speculation",
+                            fontsize="medium")
+        shown = [data[col], data["speculation_gain"] if split else data[col],
+                 aligned["path_cost"] if split else data[col]]
+        lo = min(float(v.min()) for v in shown)
+        hi = max(float(v.max()) for v in shown)
+        for ax in axes:
+            if len(levels) > 1 and max(levels) / min(levels) >= 4:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(int(c)) for c in levels])
+            ax.minorticks_off()
+            ax.set_xlabel("concurrency (requests in flight)")
+        total.set_ylim(min(0.9, lo - 0.1), max(1.1, hi + 0.15))
+        total.set_ylabel("output throughput ratio (\u00d7)" if split else
+                         "output throughput vs baseline (\u00d7)")
+        title = _title(f"Where speculation pays: top {len(leaders)} configs", workload)
+        if split:
+            fig.suptitle(title)
+        else:
+            total.set_title(title)
+        _legend_outside(axes[-1] if not split else total, title="config")
+        if split:  # one legend for both panels, right of the second
+            handles, labels = total.get_legend_handles_labels()
+            total.get_legend().remove()
+            more = gain.get_legend_handles_labels()
+            handles, labels = handles + more[0][:1], labels + more[1][:1]
+            axes[-1].legend(handles, labels, title="config", loc="upper left",
+                            bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False,
+                            fontsize="small", title_fontsize="small")
         return [_save(fig, Path(out_dir) / "speedup_vs_concurrency.png")]
+
+
+def _ratio_line(ax: Any, rows: pd.DataFrame, col: str, err: str | None, label: str | None,
+                color: Any, *, ls: str = "-", marker: str = "o") -> None:
+    """One series of ratios against concurrency, with its spread as error bars where known."""
+    rows = rows[rows[col].notna()].sort_values("concurrency")
+    if rows.empty:
+        return
+    yerr = rows[err].fillna(0.0).to_numpy(float) if err else None
+    ax.errorbar(rows["concurrency"].astype(float), rows[col].astype(float), yerr=yerr,
+                label=label, color=color, ls=ls, marker=marker, markersize=7, lw=1.8,
+                capsize=3, elinewidth=1.0)
 
 
 def acceptance_plot(

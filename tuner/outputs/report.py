@@ -2,9 +2,10 @@
 self-contained report.html, rendered from what the analysis computed (tuner.api.report runs the
 analysis on the study's storage and hands the frames here), so every file can be regenerated.
 
-The replay strategy's predicted table (predicted.csv, written here too) is shown beside the
-measurements when the study folder holds one: predictions only decide what to launch, so the
-report keeps them in their own section and the recommendation never reads them.
+Each level's serve flags are also written as a `vllm serve --config` YAML file
+(vllm_config_c<level>.yaml, listed in recommendation.json). The replay's predictions
+(tuner.outputs.predictions) and the engine path / speculation split of a study with an aligned
+baseline (tuner.outputs.decomposition) have their own sections.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.outputs import files
-from tuner.outputs.console import (
-    HEADLINES,
-    break_even_text,
-    num,
-    pct,
-    policy_rows,
-    ranked_predictions,
-    signed_pct,
-    times,
+from tuner.outputs import decomposition, files
+from tuner.outputs.console import HEADLINES, break_even_text, num, policy_rows
+from tuner.outputs.predictions import (  # noqa: F401  (api writes predictions through here)
+    PREDICTED_CSV,
+    PREDICTION_COLUMNS,
+    load_predictions,
+    prediction_tables,
+    write_predictions,
 )
 
 if TYPE_CHECKING:
@@ -42,8 +41,9 @@ _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
                 ("p99_tpot_ms", "p99 TPOT (ms)", "{:.1f}"),
                 ("mean_ttft_ms", "mean TTFT (ms)", "{:.0f}"),
                 ("p99_ttft_ms", "p99 TTFT (ms)", "{:.0f}"),
-                ("acceptance_rate", "acceptance rate (%)", "pct"),
-                ("acceptance_length", "mean acceptance length (tokens/step)", "{:.2f}"))
+                ("spec_decode_acceptance_rate", "acceptance rate (%)", "{:.0f}%"),
+                ("spec_decode_acceptance_length", "mean acceptance length (tokens/step)",
+                 "{:.2f}"))
 
 
 def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
@@ -71,6 +71,7 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
     doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
     doc.policy, doc.predictions = policy, predictions
+    doc.config_files = write_serve_configs(recs, out_dir, meta=meta)
     paths = {
         # Each config once, repeats pooled; every trial (copies answered from storage too)
         # stays in trials_raw.csv for whoever wants the single measurements.
@@ -85,7 +86,37 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
         paths["predicted_csv"] = out_dir / PREDICTED_CSV
     for drawn_files in drawn.values():
         paths.update({f"plot_{p.stem}": p for p in drawn_files})
+    paths.update({f"serve_config_c{c}": p for c, p in doc.config_files.items()})
     return paths
+
+
+def serve_config_name(concurrency: int) -> str:
+    return f"vllm_config_c{concurrency}.yaml"
+
+
+def write_serve_configs(recs: Sequence[Recommendation], out_dir: Path, *,
+                        meta: dict[str, Any]) -> dict[int, Path]:
+    """Each level's serve flags as a `vllm serve --config` YAML file ({level: path}); a level
+    with nothing to serve writes none, and a file left by an earlier report is removed, so
+    the folder never offers a config the data no longer supports."""
+    import yaml
+
+    written = {}
+    for rec in recs:
+        path = Path(out_dir) / serve_config_name(rec.concurrency)
+        if rec.serve_config is None:
+            path.unlink(missing_ok=True)
+            continue
+        env = {**((meta.get("engine_spec") or {}).get("env") or {})}
+        lines = [f"# Concurrency {rec.concurrency}: {HEADLINES[rec.status]}"
+                 + (f" {rec.label}" if rec.status == "recommend" else "") + ".",
+                 f"# Serve with: vllm serve --config {path.name}"]
+        if env:
+            lines.append("# Measured with the environment: "
+                         + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+        text = "\n".join(lines) + "\n" + yaml.safe_dump(rec.serve_config, sort_keys=False)
+        written[rec.concurrency] = files.write_atomic(path, text)
+    return written
 
 
 def _csv_text(df: pd.DataFrame) -> str:
@@ -100,7 +131,7 @@ def _csv_text(df: pd.DataFrame) -> str:
 def _cell(value: Any, fmt: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return pct(value) if fmt == "pct" else fmt.format(value)
+    return fmt.format(value)
 
 
 class _Doc:
@@ -119,8 +150,9 @@ class _Doc:
                        for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")}
         self.unfinished = trials[trials["state"].isin(["RUNNING", "WAITING"])]
         self.failed = trials[trials["state"] == "FAIL"]
-        fp = meta.get("fingerprint") or {}
-        model = str(fp.get("model") or (meta.get("engine_spec") or {}).get("model") or "?")
+        fp, engine = meta.get("fingerprint") or {}, meta.get("engine_spec") or {}
+        # As the user named it; the fingerprint keeps the resolved path.
+        model = str(engine.get("model_name") or fp.get("model") or engine.get("model") or "?")
         # A local path is named by its folder; a hub id (org/name) is shown whole.
         local = model.startswith(("/", ".", "~"))
         self.model = (model.rstrip("/").rsplit("/", 1)[-1] if local else model) or model
@@ -130,6 +162,7 @@ class _Doc:
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
         self.policy: dict[str, Any] | None = None
         self.predictions: pd.DataFrame | None = None
+        self.config_files: dict[int, Path] = {}
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -141,7 +174,10 @@ class _Doc:
                 "objectives": m.get("objectives"),
                 "target_concurrency": m.get("target_concurrency"),
                 "constraints": m.get("constraints"),
-                "levels": [r.model_dump(mode="json") for r in self.recs],
+                "levels": [{**r.model_dump(mode="json"), "serve_config_file": (
+                    self.config_files[r.concurrency].name
+                    if r.concurrency in self.config_files else None)} for r in self.recs],
+                "serve_config_files": {str(c): p.name for c, p in self.config_files.items()},
                 "policy": _policy_summary(self.policy)}
 
     def title(self) -> str:
@@ -168,6 +204,9 @@ class _Doc:
         m, fp = self.meta, self.meta.get("fingerprint") or {}
         wl = m.get("workload") or {}
         rows = [(k, str(v)) for k, v in fp.items()]
+        named = (m.get("engine_spec") or {}).get("model_name")
+        if named and named != fp.get("model"):
+            rows.append(("model as named (serve commands)", str(named)))
         rows.append(("workload spec", json.dumps(wl, sort_keys=True)))
         rows.append(("search space", str(m.get("space", "?"))))
         rows.append(("objectives", ", ".join(m.get("objectives") or [])))
@@ -203,7 +242,7 @@ class _Doc:
                 r = lv.iloc[0]
                 acc = _cell(r["spec_decode_acceptance_length"], "{:.2f}")
                 if acc != "-":
-                    acc += f" ({pct(r['spec_decode_acceptance_rate'])})"
+                    acc += f" ({num(r['spec_decode_acceptance_rate'], '{:.0f}%')})"
                 row += [_cell(r["output_throughput"], "{:.1f}"), _cell(r["mean_tpot_ms"], "{:.1f}"),
                         _cell(r["speedup_throughput"], "{:.2f}x"), acc]
             rows.append(row)
@@ -228,6 +267,14 @@ class _Doc:
             out += [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
             if rec.serve_command:
                 out += [_fence(rec.serve_command), ""]
+            if rec.concurrency in self.config_files:
+                out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.",
+                        ""]
+            split = decomposition.rec_rows(rec.decomposition)
+            if split:
+                out += [f"| {e(rec.decomposition['label'])} | |", "|---|---:|"]
+                out += [f"| {e(k)} | {e(v)} |" for k, v in split]
+                out.append("")
             if rec.metrics or rec.baseline_metrics:
                 out += ["| metric | this config | baseline |", "|---|---:|---:|"]
                 for key, name, fmt in _METRIC_ROWS:
@@ -238,6 +285,13 @@ class _Doc:
                 out += [f"Confidence: {e(rec.confidence)}", ""]
             if rec.verify_command:
                 out += ["Verify:", "", _fence(rec.verify_command), ""]
+        parts = decomposition.table(self.df, self.recs)
+        if parts:
+            head, rows = parts
+            out += ["## Engine path and speculation", "", e(decomposition.INTRO), "",
+                    "| " + " | ".join(e(h) for h in head) + " |", "|" + "---|" * len(head)]
+            out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
+            out.append("")
         out += policy_markdown(self.policy, self.out_dir)
         out += ["## What was tuned, on what", "", "| | |", "|---|---|"]
         out += [f"| {e(k)} | {e(v)} |" for k, v in self.context_rows()]
@@ -283,6 +337,15 @@ class _Doc:
         body.append("<h2>Recommendation</h2>")
         for rec in self.recs:
             body.append(self._html_rec(rec))
+        parts = decomposition.table(self.df, self.recs)
+        if parts:
+            head, rows = parts
+            body.append("<h2>Engine path and speculation</h2>"
+                        f"<p class='sub'>{e(decomposition.INTRO)}</p><div class='scroll'>"
+                        "<table class='trials'><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
+                        + "</tr>" + "".join("<tr><td class='cfg'>" + e(r[0]) + "</td>" + "".join(
+                            f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>" for r in rows)
+                        + "</table></div>")
         body.append(policy_html(self.policy))
         body.append("<h2>What was tuned, on what</h2><table class='kv'>")
         body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.context_rows()]
@@ -334,6 +397,15 @@ class _Doc:
                  f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
         if rec.serve_command:
             parts.append(f"<pre class='cmd'>{e(rec.serve_command)}</pre>")
+        if rec.concurrency in self.config_files:
+            parts.append(f"<p>Or <code>vllm serve --config "
+                         f"{e(self.config_files[rec.concurrency].name)}</code>.</p>")
+        split = decomposition.rec_rows(rec.decomposition)
+        if split:
+            parts.append(f"<table class='split'><tr><th colspan='2'>"
+                         f"{e(rec.decomposition['label'])}</th></tr>" + "".join(
+                             f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in split)
+                         + "</table>")
         if rec.metrics or rec.baseline_metrics:
             parts.append("<table><tr><th>metric</th><th>this config</th><th>baseline</th></tr>")
             for key, name, fmt in _METRIC_ROWS:
@@ -448,103 +520,3 @@ def policy_html(policy: dict[str, Any] | None) -> str:
                  + "</tr>" + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"
                                      for r in rows) + "</table>")
     return "\n".join(parts)
-
-
-# --- the replay's predicted table -----------------------------------------------------------
-PREDICTED_CSV = "predicted.csv"
-# One row per config and level (tuner.replay.predict); the order is predicted.csv's.
-PREDICTION_COLUMNS = (
-    "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
-    "acceptance_length", "drafted_per_step", "tokens_per_step", "pred_output_throughput",
-    "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
-    "meas_output_throughput", "meas_mean_tpot_ms", "meas_mean_ttft_ms", "meas_acceptance_length",
-    "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct", "calibration")
-_TOP_PREDICTED = 5
-
-
-def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> Path:
-    """Write the predicted table to `out_dir`/predicted.csv, atomically: PREDICTION_COLUMNS in
-    that order (empty cells for missing values), then any further keys the rows carry."""
-    import pandas as pd
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    extra = list(dict.fromkeys(k for r in rows for k in r if k not in PREDICTION_COLUMNS))
-    frame = pd.DataFrame(rows, columns=[*PREDICTION_COLUMNS, *extra])
-    return files.write_atomic(out_dir / PREDICTED_CSV, frame.to_csv(index=False))
-
-
-def load_predictions(out_dir: Path) -> pd.DataFrame | None:
-    """predicted.csv of `out_dir` with its types restored, or None when there is none or it
-    cannot be read (a report is still written without the predictions)."""
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(Path(out_dir) / PREDICTED_CSV)
-    except (OSError, ValueError):  # absent, empty or garbled (pandas' parse errors are these)
-        return None
-    if not {"key", "label", "method", "concurrency"} <= set(df.columns):
-        return None
-    # A column a newer or older writer left out reads as missing values, not as a failure.
-    df = df.reindex(columns=[*PREDICTION_COLUMNS,
-                             *(c for c in df.columns if c not in PREDICTION_COLUMNS)])
-    df["concurrency"] = pd.to_numeric(df["concurrency"], errors="coerce")
-    df = df[df["concurrency"].notna()].astype({"concurrency": int})
-    df["speculative_config"] = df["speculative_config"].fillna("").astype(str)
-    df["path"] = df["path"].astype(object).where(df["path"].notna(), None)
-    df["measured_trials"] = pd.to_numeric(df["measured_trials"], errors="coerce").fillna(0) \
-        .astype(int)
-    df["calibration"] = df["calibration"].map(lambda v: str(v).strip().lower() in ("true", "1"))
-    return df.reset_index(drop=True)
-
-
-def prediction_tables(pred: pd.DataFrame | None
-                      ) -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
-    """The "Predicted by replay" section: a few sentences, then (title, head, rows) tables:
-    the top predicted configs per level and every measured config's prediction error."""
-    if pred is None or pred.empty:
-        return [], []
-    rows = pred.to_dict("records")
-    spec = ranked_predictions(rows)
-    levels = sorted({int(r["concurrency"]) for r in rows})
-    measured = [r for r in spec if r["measured_trials"] > 0]
-    paths = sorted({r["path"] for r in rows if isinstance(r.get("path"), str) and r["path"]})
-    priced = any(not _isna(r["pred_output_throughput"]) for r in spec)
-    intro = [f"{len({r['key'] for r in spec})} configs predicted from the baseline's own tokens "
-             f"at concurrency {', '.join(map(str, levels))}; "
-             f"{len({r['key'] for r in measured})} of them measured. Predictions only decide "
-             f"what to launch: recommendations come from measured trials."]
-    intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
-                 "No speculative launch calibrates the step cost yet: only acceptance is "
-                 "predicted, ranked by acceptance length.")
-    tables = []
-    for c in levels:
-        top = [r for r in spec if r["concurrency"] == c][:_TOP_PREDICTED]
-        if top:
-            tables.append((f"Concurrency {c}: top {len(top)} predicted",
-                           ["config", "acceptance length", "pred. tok/s", "pred. TPOT ms",
-                            "pred. speedup"],
-                           [[str(r["label"]), num(r["acceptance_length"], "{:.2f}"),
-                             num(r["pred_output_throughput"]), num(r["pred_mean_tpot_ms"]),
-                             times(r["pred_speedup"])] for r in top]))
-    if measured:
-        tables.append((
-            "Predicted vs measured",
-            ["config", "concurrency", "tok/s: predicted / measured (error)",
-             "TPOT ms: predicted / measured (error)",
-             "acceptance length: predicted / measured (error)"],
-            [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
-              str(r["concurrency"]),
-              _versus(r["pred_output_throughput"], r["meas_output_throughput"],
-                      r["err_output_throughput_pct"]),
-              _versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
-              _versus(r["acceptance_length"], r["meas_acceptance_length"],
-                      r["err_acceptance_length_pct"], "{:.2f}")]
-             for r in sorted(measured, key=lambda r: r["concurrency"])]))
-    return intro, tables
-
-
-def _versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -> str:
-    """One cell: "54.0 / 57.4 (-5.9%)", the error left out where it is unknown."""
-    err = signed_pct(error_pct)
-    return f"{num(predicted, fmt)} / {num(measured, fmt)}" + (f" ({err})" if err != "-" else "")

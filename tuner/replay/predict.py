@@ -3,7 +3,9 @@
 acceptance (tuner.replay.acceptance, over the plain baseline's tokens) x step cost
 (tuner.replay.cost, fitted on the study's measured trials) -> per config and level: mean TPOT,
 output throughput and TTFT, with the measured figures beside them where the config was
-measured, and the prediction's error there.
+measured, and the prediction's error there. Where the study measured an aligned baseline (no
+speculation on the speculative engine path), each speculative row also splits its predicted
+speedup over the plain baseline into path_cost (measured) x pred_speculation_gain.
 
 The model, per level c and config X, over the baseline's measured requests r (N_r output
 tokens; S_r decode steps under X, from the replay; d_X draft tokens per request-step):
@@ -84,6 +86,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     replay = _Replayer(base_capture, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        levels=levels, memo=memo)
     baseline = _pooled([m for m in measured if m.role == "baseline"])
+    aligned = _pooled([m for m in measured if m.aligned])
     costs = calibrate(replay, measured, levels)
     by_key = _by_config(measured)
     rows: list[dict[str, Any]] = []
@@ -102,6 +105,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             row = _row(cfg, c, acc.get(c), costs.get(c), baseline.get(c),
                        replay.output_lengths(c))
             row.update(_measured(by_key.get(cfg.key()), c, row))
+            row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
             row["calibration"] = cfg.label() in calibrated_on
             rows.append(row)
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
@@ -224,6 +228,23 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
     row.update(pred_mean_tpot_ms=t * ratio, pred_mean_ttft_ms=ttft, pred_output_throughput=thr,
                pred_speedup=thr / base["output_throughput"] if thr else None)
     return row
+
+
+def _decomposed(row: dict[str, Any], base: dict[str, float] | None,
+                aligned: dict[str, float] | None) -> dict[str, Any]:
+    """pred_speedup = path_cost x pred_speculation_gain where the study measured an aligned
+    baseline: the path's cost is measured (aligned over plain throughput at this level), the
+    gain is the predicted throughput over the aligned baseline's. Both None otherwise."""
+    out: dict[str, Any] = {"path_cost": None, "pred_speculation_gain": None}
+    if base is None or aligned is None or not row["speculative_config"]:
+        return out
+    thr_base, thr_aligned = base["output_throughput"], aligned["output_throughput"]
+    if not (_finite(thr_base) and _finite(thr_aligned) and thr_base > 0 and thr_aligned > 0):
+        return out
+    out["path_cost"] = thr_aligned / thr_base
+    if _finite(row["pred_output_throughput"]):
+        out["pred_speculation_gain"] = row["pred_output_throughput"] / thr_aligned
+    return out
 
 
 def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,10 @@
     predicted leaders with real launches, interleaved with the baseline and repeated until the
     ranking they decide is outside their spread, or the launch budget or --timeout runs out.
 
+Where the calibration launch left the plain baseline's engine path, the aligned baseline
+(tuner.search.loop SearchLoop.align) is launched next, anchors the step-cost line, and is
+repeated beside the plain one, so each leader's ratio splits into path cost x speculation gain.
+
 Every launch is an ordinary trial of the study (roles baseline, calibration, confirm,
 repeat), so recommendations, reports and a later `--strategy optuna` resume read them as
 always; predictions only choose what to launch. --n-trials is the number of engine launches.
@@ -26,7 +30,7 @@ from tuner.records import BenchResult, LevelMetrics, Role, TrialAttr, TrialConfi
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, Prediction, predict
 from tuner.search import study as st
-from tuner.search.loop import SearchLoop
+from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, SearchSpace
 
 GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
@@ -103,23 +107,24 @@ class ReplaySearch:
 
     def __init__(self, loop: SearchLoop, *, study_dir: Path, max_model_len: int,
                  max_num_seqs: int, leaders: int = 2, seed: int = 0,
-                 aligned: TrialConfig | None = None,
                  on_prediction: Callable[[Prediction], None] | None = None) -> None:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.leaders, self.seed, self.aligned = leaders, seed, aligned
+        self.leaders, self.seed = leaders, seed
         self.say = loop.say
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
         self._said_stop = False
-        loop.ordinal = lambda: self.launches() + 1  # --n-trials counts launches here
+        loop.done = self.launches  # --n-trials counts launches here, repeats included
 
     # -- the strategy -----------------------------------------------------------------------
     def run(self, *, n_trials: int, timeout_s: float | None) -> bool:
         """Run the strategy; False when the baseline captured no tokens (the caller then
         falls back to the Optuna search)."""
         t0 = time.monotonic()
+        self.loop.total = n_trials  # the bar's total: the launch budget
+        self.loop.progress()
 
         def room() -> bool:
             why = None
@@ -139,17 +144,15 @@ class ReplaySearch:
             base = self._launch(self.loop.space.baseline(), Role.BASELINE)
         if base is None:
             return True  # the baseline failed: failure_summary tells the user why
-        if self.aligned is not None and room() and self._first(
-                lambda t: t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE) is None:
-            # The speculative engine path without speculation: the step-cost line is anchored
-            # on it, so predictions carry the path's cost (tuner.replay.cost).
-            self._launch(self.aligned, Role.ALIGNED_BASELINE)
+        self._align(room)  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
             self.say("The baseline trial holds no token ids (this vLLM did not return them), "
                      "so replay cannot predict; using the Optuna search instead.")
             return False
         configs = candidates(self.loop.space, seed=self.seed)
+        self.say(f"Replaying {len(configs)} configs of space '{self.loop.space.name}' over the "
+                 "baseline's tokens (no engine) ...")
         pred = self._predict(capture, configs)
         self.say(f"Replayed {pred.configs} configs of space '{self.loop.space.name}' over the "
                  f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
@@ -161,6 +164,7 @@ class ReplaySearch:
                          f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
                          "spans the space.")
                 self._launch(calib, Role.CALIBRATION)
+                self._align(room)  # "auto": the calibration is the first speculative trial
                 pred = self._predict(capture, configs)
         self._print_costs(pred)
         target = self.loop.target
@@ -178,11 +182,13 @@ class ReplaySearch:
                 self.say("Ranking " + verdict)
                 break
             pick = self._next(leaders)
-            if self._launch(pick, None) is None:
+            launched = self._launch(pick, None)
+            self._align(room)  # "auto", when no calibration launch came first
+            if launched is None:
                 # A failed launch is recorded as a FAIL trial; launching the same config again
-                # would spend the budget on it, so it leaves the ranking (the baseline ends it).
+                # would spend the budget on it, so it leaves the ranking (a baseline ends it).
                 if pick not in leaders:
-                    self.say("The baseline failed to re-measure; stopping the confirmation.")
+                    self.say(f"{pick.label()} failed to re-measure; stopping the confirmation.")
                     break
                 leaders.remove(pick)
                 self.say(f"{pick.label()} failed; it leaves the confirmation.")
@@ -225,6 +231,13 @@ class ReplaySearch:
         frozen = self.study._storage.get_trial(trial._trial_id)
         return frozen if frozen.state == TrialState.COMPLETE else None
 
+    def _align(self, room: Callable[[], bool]) -> None:
+        """Launch the aligned baseline when the loop says it is due (SearchLoop.align: once
+        per study). It anchors the step-cost line on the speculative engine path, so the
+        predictions carry the path's cost (tuner.replay.cost)."""
+        if room() and (config := self.loop.align()) is not None:
+            self._launch(config, Role.ALIGNED_BASELINE)
+
     def _first(self, match: Callable[[Any], bool]) -> Any:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT and match(t):
@@ -266,22 +279,29 @@ class ReplaySearch:
                                                                captures=False)
                 if m.config.key() == cfg.key() and (lv := m.levels.get(c)) is not None]
 
+    def _baselines(self) -> list[TrialConfig]:
+        """The plain baseline, and the aligned one where the study measured it."""
+        aligned = aligned_config(self.study)
+        return [self.loop.space.baseline(), *([aligned] if aligned is not None else [])]
+
     def _next(self, leaders: list[TrialConfig]) -> TrialConfig:
-        """The least-measured of the baseline and the leaders (the baseline first on ties), so
-        launches interleave and every ratio gets repeats."""
-        pool = [self.loop.space.baseline(), *leaders]
+        """The least-measured of the baselines and the leaders (the plain baseline first on
+        ties, then the aligned one), so launches interleave and every ratio gets repeats."""
+        pool = [*self._baselines(), *leaders]
         return min(pool, key=lambda cfg: (len(self._samples(cfg)), pool.index(cfg)))
 
     def _verdict(self, leaders: list[TrialConfig]) -> str:
         """'decided: ...' once the best leader's ratio to the baseline is separated from the
-        runner-up's and from 1.0 by more than their spreads (half ranges, >= 2 runs each)."""
-        baseline = self.loop.space.baseline()
-        base = self._samples(baseline)
+        runner-up's and from 1.0 by more than their spreads (half ranges, >= 2 runs each).
+        An aligned baseline is ranked too (its ratio is the engine path's cost), and each
+        leader's ratio to it, speculation's own gain, is said with its spread."""
+        baselines = self._baselines()
+        base = self._samples(baselines[0])
         if len(base) < 2:
             return "undecided: the baseline has fewer than 2 runs"
         ref = statistics.median(base)
         stats = []
-        for cfg in [baseline, *leaders]:
+        for cfg in [*baselines, *leaders]:
             ratios = [x / ref for x in self._samples(cfg)]
             if len(ratios) < 2:
                 return f"undecided: {cfg.label()} has fewer than 2 runs"
@@ -289,11 +309,27 @@ class ReplaySearch:
                           cfg.label(), len(ratios)))
         ranked = sorted(stats, reverse=True)
         text = "; ".join(f"{lbl} {m:.2f}x +- {s:.2f} ({n} runs)" for m, s, lbl, n in ranked)
+        if len(baselines) > 1:
+            text += "; " + self._split(baselines[1], leaders, ref)
         (m1, s1, _, _), (m2, s2, _, _) = ranked[0], ranked[1]
         if m1 - m2 > s1 + s2:
             return f"decided at c={self.loop.target}: {text}"
         return f"undecided at c={self.loop.target} (gap {m1 - m2:.2f} <= spread " \
                f"{s1 + s2:.2f}): {text}"
+
+    def _split(self, aligned: TrialConfig, leaders: list[TrialConfig], ref: float) -> str:
+        """Each leader's speedup as path cost x speculation gain (medians, half-range spreads)."""
+        runs = self._samples(aligned)
+        path = [x / ref for x in runs]
+        mid = statistics.median(runs)
+        gains = []
+        for cfg in leaders:
+            ratios = [x / mid for x in self._samples(cfg)]
+            gains.append(f"{cfg.label()} {statistics.median(ratios):.2f}x +- "
+                         f"{(max(ratios) - min(ratios)) / 2:.2f}")
+        return (f"engine path {statistics.median(path):.2f}x +- "
+                f"{(max(path) - min(path)) / 2:.2f} (aligned over plain baseline), speculation "
+                f"alone (over the aligned baseline): " + ", ".join(gains))
 
 
 def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
@@ -361,6 +397,8 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
             except (OSError, ValueError, KeyError):
                 capture = None
         role = "baseline" if not result.config.speculative_config else "search"
+        if run.get("role") == Role.ALIGNED_BASELINE.value:
+            role = Role.ALIGNED_BASELINE.value  # anchors the step cost on the speculative path
         if role == "baseline" and base_capture is None:
             base_capture = capture
         measured.append(MeasuredTrial(number=i, config=result.config, role=role,

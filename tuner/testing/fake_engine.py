@@ -72,6 +72,11 @@ class FakeScript(BaseModel):
     # 1 + K * accept_rate tokens. So speculation pays at low load and stops paying above it.
     load_per_seq: float = Field(0.0, ge=0)
     verify_cost_per_token: float = Field(0.0, ge=0)
+    # The engine path, in vLLM 0.26's lines (tuner.measure.enginepath reads them): V2 runner
+    # with async scheduling, unless --no-async-scheduling or VLLM_USE_V2_MODEL_RUNNER=0 say
+    # otherwise; with this set, a speculative config falls back to V1 without async
+    # scheduling, as n-gram does on the GPU build (False: the CPU build, one path for all).
+    speculative_path_differs: bool = False
 
 
 def load_script(source: str | None) -> FakeScript:
@@ -163,6 +168,17 @@ def _log(message: str, level: str = "INFO") -> None:
     stamp = time.strftime("%m-%d %H:%M:%S")
     print(f"(APIServer pid={os.getpid()}) {level} {stamp} [fake_engine.py] {message}",
           file=sys.stderr, flush=True)
+
+
+def _log_path(script: FakeScript, *, spec_method: str | None, no_async: bool) -> None:
+    _log(f"non-default args: {({'async_scheduling': False} if no_async else {})!r}")
+    if spec_method and script.speculative_path_differs:
+        _log(f"Async scheduling not supported with {spec_method}-based speculative decoding "
+             "and will be disabled.", "WARNING")
+        _log(f"Model Runner V2 does not yet support {spec_method}; using the V1 model runner "
+             "instead.", "WARNING")
+    elif os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
+        _log("Using V2 Model Runner")
 
 
 def _exit(child: subprocess.Popen | None) -> None:
@@ -373,6 +389,10 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": FAKE_VERSION})  # open, as vLLM's /version is
+
+
 async def _models(request: web.Request) -> web.Response:
     state: _State = request.app["state"]
     if _unauthorized(request, state):
@@ -426,7 +446,8 @@ async def _serve(state: _State, host: str, port: int) -> None:
     _stamp_arrivals()
     app = web.Application(middlewares=[_arrival])
     app["state"] = state
-    app.add_routes([web.get("/health", _health), web.get("/metrics", _metrics),
+    app.add_routes([web.get("/health", _health), web.get("/version", _version),
+                    web.get("/metrics", _metrics),
                     web.get("/v1/models", _models), web.post("/v1/completions", _completions),
                     web.post("/fake/reset_stats", _reset_stats), web.get("/fake/script", _script),
                     web.get("/fake/served", _served)])
@@ -477,6 +498,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.speculative_config:
         _log(f"SpeculativeConfig(method={args.speculative_config.get('method')!r}, "
              f"num_spec_tokens={spec_tokens})")
+    _log_path(script, spec_method=(args.speculative_config or {}).get("method"),
+              no_async="--no-async-scheduling" in ignored)
     spec = args.speculative_config or {}
     crash = script.crash_on_start or (
         f"ValueError: fake rejection of {script.crash_for_spec}" if script.crash_for_spec

@@ -1,0 +1,42 @@
+"""Where trials run: inline unless Ray is asked for, and a clear message when Ray is missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.records import EngineSpec
+from tuner.search import executors
+
+GPU = EngineSpec(model="m", device="cuda")
+
+
+@pytest.mark.parametrize("engine", [EngineSpec(model="m"), GPU])
+def test_one_gpu_or_a_cpu_runs_inline_even_with_ray_installed(engine):
+    pytest.importorskip("ray")
+    for parallel in (None, 1):
+        chosen = executors.choose(engine, ray_address=None, parallel=parallel, logical_gpus=None)
+        assert isinstance(chosen, executors.InlineExecutor)
+
+
+@pytest.mark.parametrize(("asked", "flag"), [
+    ({"ray_address": "ray://head:10001"}, "--ray-address"),
+    ({"parallel": 4}, "--parallel 4"),
+    ({"logical_gpus": 2}, "--logical-gpus"),
+])
+def test_asking_for_ray_without_ray_says_how_to_install_it(monkeypatch, asked, flag):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    kwargs = {"ray_address": None, "parallel": None, "logical_gpus": None} | asked
+    with pytest.raises(ConfigError) as e:
+        executors.choose(GPU, **kwargs)
+    message = str(e.value)
+    assert flag in message and "Ray is not installed" in message
+    assert "spec-tuner[ray]" in message and "--with-ray" in message
+
+
+def test_without_ray_a_plain_run_still_works(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    chosen = executors.choose(GPU, ray_address=None, parallel=None, logical_gpus=None)
+    assert isinstance(chosen, executors.InlineExecutor)

@@ -1,0 +1,48 @@
+"""Study: a study's values are named after its objectives (optuna-dashboard shows the names,
+not "Objective 0/1"), in new studies and in old ones when they resume."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import optuna
+
+from tuner.search import storage
+from tuner.search import study as st
+
+OLD_STUDY = Path(__file__).resolve().parent.parent / "data" / "old_study_grid"
+SETTINGS = {"objectives": ["output_throughput", "mean_tpot_ms"], "workload_digest": "d",
+            "target_concurrency": 1}
+
+
+def _create(out: Path, settings: dict, name: str = "s") -> optuna.Study:
+    with storage.driver(say=lambda _m: None):
+        return st.create(out_dir=out, name=name, objectives=settings["objectives"],
+                         sampler=st.make_sampler("random", seed=0, constrained=False),
+                         storage_url=None, settings=settings)
+
+
+def test_a_new_study_names_its_values_after_the_objectives_without_a_warning(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna's ExperimentalWarning must not reach a user
+        study = _create(tmp_path / "s", SETTINGS)
+    assert study.metric_names == ["output_throughput", "mean_tpot_ms"]
+    # Stored in the journal, where optuna-dashboard reads it.
+    assert st.open_existing(tmp_path / "s").metric_names == ["output_throughput", "mean_tpot_ms"]
+
+
+def test_an_old_study_without_names_gets_them_when_it_resumes(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    shutil.copy(OLD_STUDY / "study.journal", out / "study.journal")
+    old = st.open_existing(out)
+    assert old.metric_names is None
+    before = [(t.number, t.state, t.values) for t in old.get_trials()]
+    settings = old.user_attrs[st.ATTR]
+    study = _create(out, settings, name=old.study_name)
+    assert study.metric_names == settings["objectives"] == ["output_throughput", "mean_tpot_ms"]
+    again = st.open_existing(out)
+    assert again.metric_names == settings["objectives"]
+    assert [(t.number, t.state, t.values) for t in again.get_trials()] == before

@@ -1,0 +1,252 @@
+"""Measure stage: the engine path one vLLM server took, and how to put a baseline on it.
+
+Speculation can move vLLM off its fastest path (vLLM 0.26 on a GPU: n-gram turns async
+scheduling off and falls back from the V2 to the V1 model runner), so "speculation vs no
+speculation" mixes the path's cost with speculation's gain. This module reads the path from
+what the server printed and says which flags and environment put a no-speculation engine
+on the speculative engine's path.
+
+Promises: values are normalized (model_runner 'V1'|'V2', async_scheduling 'true'|'false',
+cudagraph_mode as vLLM's CUDAGraphMode name, attention_backend as vLLM's backend name) and
+come from vLLM's own lines where it prints them: the "non-default args" summary, the engine's
+"with config:" line, the runner and scheduling lines of vLLM 0.26 and 0.32 alike. Where no
+line says a value, it is the default that version's source takes (named in `inferred`). vLLM
+serves no path on /metrics (only cache_config_info) nor on /version, so the log is the source.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping
+
+from tuner.records import Frozen, TrialConfig
+
+FIELDS = ("model_runner", "async_scheduling", "cudagraph_mode", "attention_backend")
+INFERRED_KEY = "inferred"  # in EngineInfo.details: the FIELDS that no log line stated
+# vllm/envs.py of 0.26 and 0.32: unset = vLLM decides; "0"/"1" forces V1/V2 (bool(int(value))).
+MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+# The lines, from vLLM's format strings (0.26.0 and 0.32.0 unless a version is named):
+# v1/worker/{gpu,cpu,xpu}_worker.py logs at INFO when it builds the V2 runner, and only then.
+_V2_RUNNER = re.compile(r"Using V2 Model Runner")
+# config/vllm.py use_v2_model_runner: "Model Runner V2 does not yet support %s; using the V1
+# model runner instead." and "Model Runner V2 requires Triton; using the V1 model runner instead."
+_V1_RUNNER = re.compile(r"using the V1 model runner instead")
+# config/vllm.py, 0.26 only, after the decision: "Asynchronous scheduling is %s."
+_ASYNC_FINAL = re.compile(r"Asynchronous scheduling is (enabled|disabled)\.")
+# config/vllm.py: every automatic refusal ("Async scheduling not supported with %s-based
+# speculative decoding and will be disabled.", "... will be disabled because ...", "Async
+# scheduling is disabled because the V1 model runner ..." (0.32), ROCm DeepEP ...).
+_ASYNC_OFF = re.compile(r"Async scheduling (?:not supported|is not compatible|will be disabled|"
+                        r"is disabled)")
+# v1/engine/core.py: "Initializing a V1 LLM engine (v%s) with config: %s" (VllmConfig.__str__).
+_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine \(v[^)]*\) with config: (.*)")
+_CUDAGRAPH_CONFIG = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
+# config/compilation.py, while the runner sets up attention (after the config line), e.g.
+# "CUDAGraphMode.FULL is not supported with X backend ...; setting cudagraph_mode=PIECEWISE".
+_CUDAGRAPH_SET = re.compile(r"; setting cudagraph_mode=(\w+)")
+_DEVICE = re.compile(r"\bdevice_config=(\w+)")
+# platforms/cuda.py: "Using %s attention backend out of potential backends: %s." (automatic)
+# and "Using %s backend." (--attention-backend; %s of the enum may print its class name).
+_ATTENTION_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends")
+_ATTENTION_SELECTED = re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) backend\.")
+# entrypoints/serve/utils/api_utils.py: "non-default args: %s" (a dict's repr).
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
+_INFO = re.compile(r"\bINFO\b")
+_VERSION = re.compile(r"(?:vLLM API server version |LLM engine \(v|█ +version )([\w.+-]+)")
+_SETTINGS = {"enforce_eager": re.compile(r"\benforce_eager=(\w+)"),
+             "dtype": re.compile(r"\bdtype=torch\.(\w+)")}
+
+
+class EnginePath(Frozen):
+    """The path of one engine; None: not known (no line, and no default to infer)."""
+
+    model_runner: str | None = None  # 'V1' | 'V2'
+    async_scheduling: str | None = None  # 'true' | 'false'
+    cudagraph_mode: str | None = None  # vLLM's CUDAGraphMode name: NONE, PIECEWISE, ...
+    attention_backend: str | None = None  # vLLM's AttentionBackendEnum name
+    inferred: tuple[str, ...] = ()  # the fields taken from vLLM's defaults, not from a line
+
+    def details(self) -> dict[str, str]:
+        """As EngineInfo.details stores it (strings only)."""
+        out = {f: v for f in FIELDS if (v := getattr(self, f)) is not None}
+        if self.inferred:
+            out[INFERRED_KEY] = ",".join(self.inferred)
+        return out
+
+    @classmethod
+    def from_details(cls, details: Mapping[str, object] | None) -> EnginePath:
+        """Back from EngineInfo.details, also as older tuners stored them ("disabled",
+        "False", "V1") before values were normalized."""
+        d = dict(details or {})
+        inferred = tuple(x for x in str(d.get(INFERRED_KEY) or "").split(",") if x in FIELDS)
+        runner = str(d.get("model_runner") or "").upper() or None
+        flag = {"true": "true", "enabled": "true", "false": "false",
+                "disabled": "false"}.get(str(d.get("async_scheduling") or "").lower())
+        return cls(model_runner=runner if runner in ("V1", "V2") else None,
+                   async_scheduling=flag, inferred=inferred,
+                   cudagraph_mode=_str_or_none(d.get("cudagraph_mode")),
+                   attention_backend=_str_or_none(d.get("attention_backend")))
+
+    def describe(self) -> str:
+        """One line, e.g. "runner V1, async scheduling false, CUDA graphs PIECEWISE,
+        attention FLASH_ATTN (inferred: runner)"."""
+        names = {"model_runner": "runner", "async_scheduling": "async scheduling",
+                 "cudagraph_mode": "CUDA graphs", "attention_backend": "attention"}
+        parts = [f"{names[f]} {getattr(self, f) or '?'}" for f in FIELDS]
+        guessed = [names[f] for f in self.inferred]
+        return ", ".join(parts) + (f" (inferred: {', '.join(guessed)})" if guessed else "")
+
+
+class Difference(Frozen):
+    """One field of the path on which the two engines differ."""
+
+    field: str
+    baseline: str
+    speculative: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.baseline} without speculation, {self.speculative} with it"
+
+
+class Alignment(Frozen):
+    """What puts a no-speculation engine on the speculative engine's path: `engine_args`
+    (each one argv item, `--flag` or `--flag=value`, so argparse and vLLM read it whole),
+    `engine_env` (set in the engine's environment) and the `differences` they undo."""
+
+    engine_args: tuple[str, ...]
+    engine_env: dict[str, str]
+    differences: tuple[Difference, ...]
+
+    def trial_config(self) -> TrialConfig:
+        """The aligned baseline as a trial: no speculation, these flags and environment."""
+        args: dict[str, object] = {}
+        for item in self.engine_args:
+            name, eq, value = item[2:].partition("=")
+            args[name.replace("-", "_")] = value if eq else True
+        return TrialConfig(engine_args=args, engine_env=dict(self.engine_env))
+
+    def describe(self) -> str:
+        return "; ".join(map(str, self.differences))
+
+
+def alignment(baseline: EnginePath, speculative: EnginePath) -> Alignment | None:
+    """The flags and environment that put a no-speculation engine on `speculative`'s path,
+    given the plain baseline's `baseline` path; None when the two paths do not differ.
+
+    Only fields known on both sides count: an unknown one is no evidence of a difference.
+    Both vLLM 0.26 and 0.32 take `--[no-]async-scheduling`, `--attention-backend`,
+    `--compilation-config` and VLLM_USE_V2_MODEL_RUNNER (engine/arg_utils.py, envs.py)."""
+    diffs = tuple(Difference(field=f, baseline=b, speculative=s) for f in FIELDS
+                  if (b := getattr(baseline, f)) is not None
+                  and (s := getattr(speculative, f)) is not None and b != s)
+    if not diffs:
+        return None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    for d in diffs:
+        if d.field == "async_scheduling":
+            args.append("--async-scheduling" if d.speculative == "true" else
+                        "--no-async-scheduling")
+        elif d.field == "model_runner":
+            env[MODEL_RUNNER_ENV] = "1" if d.speculative == "V2" else "0"
+        elif d.field == "cudagraph_mode":
+            args.append("--compilation-config=" + json.dumps({"cudagraph_mode": d.speculative}))
+        elif d.field == "attention_backend":
+            args.append(f"--attention-backend={d.speculative}")
+    return Alignment(engine_args=tuple(args), engine_env=env, differences=diffs)
+
+
+def read_log(text: str, *, env: Mapping[str, str] | None = None) -> EnginePath:
+    """The path an engine took, from its log (vLLM 0.26 and 0.32 wording) and the environment
+    it was started with (`env`: only VLLM_USE_V2_MODEL_RUNNER is read)."""
+    vllm_log = bool(_CONFIG_LINE.search(text) or _NON_DEFAULT.search(text))
+    if not vllm_log:
+        return EnginePath()
+    config = _last(_CONFIG_LINE, text) or ""
+    device = (_last(_DEVICE, config) or "").lower()
+    user = _non_default_args(text)
+    inferred: list[str] = []
+
+    # Runner: the worker that builds V2 says so at INFO; the V1 fallbacks warn. Neither line
+    # (the aligned baseline, VLLM_USE_V2_MODEL_RUNNER=0, or a model V2 does not take by
+    # default) means V1, provided INFO lines reach the log at all.
+    runner = "V2" if _V2_RUNNER.search(text) else "V1" if _V1_RUNNER.search(text) else None
+    if runner is None:
+        forced = (env or {}).get(MODEL_RUNNER_ENV, "").strip()
+        if forced.lstrip("-").isdigit():
+            runner = "V2" if int(forced) else "V1"
+        elif _INFO.search(text):
+            runner = "V1"
+        if runner is not None:
+            inferred.append("model_runner")
+
+    # Async scheduling: the CPU platform turns it off after the decision, silently (both
+    # versions' platforms/cpu.py); 0.26 then logs its decision; both warn when they refuse
+    # it; otherwise it is on unless the user turned it off (0.32 logs nothing when on).
+    final = _last(_ASYNC_FINAL, text)
+    refused = _ASYNC_OFF.search(text)
+    asked = user.get("async_scheduling")
+    if device == "cpu":
+        flag, said = "false", bool(refused or final == "disabled" or asked is False)
+    elif final is not None:
+        flag, said = ("true" if final == "enabled" else "false"), True
+    elif refused:
+        flag, said = "false", True
+    elif isinstance(asked, bool):
+        flag, said = ("true" if asked else "false"), True
+    else:
+        flag, said = "true", False
+    if not said:
+        inferred.append("async_scheduling")
+
+    # CUDA graphs: the config line holds the mode vLLM resolved; the runner may lower it
+    # afterwards for the attention backend (spec decode's uniform batches), and says so.
+    cudagraph = _last(_CUDAGRAPH_SET, text) or _last(_CUDAGRAPH_CONFIG, config)
+
+    attention = _first(_ATTENTION_AUTO, text) or _first(_ATTENTION_SELECTED, text)
+    if attention is None and device == "cpu":
+        # platforms/cpu.py returns CPU_ATTN for every non-MLA model without a line (the MLA
+        # backends log "Using %s backend.").
+        attention = "CPU_ATTN"
+        inferred.append("attention_backend")
+    return EnginePath(model_runner=runner, async_scheduling=flag, cudagraph_mode=cudagraph,
+                      attention_backend=attention, inferred=tuple(inferred))
+
+
+def log_version(text: str) -> str | None:
+    """vLLM's version as its start-up lines print it (a fallback: GET /version says it)."""
+    return _first(_VERSION, text)
+
+
+def log_settings(text: str) -> dict[str, str]:
+    """Other settings of the engine's config line worth keeping beside the path."""
+    config = _last(_CONFIG_LINE, text) or ""
+    return {k: m.group(1) for k, p in _SETTINGS.items() if (m := p.search(config))}
+
+
+def _non_default_args(text: str) -> dict[str, object]:
+    found = _last(_NON_DEFAULT, text)
+    if not found:
+        return {}
+    try:
+        value = ast.literal_eval(found)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _first(pattern: re.Pattern[str], text: str) -> str | None:
+    m = pattern.search(text)
+    return m.group(1) if m else None
+
+
+def _last(pattern: re.Pattern[str], text: str) -> str | None:
+    found = list(pattern.finditer(text))
+    return found[-1].group(1) if found else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return str(value) if value not in (None, "") else None

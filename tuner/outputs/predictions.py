@@ -1,0 +1,119 @@
+"""Outputs stage, the replay's predictions: predicted.csv (written and read back, atomically)
+and the report's "Predicted by replay" section. Predictions only decide what to launch, so the
+report keeps them in their own section and the recommendation never reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.outputs import files
+from tuner.outputs.console import num, ranked_predictions, signed_pct, times
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PREDICTED_CSV = "predicted.csv"
+# One row per config and level (tuner.replay.predict); the order is predicted.csv's.
+PREDICTION_COLUMNS = (
+    "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
+    "acceptance_length", "drafted_per_step", "tokens_per_step", "pred_output_throughput",
+    "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
+    "meas_output_throughput", "meas_mean_tpot_ms", "meas_mean_ttft_ms", "meas_acceptance_length",
+    "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct", "calibration")
+_TOP_PREDICTED = 5
+
+
+def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Write the predicted table to `out_dir`/predicted.csv, atomically: PREDICTION_COLUMNS in
+    that order (empty cells for missing values), then any further keys the rows carry."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in PREDICTION_COLUMNS))
+    frame = pd.DataFrame(rows, columns=[*PREDICTION_COLUMNS, *extra])
+    return files.write_atomic(out_dir / PREDICTED_CSV, frame.to_csv(index=False))
+
+
+def load_predictions(out_dir: Path) -> pd.DataFrame | None:
+    """predicted.csv of `out_dir` with its types restored, or None when there is none or it
+    cannot be read (a report is still written without the predictions)."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(Path(out_dir) / PREDICTED_CSV)
+    except (OSError, ValueError):  # absent, empty or garbled (pandas' parse errors are these)
+        return None
+    if not {"key", "label", "method", "concurrency"} <= set(df.columns):
+        return None
+    # A column a newer or older writer left out reads as missing values, not as a failure.
+    df = df.reindex(columns=[*PREDICTION_COLUMNS,
+                             *(c for c in df.columns if c not in PREDICTION_COLUMNS)])
+    df["concurrency"] = pd.to_numeric(df["concurrency"], errors="coerce")
+    df = df[df["concurrency"].notna()].astype({"concurrency": int})
+    df["speculative_config"] = df["speculative_config"].fillna("").astype(str)
+    df["path"] = df["path"].astype(object).where(df["path"].notna(), None)
+    df["measured_trials"] = pd.to_numeric(df["measured_trials"], errors="coerce").fillna(0) \
+        .astype(int)
+    df["calibration"] = df["calibration"].map(lambda v: str(v).strip().lower() in ("true", "1"))
+    return df.reset_index(drop=True)
+
+
+def prediction_tables(pred: pd.DataFrame | None
+                      ) -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
+    """The "Predicted by replay" section: a few sentences, then (title, head, rows) tables:
+    the top predicted configs per level and every measured config's prediction error."""
+    if pred is None or pred.empty:
+        return [], []
+    rows = pred.to_dict("records")
+    spec = ranked_predictions(rows)
+    levels = sorted({int(r["concurrency"]) for r in rows})
+    measured = [r for r in spec if r["measured_trials"] > 0]
+    paths = sorted({r["path"] for r in rows if isinstance(r.get("path"), str) and r["path"]})
+    priced = any(not _isna(r["pred_output_throughput"]) for r in spec)
+    intro = [f"{len({r['key'] for r in spec})} configs predicted from the baseline's own tokens "
+             f"at concurrency {', '.join(map(str, levels))}; "
+             f"{len({r['key'] for r in measured})} of them measured. Predictions only decide "
+             f"what to launch: recommendations come from measured trials."]
+    intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
+                 "No speculative launch calibrates the step cost yet: only acceptance is "
+                 "predicted, ranked by acceptance length.")
+    tables = []
+    for c in levels:
+        top = [r for r in spec if r["concurrency"] == c][:_TOP_PREDICTED]
+        if top:
+            tables.append((f"Concurrency {c}: top {len(top)} predicted",
+                           ["config", "acceptance length", "pred. tok/s", "pred. TPOT ms",
+                            "pred. speedup"],
+                           [[str(r["label"]), num(r["acceptance_length"], "{:.2f}"),
+                             num(r["pred_output_throughput"]), num(r["pred_mean_tpot_ms"]),
+                             times(r["pred_speedup"])] for r in top]))
+    if measured:
+        tables.append((
+            "Predicted vs measured",
+            ["config", "concurrency", "tok/s: predicted / measured (error)",
+             "TPOT ms: predicted / measured (error)",
+             "acceptance length: predicted / measured (error)"],
+            [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
+              str(r["concurrency"]),
+              _versus(r["pred_output_throughput"], r["meas_output_throughput"],
+                      r["err_output_throughput_pct"]),
+              _versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
+              _versus(r["acceptance_length"], r["meas_acceptance_length"],
+                      r["err_acceptance_length_pct"], "{:.2f}")]
+             for r in sorted(measured, key=lambda r: r["concurrency"])]))
+    return intro, tables
+
+
+def _versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -> str:
+    """One cell: "54.0 / 57.4 (-5.9%)", the error left out where it is unknown."""
+    err = signed_pct(error_pct)
+    return f"{num(predicted, fmt)} / {num(measured, fmt)}" + (f" ({err})" if err != "-" else "")
+
+
+def _isna(value: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value)) if not isinstance(value, (list, tuple)) else False
