@@ -13,7 +13,8 @@
 # Ctrl-C path: engines reaped, results stored) is only the safety net. Everything comes back as
 # one file, $OUT/gpu-results.tar.gz (results may come back only a few files a call).
 # env: SITE (/root/site), WORK, OUT (default ./gpu-results), SPACE (ngram), N_TRIALS (4),
-#      TRIAL_S (150: the longest one trial is expected to take), SKIP_A=1, M8 (the 8B shape).
+#      NUM_PROMPTS (16), TRIAL_S (150: the longest one trial is expected to take), SKIP_A=1,
+#      M8 (the 8B shape), TUNER_ARGS (more `tuner optimize` options, word-split).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s); BUDGET_S=${1:-${BUDGET_S:-480}}
@@ -41,15 +42,21 @@ TRIAL_S=${TRIAL_S:-150}
 if [ "$(left)" -gt $(( TRIAL_S + 30 )) ]; then
   [ -d "$WORK/smol" ] && echo "gpu_demo: resuming the study in $WORK/smol"
   run_for "$(( $(left) - 20 ))" python3 -m tuner optimize --workload instructcoder \
-    --space "${SPACE:-ngram}" --n-trials "${N_TRIALS:-4}" --num-prompts 16 --output-len 128 \
-    --concurrency 1,8,32 --timeout "$(( $(left) - TRIAL_S ))" --output-dir "$WORK/smol" 2>&1 \
-    | tail -40 | tee -a "$R/b_study.txt"
+    --space "${SPACE:-ngram}" --n-trials "${N_TRIALS:-4}" --num-prompts "${NUM_PROMPTS:-16}" \
+    --output-len 128 --concurrency 1,8,32 --timeout "$(( $(left) - TRIAL_S ))" \
+    ${TUNER_ARGS:-} --output-dir "$WORK/smol" 2>&1 | tee -a "$R/b_study.txt"
 else
   echo "gpu_demo: $(left) s left, too little for one trial (TRIAL_S=$TRIAL_S): not starting the study"
 fi
 if [ -d "$WORK/smol" ]; then
   python3 -m tuner report "$WORK/smol" > "$R/b_report.txt" 2>&1
-  for f in trials.csv recommendation.json report.html; do cp "$WORK/smol/$f" "$R/b_$f" 2>/dev/null; done
+  for f in trials.csv trials_raw.csv predicted.csv recommendation.json report.html; do
+    cp "$WORK/smol/$f" "$R/b_$f" 2>/dev/null; done
+  # The engine-path lines of every launch (vLLM 0.26's own wording, for the path parser's tests).
+  for d in "$WORK"/smol/trials/*/; do
+    grep -hE "model runner|Model Runner|[Aa]sync scheduling|backend|cudagraph_mode|non-default args" \
+      "$d/engine.log" 2>/dev/null | cut -c1-400 | sed "s|^|$(basename "$d"): |"; done > "$R/b_engine_paths.txt"
+  cp -r "$WORK"/smol/*.png "$R/" 2>/dev/null
 fi
 tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" results
 echo "gpu_demo: $(( $(date +%s) - START )) s; results: $OUT/gpu-results.tar.gz ($(ls "$R" | tr '\n' ' '))"

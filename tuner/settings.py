@@ -13,6 +13,7 @@ starts an engine.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import json
 import math
@@ -27,6 +28,7 @@ from typing import Any
 from tuner import commands
 from tuner.errors import ConfigError
 from tuner.records import AlignedBaseline, EngineSpec, MeasureSettings, TrialConfig
+from tuner.speculative import vllm_schema
 
 DAY_S = 86_400.0
 MAX_TOKENS = 1_048_576  # 1M tokens: beyond the context of every served model we know
@@ -172,6 +174,16 @@ def show(value: object, limit: int = 40, *, quote: bool = False) -> str:
         text = (f"'{value}'" if quote else value) if plain else repr(value)
         return text if len(text) <= limit else text[:limit - 3] + "..."
     return repr(value)
+
+
+def unknown_name(where: str, kind: str, name: Any, valid: Sequence[str], origin: str,
+                 fix: str) -> ConfigError:
+    """One message: the bad name, the close matches, every valid name and where that list
+    came from, and what to do."""
+    close = difflib.get_close_matches(name, valid, n=3) if isinstance(name, str) else []
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return ConfigError(f"{where}: unknown {kind} {show(name, quote=True)}.{hint} Valid "
+                       f"({origin}): {', '.join(valid)}. {fix}")
 
 
 def _convert(bound: Bound, value: object) -> object:
@@ -539,7 +551,10 @@ def workload_name(name: str) -> str:
 
 
 # --- speculative configs --------------------------------------------------------
-# Methods vLLM accepts in --speculative-config, and what each needs besides the target model.
+# The common methods and what each needs besides the target model, for help texts and
+# messages. Which methods and keys a vLLM accepts is its own SpeculativeConfig's answer
+# (tuner.speculative.vllm_schema): every check reads that, so a method added to vLLM
+# (dflash, deepseek_mtp, ...) is accepted without a change here.
 METHODS = {
     "none": "no speculation (the baseline)",
     "ngram": "n-gram prompt lookup on the CPU",
@@ -575,11 +590,22 @@ def speculative_config(text: str | None) -> dict | None:
     if not isinstance(value, dict):
         raise ConfigError(f"--speculative-config must be a JSON object, got "
                           f"{type(value).__name__}. Example: '{{\"method\":\"ngram\"}}'.")
+    schema = vllm_schema()
     method = value.get("method")
-    if not isinstance(method, str) or method not in METHODS or method == "none":
-        raise ConfigError(f"--speculative-config: unknown method {method!r}. Valid: "
-                          f"{', '.join(m for m in METHODS if m != 'none')}; or 'none' for the "
-                          f"baseline.")
+    if "method" not in value:
+        raise ConfigError(f"--speculative-config has no \"method\". Valid ({schema.origin}): "
+                          f"{', '.join(schema.methods)}. Add one, e.g. "
+                          f"'{{\"method\":\"ngram\",\"num_speculative_tokens\":5}}'; or "
+                          f"--speculative-config none for the baseline.")
+    if not isinstance(method, str) or method not in schema.methods:
+        raise unknown_name("--speculative-config", "method", method, schema.methods,
+                           schema.origin, "Fix the method; or use --speculative-config none "
+                           "for the baseline.")
+    for key in value:
+        # vLLM reads `-` as `_` in these keys; an unknown one would fail at engine start-up.
+        if key.replace("-", "_") not in schema.keys:
+            raise unknown_name("--speculative-config", "key", key, schema.keys, schema.origin,
+                               "Fix the key; vLLM would refuse the config at start-up.")
     return value
 
 

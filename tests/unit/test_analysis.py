@@ -224,11 +224,83 @@ def test_refuses_a_gain_within_the_measured_spread():
     add_complete(study, ngram(5), lv(104.0))
     add_complete(study, ngram(3), lv(101.0))
     rec = recommend(trials_frame(study), concurrency=1)
-    # Gain +4% against a baseline MAD of 10/100 = 10%: noise.
-    assert rec.status == "insufficient_data" and rec.speculative_config is None
-    assert "spread" in rec.reason and rec.label == "ngram k=5 window 2-5"
+    # Gain +4% against a baseline MAD of 10/100 = 10%: noise, so speculation stays off.
+    assert rec.status == "speculation_off" and rec.speculative_config is None
+    assert "no measurable difference" in rec.reason
+    assert "ngram k=5 window 2-5, reached 1.04x" in rec.reason  # the best config, named
+    assert "the measured run-to-run spread (±10.0%)" in rec.reason
     assert rec.spread["relative_throughput_spread"] == pytest.approx(0.10)
+    assert rec.spread["noise_floor"] == pytest.approx(0.10)
+    assert "--speculative-config" not in rec.serve_command
     assert "ngram" in rec.verify_command  # re-measure that config
+
+
+def _twice(study, spec, c, first, second, *, role="search"):
+    """One config measured twice at level `c` (a trial and its repeat)."""
+    lv = lambda t: [fake_level(c, output_throughput=t, mean_tpot_ms=3.0)]  # noqa: E731
+    add_complete(study, spec, lv(first), role=role, repeats=[lv(second)])
+
+
+def test_a_gain_beside_a_zero_spread_is_no_finding():
+    # The fake engine's study (tuner optimize ... speculative_path_differs, 9 trials): every
+    # config measured twice with identical throughputs, so the MAD is 0 and the +0.03% gain
+    # is not "larger than the spread"; the 2% floor still makes it no finding.
+    study = fake_study()
+    _twice(study, None, 1, 327.6, 327.6, role="baseline")
+    _twice(study, ngram(8, 3, 3), 1, 327.7, 327.7)
+    _twice(study, ngram(5), 1, 327.5, 327.5)
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "speculation_off" and rec.speculative_config is None
+    assert rec.reason.startswith("Leave speculation off at concurrency 1: no measurable "
+                                 "difference. The fastest config, ngram k=8 window 3-3, "
+                                 "reached 1.00x the baseline's throughput (327.7 against "
+                                 "327.6 tok/s, +0.0%)")
+    assert "the 2% a difference must exceed to count (the measured spread, ±0.0%" in rec.reason
+    assert rec.spread["relative_throughput_spread"] == 0.0
+    assert rec.spread["noise_floor"] == pytest.approx(0.02)
+    assert rec.label == "baseline (no speculation)" and rec.speedup_throughput == 1.0
+    assert rec.confidence.startswith("low: 2 measurement(s) of ngram k=8 window 3-3")
+    assert "(a difference must exceed 2% to count)" in rec.confidence
+    assert "ngram" in rec.verify_command
+
+
+def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
+    # 1.01x (+0.9%) against a ±0.6% MAD: larger than the MAD, not larger than the 2% floor.
+    study = fake_study(concurrencies=(8,))
+    _twice(study, None, 8, 2562.4, 2593.4, role="baseline")  # median 2577.9, MAD 15.5 (0.6%)
+    _twice(study, ngram(8, 3, 3), 8, 2590.0, 2611.2)  # median 2600.6
+    _twice(study, ngram(5), 8, 2570.0, 2580.0)
+    rec = recommend(trials_frame(study), concurrency=8)
+    assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
+    assert "1.01x the baseline's throughput (2600.6 against 2577.9 tok/s, +0.9%)" in rec.reason
+    assert rec.spread["relative_throughput_spread"] == pytest.approx(15.5 / 2577.9)
+    assert "+0.9% against a spread (MAD) of ±0.6%" in rec.confidence
+
+
+def test_a_gain_beyond_the_spread_and_the_floor_is_recommended():
+    study = fake_study()
+    _twice(study, None, 1, 100.0, 101.0, role="baseline")  # MAD 0.5%
+    _twice(study, ngram(5), 1, 103.0, 104.0)  # +3%: beyond both
+    _twice(study, ngram(3), 1, 100.5, 101.0)  # +0.0%: noise
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "recommend" and rec.speculative_config == ngram(5)
+    assert rec.confidence.startswith("medium") and "+3.0% against" in rec.confidence
+
+
+def test_the_knee_is_taken_among_measurable_gains_only():
+    # Over every point that gains, the knee is ngram k=3 (+1.5%, below the 2% floor); a knee
+    # that is noise must not hide suffix's +30%: only measurable gains are candidates.
+    study = fake_study()
+    lv = lambda t, p: [fake_level(1, output_throughput=t, mean_tpot_ms=p)]  # noqa: E731
+    add_complete(study, None, lv(100.0, 10.0), role="baseline", repeats=[lv(100.0, 10.0)])
+    add_complete(study, ngram(2), lv(100.5, 7.0), repeats=[lv(100.5, 7.0)])
+    add_complete(study, ngram(3), lv(101.5, 7.1), repeats=[lv(101.5, 7.1)])
+    add_complete(study, suffix(8), lv(130.0, 12.0), repeats=[lv(130.0, 12.0)])
+    df = speedups(trials_frame(study))
+    gaining = pareto_front(df[df["trial"] > 0])
+    assert df.loc[knee(gaining), "trial"] == 2  # the old rule's choice
+    rec = recommend(df, concurrency=1)
+    assert rec.status == "recommend" and rec.speculative_config == suffix(8)
 
 
 def test_nothing_beats_the_baseline_means_speculation_off():

@@ -166,6 +166,34 @@ def test_format_recommendation_for_the_terminal():
     assert text.startswith("Concurrency 8: Leave speculation off")
 
 
+def test_a_gain_within_the_noise_is_reported_as_no_measurable_difference(tmp_path):
+    # The fake engine's rehearsal study: identical repeats (MAD 0) at c=1, +0.9% against a
+    # ±0.6% MAD at c=8. Neither is a finding, in the terminal, the JSON or the serve files.
+    study = fake_study(storage=journal(tmp_path), concurrencies=(1, 8))
+    lv = lambda t1, t8: [fake_level(1, output_throughput=t1, mean_tpot_ms=3.0),  # noqa: E731
+                         fake_level(8, output_throughput=t8, mean_tpot_ms=3.0)]
+    # (spec, (first run at c=1, c=8), (repeat at c=1, c=8))
+    for spec, first, again in ((None, (327.6, 2562.4), (327.6, 2593.4)),
+                               (ngram(8, 3, 3), (327.7, 2590.0), (327.7, 2611.2)),
+                               (ngram(5), (327.5, 2570.0), (327.5, 2580.0))):
+        add_complete(study, spec, lv(*first), repeats=[lv(*again)],
+                     role="baseline" if spec is None else "search")
+    out = tmp_path / "out"
+    paths = write_outputs(reopen(tmp_path), out)
+    doc = json.loads(paths["recommendation_json"].read_text())
+    for lv in doc["levels"]:
+        assert lv["status"] == "speculation_off" and lv["speculative_config"] is None
+        assert "no measurable difference" in lv["reason"]
+        assert "ngram k=8 window 3-3" in lv["reason"] and lv["spread"]["noise_floor"] == 0.02
+        assert "speculative-config" not in yaml.safe_load(
+            (out / lv["serve_config_file"]).read_text())
+    text = format_recommendation(recommendations(trials_frame(reopen(tmp_path)))[1])
+    assert text.startswith("Concurrency 8: Leave speculation off\n  Leave speculation off at "
+                           "concurrency 8: no measurable difference.")
+    assert "+0.9% against a spread (MAD) of ±0.6%" in text
+    assert "Turn on" not in paths["report_html"].read_text()
+
+
 # --- an aligned baseline: engine path x speculation; serve configs; vLLM-shaped files -----------
 
 

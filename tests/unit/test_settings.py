@@ -266,6 +266,60 @@ def test_shipped_spaces_are_within_the_bounds():
     assert math.isfinite(space.ANY_NUMBER.high)
 
 
+# --- --speculative-config: methods and keys as vLLM's SpeculativeConfig names them ------------
+DFLASH = '{"method": "dflash", "model": "/models/dflash-head", "num_speculative_tokens": 4}'
+
+
+@pytest.fixture(params=["installed", "fallback"])
+def schema_source(request, monkeypatch):
+    """Each check runs against the installed vLLM's SpeculativeConfig and against spec-tuner's
+    copy of vLLM 0.32.0's (what an engine in another virtualenv gets)."""
+    import importlib.util
+
+    from tuner import speculative
+
+    if request.param == "installed" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed in this Python")
+    if request.param == "fallback":
+        find_spec = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    speculative.vllm_schema.cache_clear()
+    yield speculative.vllm_schema()
+    speculative.vllm_schema.cache_clear()
+
+
+def test_methods_vllm_accepts_pass_though_tuner_has_no_entry_for_them(schema_source):
+    assert "dflash" not in settings.METHODS  # the descriptions; not what is checked
+    assert settings.speculative_config(DFLASH) == json.loads(DFLASH)
+    for method in ("deepseek_mtp", "qwen3_next_mtp", "ngram"):
+        assert settings.speculative_config(json.dumps({"method": method}))["method"] == method
+    # vLLM reads `-` as `_` in the keys
+    assert settings.speculative_config('{"method": "ngram", "prompt-lookup-max": 3}')
+
+
+def test_an_unknown_key_is_refused_with_close_matches_and_the_valid_keys(schema_source):
+    m = refused(settings.speculative_config, '{"method": "ngram", "prompt_lookup_mx": 4}')
+    assert m.startswith("--speculative-config: unknown key 'prompt_lookup_mx'. Did you mean "
+                        "'prompt_lookup_max' or 'prompt_lookup_min'? Valid (")
+    assert schema_source.origin in m and "suffix_decoding_max_tree_depth, " in m
+    assert m.endswith("Fix the key; vLLM would refuse the config at start-up.")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('{"method": "dflsh"}', ["--speculative-config: unknown method 'dflsh'. Did you mean "
+                             "'dflash'?", "qwen3_next_mtp", "--speculative-config none"]),
+    ('{"method": "none"}', ["unknown method 'none'", "use --speculative-config none for the "
+                            "baseline"]),
+    ('{"method": ["ngram"]}', ["unknown method ['ngram']. Valid ("]),
+    ('{"num_speculative_tokens": 3}', ['has no "method". Valid (', "Add one, e.g."]),
+])
+def test_an_unknown_or_missing_method_is_refused(schema_source, text, fragments):
+    m = refused(settings.speculative_config, text)
+    assert all(f in m for f in fragments), m
+    assert schema_source.origin in m
+
+
 # --- the CLI, in-process, with the api replaced --------------------------------------------------
 class Reached(Exception):
     """The api was called: every check passed."""
@@ -312,6 +366,18 @@ def test_cli_cross_checks_exit_2_before_the_api(no_api, capsys, tmp_path, argv, 
     for command in ("bench", "optimize"):
         rc, err = main(capsys, command, "--model", TOK, *argv, *out)
         assert rc == 2 and len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_cli_bench_takes_any_method_vllm_has_and_refuses_an_unknown_key(no_api, capsys,
+                                                                       tmp_path):
+    with pytest.raises(Reached) as e:
+        cli.main(["bench", "--model", TOK, "--speculative-config", DFLASH,
+                  "--output-dir", str(tmp_path / "b")])
+    assert e.value.args[0]["config"].speculative_config == json.loads(DFLASH)
+    rc, err = main(capsys, "bench", "--model", TOK, "--speculative-config",
+                   '{"method":"ngram","prompt_lookup_mx":4}', "--output-dir", str(tmp_path / "c"))
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "unknown key 'prompt_lookup_mx'. Did you mean 'prompt_lookup_max'" in err
 
 
 def test_cli_optimize_checks_the_policy_ladder_before_the_search(no_api, capsys, tmp_path):

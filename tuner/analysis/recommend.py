@@ -72,26 +72,33 @@ def recommend(
     front = pareto.pareto_front(feasible)
     if front.empty:
         return _nothing_meets_the_slos(level, base, at)
+    base_feasible = base.name in feasible.index
+    # Only a measurable gain is a finding: where the baseline meets the SLOs, a config is a
+    # candidate only if it raises throughput over it by more than the noise (noise_floor).
+    # Where the baseline misses them, every config meeting them is a finding.
+    speculative = front[front["method"] != "none"]
+    measurable = speculative.loc[[not base_feasible or _gain(row) > noise_floor(
+        _spread(row, base)["relative_throughput_spread"]) for _, row in speculative.iterrows()]]
+    if measurable.empty:
+        fastest = front.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
+                                    ascending=[False, True, True]).iloc[0]
+        if fastest["method"] == "none" or _gain(fastest) <= 0:
+            return _speculation_off(candidates, base, at)
+        return _no_measurable_difference(fastest, base, at)
     if max_tpot_ms is None and max_ttft_ms is None:
-        # Only points that raise throughput over the baseline are candidates for the knee.
-        gaining = front[front["output_throughput"] > base["output_throughput"]]
-        win_idx = pareto.knee(gaining) if not gaining.empty else base.name
+        win_idx = pareto.knee(measurable)
         how = "the knee of the throughput/latency front"
     else:
-        win_idx = front.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
-                                    ascending=[False, True, True]).index[0]
+        win_idx = measurable.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
+                                         ascending=[False, True, True]).index[0]
         how = f"the highest throughput meeting {_slo_text(at.slos)}"
     win = level.loc[win_idx]
-    base_feasible = base.name in feasible.index
-    gain = float(win["speedup_throughput"]) - 1.0
-    if win["method"] == "none" or (base_feasible and gain <= 0):
-        return _speculation_off(candidates, base, at)
-    spread_rel = _spread(win, base)["relative_throughput_spread"]
-    # Without repeats the spread is unknown; a gain below the assumed noise floor is not
-    # evidence (single runs on shared machines differ by a few percent).
-    if base_feasible and gain <= (spread_rel if spread_rel is not None else UNMEASURED_NOISE):
-        return _within_noise(win, base, gain, at)
-    return _turn_on(win, base, gain, at, how=how, base_feasible=base_feasible)
+    return _turn_on(win, base, _gain(win), at, how=how, base_feasible=base_feasible)
+
+
+def _gain(row: pd.Series) -> float:
+    """The row's throughput gain over the plain baseline, as a fraction (+0.05: 5% more)."""
+    return float(row["speedup_throughput"]) - 1.0
 
 
 def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
@@ -150,25 +157,41 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         verify_command=at.verify(TrialConfig()))
 
 
-def _within_noise(win: pd.Series, base: pd.Series, gain: float, at: _Level) -> Recommendation:
-    spread = _spread(win, base)
+def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
+                              ) -> Recommendation:
+    """Speculation gains, but no more than the noise: not a finding, so it stays off."""
+    spread = _spread(best, base)
     spread_rel = spread["relative_throughput_spread"]
-    split = decomposition(win)
-    noise_text = (f"within the measured run-to-run spread (±{spread_rel:.1%})"
-                  if spread_rel is not None else
-                  f"below the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread "
-                  f"not measured; use --repeats 3)")
+    gain = _gain(best)
+    if spread_rel is None:
+        noise_text = (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
+                      f"measured)")
+        resolve = "Rerun the study with --repeats 3 to measure the spread."
+    else:
+        noise_text = (f"the measured run-to-run spread (±{spread_rel:.1%})"
+                      if spread_rel >= MIN_DIFFERENCE else
+                      f"the {MIN_DIFFERENCE:.0%} a difference must exceed to count (the measured "
+                      f"spread, ±{spread_rel:.1%}, is below that floor)")
+        resolve = ("More repeats (--repeats) can resolve a smaller difference; the verify "
+                   "command re-measures this config.")
+    among = (f" meeting {_slo_text(at.slos)}"
+             if any(v is not None for v in at.slos.values()) else "")
+    split = decomposition(best)
     return at.refuse(
-        "insufficient_data",
-        f"The best config at concurrency {at.concurrency}, {win['label']}, gains "
-        f"{gain:+.1%} throughput over the baseline, {noise_text}: the data cannot tell it "
-        f"from noise, so speculation stays off until it is re-measured. Re-measure with "
-        f"the verify command." + _split_sentence(split), decomposition=split,
-        label=str(win["label"]), trial=int(win["trial"]), metrics=_metrics(win),
-        speedup_throughput=float(win["speedup_throughput"]),
-        speedup_tpot=float(win["speedup_tpot"]), verify_command=at.verify(_row_config(win)),
-        baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
-        confidence=_confidence(win=win, base=base, gain=gain, spread_rel=spread_rel))
+        "speculation_off",
+        f"Leave speculation off at concurrency {at.concurrency}: no measurable difference. "
+        f"The fastest config{among}, {best['label']}, reached "
+        f"{float(best['speedup_throughput']):.2f}x the baseline's throughput "
+        f"({best['output_throughput']:.1f} against {base['output_throughput']:.1f} tok/s, "
+        f"{gain:+.1%}), not more than {noise_text}. Serve without --speculative-config. "
+        f"{resolve}" + _split_sentence(split),
+        serve_command=_serve_command(at.meta, TrialConfig()),
+        serve_config=serve_config(at.meta, TrialConfig()), decomposition=split,
+        metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
+        trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
+        n_repeats=int(_int(base["n_repeats"])),
+        confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel),
+        verify_command=at.verify(_row_config(best)))
 
 
 def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
@@ -249,7 +272,21 @@ def _split_sentence(split: dict[str, Any] | None) -> str:
     return f" {decomposition_line(split)} (the speculative engine path alone {what})."
 
 
+# Without repeats the spread is unknown: single runs on shared machines differ by a few
+# percent, so a gain up to this is not evidence.
 UNMEASURED_NOISE = 0.05
+# The smallest throughput gain counted as a finding even where the measured spread is smaller:
+# a MAD of two or three runs understates the spread (of two runs it is half their gap; two
+# identical runs give zero), and tuner.analysis.policy never claims less than 1% for either of
+# the two series a speedup divides, so their ratio is not known better than 2%.
+MIN_DIFFERENCE = 0.02
+
+
+def noise_floor(spread_rel: float | None) -> float:
+    """The gain over the baseline (a fraction) a config must exceed for its difference to be
+    a finding: the measured relative spread, never less than MIN_DIFFERENCE; UNMEASURED_NOISE
+    when neither the config nor the baseline was re-measured."""
+    return UNMEASURED_NOISE if spread_rel is None else max(spread_rel, MIN_DIFFERENCE)
 
 
 def _spread(win: pd.Series, base: pd.Series) -> dict[str, float | None]:
@@ -264,8 +301,10 @@ def _spread(win: pd.Series, base: pd.Series) -> dict[str, float | None]:
         "mean_tpot_ms_median": _opt(win["mean_tpot_ms_median"]),
         "mean_tpot_ms_mad": _opt(win["mean_tpot_ms_mad"]),
         "baseline_output_throughput_mad": _opt(base["output_throughput_mad"]),
-        # The larger relative MAD of the two: a gain below it cannot be told from noise.
+        # The larger relative MAD of the two (frame.ratio_spread's rule).
         "relative_throughput_spread": max(rels) if rels else None,
+        # The gain over the baseline a config had to exceed to count (noise_floor).
+        "noise_floor": noise_floor(max(rels) if rels else None),
     }
 
 
@@ -279,11 +318,13 @@ def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
                     f"beyond typical run-to-run noise (a few percent).")
         return (f"low: {runs}; spread not measured, and a {gain:+.1%} difference can be "
                 f"run-to-run noise. Re-measure before relying on it.")
-    margin = abs(gain) / spread_rel if spread_rel > 0 else math.inf
+    margin = abs(gain) / noise_floor(spread_rel)
     level = "high" if min(n_win, n_base) >= 3 and margin >= 2 else (
         "medium" if margin > 1 else "low")
+    floor = (f" (a difference must exceed {MIN_DIFFERENCE:.0%} to count)"
+             if spread_rel < MIN_DIFFERENCE else "")
     return (f"{level}: {runs}; throughput difference {gain:+.1%} against a spread (MAD) of "
-            f"±{spread_rel:.1%}.")
+            f"±{spread_rel:.1%}{floor}.")
 
 
 def _slo_text(slos: dict[str, float | None]) -> str:
