@@ -158,9 +158,11 @@ def optimize(
     gpus = gpus_per_trial if gpus_per_trial is not None else (
         float(commands.gpus_per_engine(engine)) if engine.device == "cuda" or logical_gpus
         else 0.0)
-    done_before = st.counted_trials(study)
+    # What --n-trials counts: engine launches under replay (repeats included), trials else.
+    done_before = st.counted_trials(study, repeats=use_replay)
     if done_before:
-        say(f"Resuming study '{study_name}': {done_before} of {n_trials} trials already done.")
+        say(f"Resuming study '{study_name}': {done_before} of {n_trials} "
+            f"{'engine launches' if use_replay else 'trials'} already done.")
     bar = console.TrialProgress(say=say, show_bar=show_bar,
                                 desc="launches" if use_replay else "trials",
                                 unit="launch" if use_replay else "trial")

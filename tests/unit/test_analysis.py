@@ -11,6 +11,7 @@ import pytest
 
 # tests/ holds the shared fakes; it is not a package, so put it on the path explicitly.
 from study_fakes import (
+    ALIGNED,
     H200_GAIN,
     H200_PATH,
     add_complete,
@@ -232,7 +233,10 @@ def test_refuses_a_gain_within_the_measured_spread():
     assert rec.spread["relative_throughput_spread"] == pytest.approx(0.10)
     assert rec.spread["noise_floor"] == pytest.approx(0.10)
     assert "--speculative-config" not in rec.serve_command
-    assert "ngram" in rec.verify_command  # re-measure that config
+    # Re-measure that config beside the baseline, as the reason says.
+    assert "re-measures this config and the baseline" in rec.reason
+    base_line, best_line = rec.verify_command.split(" && ")
+    assert "--speculative-config none" in base_line and "ngram" in best_line
 
 
 def _twice(study, spec, c, first, second, *, role="search"):
@@ -312,7 +316,12 @@ def test_nothing_beats_the_baseline_means_speculation_off():
     assert "ngram k=2 window 2-5" in rec.reason and "0.95x" in rec.reason
     assert "--speculative-config" not in rec.serve_command
     assert rec.serve_command.startswith("vllm serve /models/SmolLM2-135M-Instruct")
-    assert "--speculative-config none" in rec.verify_command
+    # Verified by re-measuring the best speculative config beside the baseline, not the
+    # baseline alone.
+    base_line, best_line = rec.verify_command.split(" && ")
+    assert "--speculative-config none" in base_line
+    assert json.loads(shlex.split(best_line)[shlex.split(best_line).index(
+        "--speculative-config") + 1]) == ngram(2)
 
 
 def test_slos_pick_the_fastest_feasible_config():
@@ -410,7 +419,10 @@ def test_the_recommendation_says_what_the_path_costs_in_one_line():
     recs = {r.concurrency: r for r in recommendations(pareto_speedups(aligned_study()))}
     on = recs[1]
     assert on.status == "recommend" and on.label == "ngram k=3 window 1-3"
-    assert "ngram k=3 window 1-3: 1.06x over plain = path 0.83x x speculation 1.28x" in on.reason
+    # Each ratio with its spread, as the report's table shows them.
+    assert ("ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x "
+            "speculation 1.28x \u00b10.04 (the speculative engine path alone costs 17% of the "
+            "throughput).") in on.reason
     assert on.speedup_throughput == pytest.approx(0.83 * 1.28)  # still against the plain one
     split = on.decomposition
     assert split["path_cost"] == pytest.approx(0.83) and split["speculation_gain"] == \
@@ -419,7 +431,28 @@ def test_the_recommendation_says_what_the_path_costs_in_one_line():
     off = recs[32]
     assert off.status == "speculation_off"
     assert off.decomposition["label"] == "ngram k=5 window 2-5"
-    assert "path 0.92x x speculation 0.89x" in off.reason
+    assert "path 0.92x \u00b10.03 x speculation 0.89x \u00b10.03 (the speculative engine path " \
+        "alone costs 8% of the throughput)" in off.reason
+    assert "path 1.06x \u00b10.03 x speculation 0.92x \u00b10.03 (the speculative engine path " \
+        "alone gains 6%)" in recs[8].reason
+
+
+def test_a_path_ratio_within_its_spread_of_one_is_no_cost_or_gain():
+    # The aligned baseline is 0.99x of the plain one with a 2% spread: the path's cost is not
+    # measurable, so no "costs 1%" is stated; the spreads still are.
+    study = fake_study()
+    lv = lambda t: [fake_level(1, output_throughput=t, mean_tpot_ms=1000 / t)]  # noqa: E731
+    add_complete(study, None, lv(100.0), role="baseline", repeats=[lv(99.0), lv(101.0)])
+    add_complete(study, None, lv(99.0), role="aligned_baseline", config=ALIGNED,
+                 repeats=[lv(97.0), lv(101.0)])
+    add_complete(study, ngram(5), lv(130.0))
+    add_complete(study, ngram(3), lv(120.0))
+    rec = recommend(pareto_speedups(study), concurrency=1)
+    assert rec.decomposition["path_cost"] == pytest.approx(0.99)
+    assert "path 0.99x \u00b10.02 x speculation" in rec.reason
+    assert ("(the speculative engine path's own cost is not measurable: 0.99x is within the "
+            "noise (\u00b12%) of 1.00x).") in rec.reason
+    assert "costs" not in rec.reason and "gains" not in rec.reason
 
 
 def test_without_an_aligned_baseline_nothing_changes():
@@ -433,6 +466,9 @@ def test_serve_command_names_the_model_as_the_user_gave_it():
     (rec, *_) = recommendations(pareto_speedups(aligned_study()))
     assert rec.serve_command.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct ")
     assert "/root/.cache" not in rec.serve_command
+    # The verify lines name no model: `tuner bench` loads the embedded default without one.
+    for each in recommendations(pareto_speedups(aligned_study())):
+        assert "/root/.cache" not in each.verify_command and "--model" not in each.verify_command
     assert shlex.split(rec.serve_command)[-3:] == ["--max-model-len", "4096", "--enforce-eager"]
     assert rec.serve_config == {
         "model": "HuggingFaceTB/SmolLM2-135M-Instruct",

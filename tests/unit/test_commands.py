@@ -95,3 +95,26 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
         ("--engine-args=", "--vllm-cmd=")) else [a])]
     again = parser.parse_args(cli.attach_engine_strings(spaced, cli.option_strings(parser)))
     assert (again.engine_args, again.vllm_cmd) == (args.engine_args, args.vllm_cmd)
+
+
+@pytest.mark.parametrize("engine, model", [
+    # The embedded default: named by its hub id, loaded from the cache; `tuner bench` loads
+    # it without --model (the H200 study printed the cache path here).
+    ({"model": "/root/.cache/spec-tuner/models/smollm2-135m-instruct-bf16",
+      "model_name": commands.EMBEDDED_HUB_ID}, None),
+    # The same hub id typed by the user is what they gave.
+    ({"model": commands.EMBEDDED_HUB_ID, "model_name": commands.EMBEDDED_HUB_ID},
+     commands.EMBEDDED_HUB_ID),
+    ({"model": "/home/u/models/llama", "model_name": "./models/llama"}, "./models/llama"),
+    ({"model": "meta-llama/Llama-3.1-8B", "model_name": "meta-llama/Llama-3.1-8B"},
+     "meta-llama/Llama-3.1-8B"),
+    ({"model": "/models/old"}, "/models/old"),  # stored before names were kept
+])
+def test_the_verify_command_names_the_model_as_the_user_gave_it(engine, model):
+    from tuner import cli
+
+    line = commands.verify_command(engine=engine, workload={"name": "instructcoder"},
+                                   config=TrialConfig(), concurrency=1)
+    assert "/root/.cache" not in line
+    args = cli.build_parser().parse_args(shlex.split(line)[1:])
+    assert args.model == model

@@ -16,6 +16,7 @@ embedded model on this machine, shortened.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +235,36 @@ def test_the_version_falls_back_to_the_start_up_lines(text: str, want: str | Non
 
 def test_settings_beside_the_path_come_from_the_config_line() -> None:
     assert enginepath.log_settings(PLAIN_32_CPU) == {"enforce_eager": "True", "dtype": "bfloat16"}
+
+
+# Real vLLM 0.26.0 logs from the H200 (tests/data/vllm026/SOURCE.md says how they were cut).
+_REAL_26 = Path(__file__).resolve().parents[1] / "data" / "vllm026"
+
+
+def _real_26(name: str) -> str:
+    return (_REAL_26 / name).read_text(encoding="utf-8")
+
+
+def test_real_vllm_026_logs_give_each_trials_path() -> None:
+    plain = read_log(_real_26("trial0.log"))
+    ngram = read_log(_real_26("trial1.log"))
+    aligned = read_log(_real_26("trial2.log"), env={enginepath.MODEL_RUNNER_ENV: "0"})
+    assert (plain.model_runner, plain.async_scheduling) == ("V2", "true")
+    assert (ngram.model_runner, ngram.async_scheduling) == ("V1", "false")
+    assert (aligned.model_runner, aligned.async_scheduling) == ("V1", "false")
+    assert {p.attention_backend for p in (plain, ngram, aligned)} == {"FLASH_ATTN"}
+    # Stated by a line: the runner of trials 0 and 1, async scheduling of trials 1 and 2
+    # (trial 2's comes from the non-default args); trial 0 prints nothing when async is on.
+    assert (plain.inferred, ngram.inferred, aligned.inferred) == \
+        (("async_scheduling",), (), ("model_runner",))
+    # Without the env, the INFO lines without "Using V2 Model Runner" still mean V1.
+    assert read_log(_real_26("trial2.log")).model_runner == "V1"
+
+
+def test_real_vllm_026_alignment_matches_what_the_aligned_trial_was_launched_with() -> None:
+    found = alignment(read_log(_real_26("trial0.log")), read_log(_real_26("trial1.log")))
+    assert found is not None
+    assert found.engine_args == ("--no-async-scheduling",)
+    assert found.engine_env == {enginepath.MODEL_RUNNER_ENV: "0"}
+    aligned = read_log(_real_26("trial2.log"), env=found.engine_env)
+    assert alignment(aligned, read_log(_real_26("trial1.log"))) is None

@@ -217,7 +217,8 @@ def test_every_level_shows_path_cost_times_speculation_gain(aligned_outputs):
         assert "Engine path and speculation" in text
         assert "0.83x \u00b10.02 / 1.00x" in text  # the aligned row at c=1: the path cost
         assert "1.06x \u00b10.02 / 1.28x \u00b10.04" in text  # k3 at c=1
-        assert "path 0.83x x speculation 1.28x" in text
+        # The recommendation's sentence carries the table's spreads.
+        assert "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04" in text
 
 
 def test_serve_config_yaml_per_level_is_listed_and_names_the_model_as_given(aligned_outputs):

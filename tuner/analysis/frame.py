@@ -265,6 +265,22 @@ def ratio_spread(ratio: float, *rows: Any) -> float:
     return ratio * max(rels) if rels and not math.isnan(ratio) else math.nan
 
 
+def ratio_text(value: Any, spread: Any = None) -> str:
+    """A ratio as every table and sentence shows it: "1.07x \u00b10.02" (the spread in the
+    ratio's units, as ratio_spread gives it), the spread left out where it was not measured;
+    "-" without a value."""
+    v, sp = number(value), number(spread)
+    if math.isnan(v):
+        return "-"
+    return f"{v:.2f}x" + ("" if math.isnan(sp) else f" \u00b1{sp:.2f}")
+
+
+def split_text(path: Any, path_spread: Any, gain: Any, gain_spread: Any) -> str:
+    """The decomposition's product in the one wording the recommendation, the policy and the
+    plots share: "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04" (ratio_text)."""
+    return f"path {ratio_text(path, path_spread)} x speculation {ratio_text(gain, gain_spread)}"
+
+
 def decompose(df: pd.DataFrame) -> pd.DataFrame:
     """A copy of `df` with DECOMPOSITION_COLUMNS where the study measured an aligned baseline
     at the row's level (NaN elsewhere, and for rows that did not complete).

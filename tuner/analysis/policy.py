@@ -75,10 +75,12 @@ def decompose(stats: dict[int, dict[str, float]], path: dict[int, dict[str, floa
 
 
 def decomposition_line(label: str, stats: dict[int, dict[str, float]]) -> str | None:
-    """One sentence: per level, the total speedup as path cost x speculation gain (None when
-    no level is decomposed)."""
-    parts = [f"c={c} {s['speedup']:.2f}x = path {s['path_cost']:.2f}x \u00b1{s['path_noise']:.0%}"
-             f" x speculation {s['speculation_gain']:.2f}x \u00b1{s['gain_noise']:.0%}"
+    """One sentence: per level, the total speedup as path cost x speculation gain, each with
+    its spread in the ratio's units as the recommendation and the report write them
+    (frame.ratio_text); None when no level is decomposed."""
+    parts = [f"c={c} {frame.ratio_text(s['speedup'], s['speedup'] * s['noise'])} = "
+             + frame.split_text(s["path_cost"], s["path_cost"] * s["path_noise"],
+                                s["speculation_gain"], s["speculation_gain"] * s["gain_noise"])
              for c, s in sorted(stats.items()) if "path_cost" in s]
     if not parts:
         return None

@@ -40,6 +40,11 @@ class _Level:
     def verify(self, config: TrialConfig) -> str:
         return _verify_command(self.meta, config, self.concurrency)
 
+    def verify_against_baseline(self, config: TrialConfig) -> str:
+        """The baseline's verify line, then `config`'s: a "leave speculation off" verdict is
+        checked by re-measuring the best speculative config beside the baseline, now."""
+        return f"{self.verify(TrialConfig())} && {self.verify(config)}"
+
 
 def recommend(
     df: pd.DataFrame, *, concurrency: int, max_tpot_ms: float | None = None,
@@ -154,7 +159,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         n_repeats=int(_int(base["n_repeats"])),
         confidence=_confidence(win=best, base=base, gain=ratio - 1.0,
                                spread_rel=spread["relative_throughput_spread"]),
-        verify_command=at.verify(TrialConfig()))
+        verify_command=at.verify_against_baseline(_row_config(best)))
 
 
 def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
@@ -173,7 +178,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
                       f"the {MIN_DIFFERENCE:.0%} a difference must exceed to count (the measured "
                       f"spread, ±{spread_rel:.1%}, is below that floor)")
         resolve = ("More repeats (--repeats) can resolve a smaller difference; the verify "
-                   "command re-measures this config.")
+                   "command re-measures this config and the baseline.")
     among = (f" meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
     split = decomposition(best)
@@ -191,7 +196,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
         trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
         n_repeats=int(_int(base["n_repeats"])),
         confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel),
-        verify_command=at.verify(_row_config(best)))
+        verify_command=at.verify_against_baseline(_row_config(best)))
 
 
 def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
@@ -257,19 +262,30 @@ def decomposition(row: pd.Series) -> dict[str, Any] | None:
 
 
 def decomposition_line(split: dict[str, Any]) -> str:
-    """One line: "ngram k=3 window 1-3: 1.07x over plain = path 0.83x x speculation 1.28x"."""
-    return (f"{split['label']}: {split['total_speedup']:.2f}x over plain = path "
-            f"{split['path_cost']:.2f}x x speculation {split['speculation_gain']:.2f}x")
+    """One line, each ratio with its spread as the report's table shows it: "ngram k=3 window
+    1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04"."""
+    total = frame.ratio_text(split["total_speedup"], split.get("total_speedup_spread"))
+    return (f"{split['label']}: {total} over plain = " + frame.split_text(
+        split["path_cost"], split.get("path_cost_spread"), split["speculation_gain"],
+        split.get("speculation_gain_spread")))
 
 
 def _split_sentence(split: dict[str, Any] | None) -> str:
-    """The decomposition as the reason's last sentence: the line, and what the path costs."""
+    """The decomposition as the reason's last sentence: the line, and what the path costs,
+    stated only where the path ratio differs from 1.00 by more than the noise (noise_floor,
+    the rule a speedup must pass to count)."""
     if split is None:
         return ""
-    path = split["path_cost"]
-    what = (f"costs {1 - path:.0%} of the throughput" if path < 1 else
-            f"gains {path - 1:.0%}")
-    return f" {decomposition_line(split)} (the speculative engine path alone {what})."
+    path, spread = split["path_cost"], _opt(split.get("path_cost_spread"))
+    floor = noise_floor(None if spread is None or path <= 0 else spread / path)
+    if abs(path - 1.0) <= floor:
+        what = (f"the speculative engine path's own cost is not measurable: {path:.2f}x is "
+                f"within the noise (\u00b1{floor:.0%}) of 1.00x")
+    elif path < 1.0:
+        what = f"the speculative engine path alone costs {1 - path:.0%} of the throughput"
+    else:
+        what = f"the speculative engine path alone gains {path - 1:.0%}"
+    return f" {decomposition_line(split)} ({what})."
 
 
 # Without repeats the spread is unknown: single runs on shared machines differ by a few

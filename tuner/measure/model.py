@@ -18,12 +18,13 @@ import shutil
 import sys
 from pathlib import Path
 
+# The hub id lives in tuner.commands (its verify command leaves --model out for the embedded
+# default, and commands may import no stage); re-exported for tuner.settings.
+from tuner.commands import EMBEDDED_HUB_ID as EMBEDDED_HUB_ID
 from tuner.errors import ConfigError
 from tuner.records import EngineSpec, WorkloadSpec
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
-# The same model on the Hugging Face hub: how a serve command names the embedded default.
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def cache_dir() -> Path:

@@ -7,7 +7,6 @@ Studies without an aligned baseline render nothing here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,24 +25,16 @@ INTRO = ("Speedup over the plain baseline = engine path cost \u00d7 speculation 
          "run-to-run spread (MAD over repeats), left out where a config was measured once.")
 
 
-def ratio(value: Any, spread: Any = None) -> str:
-    """"1.07x \u00b10.02", the spread left out where it was not measured."""
-    v, sp = frame.number(value), frame.number(spread)
-    if math.isnan(v):
-        return "-"
-    return f"{v:.2f}x" + ("" if math.isnan(sp) else f" \u00b1{sp:.2f}")
-
-
 def rec_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
     """(what, value) rows of one recommendation's decomposition; [] without one."""
     if not split:
         return []
     return [("speedup over the plain baseline (what you get today)",
-             ratio(split.get("total_speedup"), split.get("total_speedup_spread"))),
+             frame.ratio_text(split.get("total_speedup"), split.get("total_speedup_spread"))),
             ("= engine path cost (aligned baseline over plain)",
-             ratio(split.get("path_cost"), split.get("path_cost_spread"))),
+             frame.ratio_text(split.get("path_cost"), split.get("path_cost_spread"))),
             ("\u00d7 speculation gain (this config over the aligned baseline)",
-             ratio(split.get("speculation_gain"), split.get("speculation_gain_spread")))]
+             frame.ratio_text(split.get("speculation_gain"), split.get("speculation_gain_spread")))]
 
 
 def table(df: pd.DataFrame, recs: Sequence[Recommendation] = ()
@@ -74,9 +65,10 @@ def table(df: pd.DataFrame, recs: Sequence[Recommendation] = ()
                 continue
             r = at.iloc[0]
             # The aligned baseline over itself is 1 by definition: no spread to show.
-            gain = "1.00x" if is_aligned else ratio(r["speculation_gain"],
-                                                     r["speculation_gain_spread"])
-            cells.append(f"{ratio(r['total_speedup'], r['total_speedup_spread'])} / {gain}")
+            gain = "1.00x" if is_aligned else frame.ratio_text(r["speculation_gain"],
+                                                                r["speculation_gain_spread"])
+            total = frame.ratio_text(r["total_speedup"], r["total_speedup_spread"])
+            cells.append(f"{total} / {gain}")
         return cells
 
     out = []

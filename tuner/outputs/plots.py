@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tuner.analysis.frame import decompose, is_aligned_baseline, with_medians
+from tuner.analysis.frame import decompose, is_aligned_baseline, split_text, with_medians
 from tuner.analysis.pareto import pareto_front, speedups
 from tuner.records import Recommendation, Role
 
@@ -88,8 +88,9 @@ def pareto_plots(
                              if rec.speedup_throughput else "")
                     split = rec.decomposition
                     if split:  # the aligned baseline's split: path cost x speculation gain
-                        speed += (f"\n= path {split['path_cost']:.2f}x \u00d7 speculation "
-                                  f"{split['speculation_gain']:.2f}x")
+                        speed += "\n= " + split_text(
+                            split["path_cost"], split.get("path_cost_spread"),
+                            split["speculation_gain"], split.get("speculation_gain_spread"))
                     # The upper right (slow yet fast) stays empty at a fixed concurrency, so
                     # the long label goes there, under the front's top line (at 0.885 of the
                     # height with these margins), and points at the star.

@@ -204,14 +204,7 @@ class ReplaySearch:
     def launches(self) -> int:
         """Engine launches in this study so far (repeats included; answers from storage and
         trials a dead driver left behind are not)."""
-        n = 0
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
-                                                                 TrialState.FAIL)):
-            if TrialAttr.DUPLICATE_OF in t.user_attrs or \
-                    t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died":
-                continue
-            n += 1
-        return n
+        return st.counted_trials(self.study, repeats=True)
 
     def _launch(self, config: TrialConfig, role: Role | None) -> Any:
         """Measure `config` once as a trial of the study; the trial when it completed."""

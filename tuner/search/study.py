@@ -341,15 +341,18 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
             f"though {len(done)} speculative trial(s) did; {why}. {fix}")
 
 
-def counted_trials(study: Any) -> int:
-    """Trials that count toward --n-trials: finished ones, minus retried and repeat trials."""
+def counted_trials(study: Any, *, repeats: bool = False) -> int:
+    """Trials that count toward --n-trials: finished ones, minus retried trials and configs
+    answered from storage; repeat trials only with `repeats` (the replay strategy's
+    --n-trials counts every engine launch, repeats included)."""
     from optuna.trial import TrialState
 
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if t.user_attrs.get(TrialAttr.ROLE) == Role.REPEAT or \
-                TrialAttr.DUPLICATE_OF in t.user_attrs:
-            continue  # repeats and configs answered from storage cost no engine launch
+        if TrialAttr.DUPLICATE_OF in t.user_attrs:
+            continue  # a config answered from storage costs no engine launch
+        if not repeats and t.user_attrs.get(TrialAttr.ROLE) == Role.REPEAT:
+            continue  # the Optuna search's --n-trials leaves --repeats out
         if t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died":
             continue
         n += 1
