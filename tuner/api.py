@@ -75,8 +75,14 @@ def bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     what = (f"the live server at {engine.base_url} (its own config)" if engine.base_url
             else config.label())
+    levels = settings.concurrencies
+    requests = _per_level([settings.requests_for(c, workload.num_prompts) for c in levels],
+                          "request")
+    warmups = _per_level([settings.warmups_for(c) for c in levels], "warm-up")
+    # The pool holds every level's requests and warm-ups (no prompt twice in one engine).
     say(f"Benchmarking {what} on {Path(engine.model).name}, workload {workload.name} "
-        f"({len(wl.prompts)} prompts), concurrency {','.join(map(str, settings.concurrencies))}")
+        f"({len(wl.prompts)} prompts drawn: {requests} and {warmups} per level), "
+        f"concurrency {','.join(map(str, levels))}")
     t0 = time.monotonic()
     result = trial.measure(engine, config, wl, settings, trial_dir=out_dir,
                            progress=lambda m: say("  " + m), show_bar=show_bar)
@@ -85,6 +91,13 @@ def bench(
         "settings": settings.model_dump(), "engine_spec": engine.model_dump(),
         "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata or {}})
     return result
+
+
+def _per_level(counts: list[int], noun: str) -> str:
+    """Counts per concurrency level as the banner lists them: "1 warm-up", "4 requests",
+    "4,8 requests" (one number when all levels agree)."""
+    text = str(counts[0]) if len(set(counts)) == 1 else ",".join(map(str, counts))
+    return f"{text} {noun}" + ("" if text == "1" else "s")
 
 
 # --- optimize: the Optuna search ------------------------------------------------------------

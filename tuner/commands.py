@@ -88,8 +88,10 @@ def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: 
     (the resolved path stays in the fingerprint); the embedded default is not named at all,
     since `tuner bench` loads it without --model."""
     model = bench_model(engine)
-    parts = ["tuner", "bench", *(["--model", model] if model else []),
-             "--workload", str(workload.get("name") or "WORKLOAD")]
+    parts = ["tuner", "bench", *(["--model", model] if model else [])]
+    if engine.get("tokenizer"):  # stored as the user typed it, like the model's name
+        parts += ["--tokenizer", str(engine["tokenizer"])]
+    parts += ["--workload", str(workload.get("name") or "WORKLOAD")]
     for flag, key in (("--dataset-path", "dataset_path"), ("--num-prompts", "num_prompts"),
                       ("--output-len", "output_len"), ("--max-input-tokens", "max_input_tokens"),
                       ("--category", "category")):

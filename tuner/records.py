@@ -283,8 +283,12 @@ class LevelMetrics(Frozen):
 
     def vllm_record(self) -> dict[str, Any]:
         """One flat dict keyed as `vllm bench serve --save-result` keys its result: vLLM's
-        names, the selected percentiles beside the fixed ones, no per-request lists."""
-        out = self.model_dump(mode="json", by_alias=True, exclude={"percentiles"})
+        names, no per-request lists, and the percentiles the user selected in place of the
+        fixed p90/p99 fields (which the tuner keeps for itself; a level stored before the
+        selection existed has only those, so it keeps them)."""
+        fixed = {name for name in type(self).model_fields if name[0] == "p" and name[1].isdigit()}
+        out = self.model_dump(mode="json", by_alias=True,
+                              exclude={"percentiles", *(fixed if self.percentiles else ())})
         return {**out, **self.percentiles}
 
 
@@ -305,6 +309,12 @@ class BenchResult(Frozen):
 
     def level(self, concurrency: int) -> LevelMetrics | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+    def label(self) -> str:
+        """The config's label; a live server (`tuner bench --base-url`) runs a config of its
+        own, unknown here, so it is named as what it is."""
+        url = self.engine.details.get("base_url")
+        return f"live server at {url} (its own config)" if url else self.config.label()
 
 
 class MeasureSettings(Frozen):

@@ -340,7 +340,8 @@ def test_engine_info_records_entry_point_version_and_path(fake_engine) -> None:
 
 
 def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_path: Path,
-                                                            monkeypatch, fake_stats) -> None:
+                                                            monkeypatch, fake_stats,
+                                                            capsys) -> None:
     from tuner import cli
     from tuner.measure.engine import LIVE_NAME
     from tuner.measure.workloads import EMBEDDED_TOKENIZER
@@ -362,6 +363,16 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
     assert result["engine_spec"]["served_model_name"] == "fake"  # from /v1/models
     measured = sum(level.get("completed", 0) for level in result["levels"])
     assert measured > 0 and served >= measured
+    # Nothing was started and its config is its own: said so, not "baseline (no speculation)".
+    printed = capsys.readouterr()
+    said = printed.err + printed.out  # progress on stderr, the table on stdout
+    assert f"measuring the running server at {eng.url}" in said
+    assert "engine starting" not in said and "no speculation" not in said
+    assert printed.out.startswith(f"live server at {eng.url} (its own config)")
+    summary = json.loads((out / "summary.json").read_text())
+    assert {run["label"] for run in summary} == {f"live server at {eng.url} (its own config)"}
+    # The banner counts what it names: 4 and 8 measured requests, 1 and 2 warm-ups (15 drawn).
+    assert "(15 prompts drawn: 4,8 requests and 1,2 warm-ups per level)" in said
 
 
 def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:

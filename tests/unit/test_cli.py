@@ -239,6 +239,18 @@ def test_help_lists_the_valid_names():
     assert "--ladder-max LADDER_MAX, --max-concurrency LADDER_MAX" in text
 
 
+def test_bench_help_says_vllm_decides_the_methods_and_names_vllm_serve():
+    # The nine methods listed read as all of them, though vLLM accepts dozens (dflash, ...);
+    # the --vllm-cmd example named the module entry point vLLM deprecates.
+    from tuner import cli
+
+    text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["bench"]
+                    .format_help().split())
+    assert "any method of the installed vLLM's SpeculativeConfig, e.g. ngram," in text
+    vllm_cmd = text.split("--vllm-cmd VLLM_CMD how", 1)[1].split("--engine-args", 1)[0]
+    assert "'vllm serve'" in vllm_cmd and "-m vllm.entrypoints" not in vllm_cmd
+
+
 @pytest.mark.parametrize("argv, extra_args", [
     (["--engine-args", "--max-num-seqs 8"], ("--max-num-seqs", "8")),
     (["--engine-args=--max-num-seqs 8"], ("--max-num-seqs", "8")),
@@ -379,3 +391,54 @@ def test_the_output_folder_is_checked_first_and_made_later(tmp_path):
     assert (tmp_path / "kept" / "f").read_text() == "x"  # a folder that was there stays
     settings.output_dir(tmp_path / "a" / "b" / "c", keep=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # the ones made here go
+
+
+@pytest.mark.parametrize("flags", [["--json"], []])
+def test_a_closed_stdout_ends_quietly(tmp_path: Path, flags: list[str]):
+    # `tuner recommend DIR --json | head -1`: the reader is gone before the answer is written.
+    # CLI tools then stop quietly (128 + SIGPIPE); a traceback here was a README review's find.
+    import os
+    import shutil
+
+    study = tmp_path / "study"
+    shutil.copytree(Path(__file__).parent.parent / "data" / "old_study_grid", study)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE, deterministically
+    try:
+        r = subprocess.run([sys.executable, "-m", "tuner", "recommend", str(study), *flags],
+                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+def test_optunas_info_lines_follow_quiet_and_verbose(tmp_path: Path):
+    # `tuner policy -q` printed Optuna's "[I ...] A new study created" lines: the CLI sets
+    # Optuna's verbosity once, WARNING unless -v asks for more.
+    import logging
+    import shutil
+
+    import optuna
+
+    from tuner import cli
+
+    study = tmp_path / "study"
+    shutil.copytree(Path(__file__).parent.parent / "data" / "old_study_grid", study)
+    before = optuna.logging.get_verbosity()
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        for flags, level in (([], optuna.logging.WARNING), (["-q"], optuna.logging.WARNING),
+                             (["-v"], optuna.logging.INFO)):
+            optuna.logging.set_verbosity(optuna.logging.DEBUG)
+            assert cli.main(["recommend", str(study), *flags]) == 0
+            assert optuna.logging.get_verbosity() == level, flags
+            seen.clear()
+            optuna.create_study()
+            assert any("A new study created" in m for m in seen) == (flags == ["-v"]), flags
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+        optuna.logging.set_verbosity(before)

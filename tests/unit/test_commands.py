@@ -118,3 +118,17 @@ def test_the_verify_command_names_the_model_as_the_user_gave_it(engine, model):
     assert "/root/.cache" not in line
     args = cli.build_parser().parse_args(shlex.split(line)[1:])
     assert args.model == model
+
+
+def test_the_verify_command_keeps_the_studys_tokenizer():
+    # A README review: the recommendation's verify line dropped --tokenizer, so a re-measure
+    # of a model without its own tokenizer files failed.
+    from tuner import cli
+
+    line = commands.verify_command(engine={"model": "fake-model", "tokenizer": "/tok/dir x"},
+                                   workload={"name": "instructcoder"}, config=TrialConfig(),
+                                   concurrency=1)
+    assert cli.build_parser().parse_args(shlex.split(line)[1:]).tokenizer == "/tok/dir x"
+    plain = commands.verify_command(engine={"model": "m"}, workload={"name": "instructcoder"},
+                                    config=TrialConfig(), concurrency=1)
+    assert "--tokenizer" not in plain

@@ -220,7 +220,7 @@ VLLM_RESULT_KEYS = {
     "num_prompts", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
     "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
     "median_itl_ms", "std_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms",
-    "std_e2el_ms", "p99_e2el_ms", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
+    "std_e2el_ms", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
     "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
     "spec_decode_per_position_acceptance_rates",
 }
@@ -244,8 +244,8 @@ def test_vllm_record_has_vllm_bench_serve_keys_and_units() -> None:
     # vLLM's std is numpy's (population) std
     ttfts = [100.0 * (i + 1) for i in range(5)]
     assert rec["std_ttft_ms"] == pytest.approx(float(np.std(ttfts)))
-    # read back under either name
-    assert LevelMetrics.model_validate(rec).concurrency == 4
+    # read back under either name (result.json's levels; summary.json is vLLM's, write-only)
+    assert LevelMetrics.model_validate(_spec_level().model_dump(by_alias=True)).concurrency == 4
 
 
 def test_selected_percentiles_are_keyed_as_vllm_keys_them() -> None:
@@ -256,7 +256,17 @@ def test_selected_percentiles_are_keyed_as_vllm_keys_them() -> None:
     assert lv.percentiles["p99.9_e2el_ms"] == pytest.approx(float(np.percentile(e2els, 99.9)))
     rec = lv.vllm_record()
     assert rec["p50_tpot_ms"] == pytest.approx(lv.median_tpot_ms)
-    assert "percentiles" not in rec and rec["p99_tpot_ms"] == lv.p99_tpot_ms  # fixed ones stay
+    assert "percentiles" not in rec and "p99_tpot_ms" not in rec  # not asked for
+
+
+def test_the_vllm_record_has_only_the_asked_percentiles() -> None:
+    # summary.json had p90_* keys under --metric-percentiles 50,99 (a README review).
+    rec = _spec_level(metric_percentiles=(50.0, 99.0)).vllm_record()
+    assert {k for k in rec if k[0] == "p" and k[1].isdigit()} == {
+        f"p{p}_{m}_ms" for p in (50, 99) for m in ("ttft", "tpot", "itl")}
+    # A level stored before percentiles were selected keeps the fixed ones it has.
+    old = _spec_level().model_dump(exclude={"percentiles"})
+    assert "p90_tpot_ms" in LevelMetrics.model_validate(old).vllm_record()
 
 
 def test_default_percentiles_are_vllms() -> None:

@@ -50,9 +50,13 @@ def measure(
     tokens_path.unlink(missing_ok=True)  # a file here always belongs to this measurement
     sent: list[_Sent] = []
     pool = _PromptPool(workload.prompts)
-    say(f"engine starting for {config.label()} (log: {trial_dir / 'engine.log'})")
+    if engine_spec.base_url:  # nothing starts: the server runs with its own config
+        say(f"measuring the running server at {engine_spec.base_url}")
+    else:
+        say(f"engine starting for {config.label()} (log: {trial_dir / 'engine.log'})")
     with Engine(engine_spec, config, log_path=trial_dir / "engine.log") as eng:
-        say(f"engine ready in {eng.info.start_s:.0f} s")
+        if not engine_spec.base_url:
+            say(f"engine ready in {eng.info.start_s:.0f} s")
         for c in settings.concurrencies:
             level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool,
                                    sent)

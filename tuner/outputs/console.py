@@ -132,7 +132,7 @@ def bench_table(result: BenchResult) -> str:
             num(lv.spec_decode_acceptance_length, "{:.2f}"),
         ])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = [f"{result.config.label()}  (engine start {result.engine.start_s:.0f} s; "
+    lines = [f"{result.label()}  (engine start {result.engine.start_s:.0f} s; "
              f"latencies in ms)",
              "  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)),
              "  ".join("-" * w for w in widths)]

@@ -61,7 +61,7 @@ def vllm_runs(result: BenchResult, *, engine: EngineSpec,
     spec = result.config.speculative_config or {}
     model = engine.model_name or engine.model
     ident = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "openai",
-             "label": result.config.label(), "model_id": model,
+             "label": result.label(), "model_id": model,
              "tokenizer_id": engine.tokenizer or model, "request_rate": "inf",
              "burstiness": 1.0, "method": result.config.method,
              "speculative_config": result.config.spec_json() if spec else None,

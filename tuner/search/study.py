@@ -95,7 +95,8 @@ def validate_objectives(names: list[str]) -> list[str]:
 
 
 def quiet_optuna() -> None:
-    """Our own one line per trial replaces Optuna's INFO lines and experimental warnings."""
+    """Our own one line per trial replaces Optuna's INFO lines and experimental warnings
+    (for scripts; the CLI sets Optuna's verbosity from -q/-v once, in tuner.cli.main)."""
     import warnings
 
     import optuna
@@ -105,10 +106,22 @@ def quiet_optuna() -> None:
 
 
 def make_sampler(name: str, *, seed: int | None, constrained: bool) -> Any:
+    import warnings
+
     import optuna
 
-    quiet_optuna()
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     cons = _constraints if constrained else None
+    # Optuna 5 deprecates constraints_func (a FutureWarning per run) for Trial.set_constraint,
+    # which Optuna 4, still allowed by pyproject, lacks: the portable form stays, unwarned.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func")
+        return _sampler(name, seed=seed, cons=cons)
+
+
+def _sampler(name: str, *, seed: int | None, cons: Any) -> Any:
+    import optuna
+
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                           constraints_func=cons, n_startup_trials=5)
