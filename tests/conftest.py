@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,24 @@ _ROOT = str(Path(tuner.__file__).resolve().parent.parent)
 _PYTHONPATH = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
 FakeSpec = Callable[..., EngineSpec]
+
+
+def ctrl_c_delivered() -> None:
+    """`preexec_fn` for a driver a test sends Ctrl-C: a test run started in the background
+    (`cmd &`, nohup) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler in the child, so the Ctrl-C under test would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises_keyboard_interrupt():
+    """The same for tests that Ctrl-C their own process: SIGINT raises KeyboardInterrupt
+    during every test, as in a foreground run, whatever the runner inherited."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def fake_engine_spec(**kwargs: object) -> EngineSpec:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import fake_engine_spec
+from conftest import ctrl_c_delivered, fake_engine_spec
 
 from tuner import api
 from tuner.errors import EngineStartTimeout
@@ -246,7 +246,8 @@ def _wait_for(path: Path, text: str, timeout_s: float = 120) -> None:
 def test_interrupted_driver_leaves_nothing_and_resumes(tmp_path, tag, sig):
     out = tmp_path / "study"
     proc = subprocess.Popen(_driver_cmd(out, tag), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=ctrl_c_delivered)
     log = out / "trials" / "1" / "engine.log"
     try:
         _wait_for(log, "Application startup complete")

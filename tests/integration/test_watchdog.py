@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _PYTHONPATH, fake_engine_spec
+from conftest import _PYTHONPATH, ctrl_c_delivered, fake_engine_spec
 from test_faults import INTERRUPTED, MARK, _marked
 
 from tuner import cli
@@ -81,7 +81,7 @@ def _bench_cmd(out: Path, script: dict, *, tokenizer: str | None = None) -> list
 def _start_bench(out: Path, tag: str, script: dict | None) -> subprocess.Popen[str]:
     return subprocess.Popen(_bench_cmd(out, script), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=_env(tag))
+                            env=_env(tag), preexec_fn=ctrl_c_delivered)
 
 
 def _wait_log(proc: subprocess.Popen[str], log: Path, text: str, *, timeout_s: float = 120) -> None:
