@@ -23,6 +23,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from tuner.errors import ConfigError, TrialFailed
+from tuner.measure import enginepath
 from tuner.records import (
     AlignedBaseline,
     BenchResult,
@@ -86,20 +87,21 @@ def has_aligned_baseline(study: Any) -> bool:
 def aligned_config(study: Any) -> TrialConfig | None:
     """The config of the study's measured aligned baseline (its first completed run); None
     when the study has none."""
-    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                    key=lambda t: t.number):
-        if t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE and \
-                TrialAttr.RESULT in t.user_attrs:
-            return BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT]).config
-    return None
+    t = _first_aligned(study)
+    return None if t is None else BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT]).config
+
+
+def _first_aligned(study: Any) -> Any:
+    """The study's first completed aligned-baseline run, or None."""
+    return next((t for t in sorted(study.get_trials(deepcopy=False, states=(
+        TrialState.COMPLETE,)), key=lambda t: t.number) if t.user_attrs.get(TrialAttr.ROLE)
+        == Role.ALIGNED_BASELINE and TrialAttr.RESULT in t.user_attrs), None)
 
 
 def path_alignment(study: Any) -> tuple[Any, Any] | None:
     """The first completed speculative trial and the Alignment that puts a no-speculation
     engine on its engine path (None there when it ran the plain baseline's path, or a path
     no stored line tells); None until the study has a plain baseline and such a trial."""
-    from tuner.measure import enginepath
-
     done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                   key=lambda t: t.number)
     measured = [t for t in done if TrialAttr.RESULT in t.user_attrs
@@ -113,8 +115,6 @@ def path_alignment(study: Any) -> tuple[Any, Any] | None:
 
 
 def _engine_path(trial: Any) -> Any:
-    from tuner.measure import enginepath
-
     return enginepath.EnginePath.from_details(
         trial.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details"))
 
@@ -123,12 +123,8 @@ def _aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
     """(aligned trial, first speculative trial, Alignment still between them) where the
     measured aligned baseline did not land on the speculative path; None where it did, or
     where either is not measured."""
-    from tuner.measure import enginepath
-
     found = path_alignment(study)
-    aligned = next((t for t in sorted(study.get_trials(deepcopy=False, states=(
-        TrialState.COMPLETE,)), key=lambda t: t.number) if t.user_attrs.get(TrialAttr.ROLE)
-        == Role.ALIGNED_BASELINE and TrialAttr.RESULT in t.user_attrs), None)
+    aligned = _first_aligned(study)
     if found is None or aligned is None:
         return None
     gap = enginepath.alignment(_engine_path(aligned), _engine_path(found[0]))
