@@ -136,10 +136,12 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
     assert {t.user_attrs["role"] for t in done} >= {"confirm"}
 
 
-def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str]):
+def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
+          cudagraph_mode: str | None = None):
     return api.optimize(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
-                                             tpot_ms=2, speculative_path_differs=differs),
+                                             tpot_ms=2, speculative_path_differs=differs,
+                                             cudagraph_mode=cudagraph_mode),
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
@@ -175,6 +177,31 @@ def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_p
     # A resumed study keeps its one aligned baseline.
     study = _auto(tmp_path, n_trials=10, differs=True, lines=[])
     assert [t.user_attrs["role"] for t in study.trials].count("aligned_baseline") == 1
+
+
+def test_split_cuda_graphs_get_a_second_calibration_that_drafts_rarely(tmp_path):
+    # vLLM 0.26 on the GPU: FULL_AND_PIECEWISE, so a step where a request drafted fewer than
+    # K tokens leaves the full graph; the step cost needs a point where most steps do.
+    lines: list[str] = []
+    study = _auto(tmp_path, n_trials=5, differs=True, lines=lines,
+                  cudagraph_mode="FULL_AND_PIECEWISE")
+    trials = sorted(study.trials, key=lambda t: t.number)
+    roles = [t.user_attrs["role"] for t in trials]
+    assert roles[:4] == ["baseline", "calibration", "aligned_baseline", "calibration"]
+    first, second = (trials[i].user_attrs["config_override"]["speculative_config"]
+                     for i in (1, 3))
+    assert first != second
+    assert sum(ln.startswith("Second calibration launch") for ln in lines) == 1
+    assert any("non-uniform share" in ln for ln in lines if "step cost" in ln)
+    pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
+    rows = pred[pred["speculative_config"].fillna("").str.contains('"prompt_lookup_min"')]
+    uniform = {json.dumps(json.loads(s), sort_keys=True): u
+               for s, u in zip(rows["speculative_config"], rows["uniform_share"], strict=True)}
+    assert uniform[json.dumps(second, sort_keys=True)] <= min(uniform.values()) + 1e-12
+    # Resumed, it calibrates no more.
+    study = _auto(tmp_path, n_trials=6, differs=True, lines=[],
+                  cudagraph_mode="FULL_AND_PIECEWISE")
+    assert [t.user_attrs["role"] for t in study.trials].count("calibration") == 2
 
 
 def test_auto_alignment_adds_no_launch_where_the_path_is_the_same(tmp_path):

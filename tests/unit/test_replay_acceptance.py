@@ -72,6 +72,8 @@ def test_ngram_replay_is_vllms_proposer_step_for_step(k, lo, hi, max_model_len):
         want = _ngram_reference(req, k=k, lo=lo, hi=hi, max_model_len=max_model_len)
         assert got.trace[req.index] == want, f"request {req.index} diverges from vLLM"
     assert got.drafts == sum(1 for r in got.trace.values() for d, _ in r if d)
+    assert got.full_drafts == sum(1 for r in got.trace.values() for d, _ in r if d == k)
+    assert got.uniform_share == pytest.approx(got.full_drafts / got.steps)
     assert got.accepted_tokens == sum(a for r in got.trace.values() for _, a in r)
 
 
@@ -85,6 +87,7 @@ def test_the_compiled_and_the_stepped_ngram_paths_agree():
                                       [[1, 256, 4]]}, trace=True)
     for c in (1, 3):
         assert fast[c].trace == stepped[c].trace
+        assert fast[c].full_drafts == stepped[c].full_drafts
         assert fast[c].as_dict() == {**stepped[c].as_dict()}
 
 

@@ -63,9 +63,10 @@ def _level(c: int, tpot: float, thr: float, acc_len: float | None = None) -> Lev
 
 
 def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str, *,
-                     path_ms: float = 0.0, config: TrialConfig | None = None) -> MeasuredTrial:
+                     path_ms: float = 0.0, config: TrialConfig | None = None,
+                     mixed_ms: float = 0.0, cudagraph_mode: str | None = None) -> MeasuredTrial:
     """What an engine whose step costs A + B x tokens scored (+ path_ms on a slower engine
-    path) would measure."""
+    path, + mixed_ms x the share of steps that are not uniform) would measure."""
     levels = {}
     for c in (1, 2):
         lengths = [len(r.output) for r in sorted(cap.level(c, warmup=False), key=lambda r: r.index)]
@@ -74,12 +75,13 @@ def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: st
         else:
             acc = acceptance.replay(cap, spec, levels=[c])[c]
             steps, drafted, acc_len = acc.request_steps, acc.drafted_per_step, acc.acceptance_length
-        step = A_MS[c] + path_ms + B_MS[c] * c * (1 + drafted)
+        mixed = 0.0 if spec is None else 1.0 - acc.uniform_share
+        step = A_MS[c] + path_ms + B_MS[c] * c * (1 + drafted) + mixed_ms * mixed
         tpot = float(np.mean([s * step / (n - 1) for s, n in zip(steps, lengths, strict=True)]))
         e2e = sum(TTFT_MS + s * step for s in steps)
         levels[c] = _level(c, tpot, thr=1000.0 * sum(lengths) * c / e2e, acc_len=acc_len)
     return MeasuredTrial(number, config or TrialConfig(speculative_config=spec), role, levels,
-                         cap)
+                         cap, cudagraph_mode=cudagraph_mode)
 
 
 NG = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 1,
@@ -107,6 +109,54 @@ def test_predictions_recover_a_known_step_cost_out_of_sample():
         assert r["pred_speedup"] > 1.0  # copied spans: speculation pays on this engine
     best = pred.leaders(1, 1)[0]
     assert best["method"] == "ngram"
+
+
+def test_a_plane_through_three_points_is_exact_and_two_points_ask_for_a_third():
+    base = cost.Point("base", 1, 2.4, 10.0, anchor=True)
+    heavy = cost.Point("k8", 7.6, 2.4 + 0.15 * 6.6 + 6.0 * 0.3, 10.0, mixed=0.3)
+    rare = cost.Point("k6 w6", 1.3, 2.4 + 0.15 * 0.3 + 6.0 * 0.95, 10.0, mixed=0.95)
+    line = cost.fit(1, [base, heavy], path=cost.PATH_ALIGNED, mixed_term=True)
+    assert line.needs_mixed_point and not line.mixed_fitted and line.m == 0.0
+    plane = cost.fit(1, [base, heavy, rare], path=cost.PATH_ALIGNED, mixed_term=True)
+    assert plane.mixed_fitted and not plane.needs_mixed_point
+    assert (plane.a + plane.b, plane.b, plane.m) == pytest.approx((2.4, 0.15, 6.0))
+    assert "non-uniform share" in plane.describe()
+    # Without split CUDA graphs the same points get the line, and ask for nothing more.
+    flat = cost.fit(1, [base, heavy, rare], path=cost.PATH_ALIGNED)
+    assert not flat.mixed_term and not flat.needs_mixed_point and flat.m == 0.0
+    # Points that all share one u cannot tell m from the intercept: still the line.
+    same_u = cost.Point("k7", 3.0, 5.0, 10.0, mixed=0.3)
+    shifted = cost.Point("b", 1, 2.4, 10.0, anchor=True, mixed=0.3)
+    assert cost.fit(1, [shifted, heavy, same_u], path=cost.PATH_ALIGNED,
+                    mixed_term=True).needs_mixed_point
+
+
+def test_split_cuda_graphs_price_non_uniform_steps_out_of_sample():
+    """An engine whose non-uniform steps cost 6 ms more (the H200's n-gram path): a line in
+    tokens scored alone ranks the rare drafter wrong; the plane, fitted on the heavy and the
+    rare drafter, predicts a third config exactly."""
+    cap = _capture()
+    graphs = "FULL_AND_PIECEWISE"
+    rare = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 4,
+            "prompt_lookup_max": 4}
+    base = _synthetic_trial(0, cap, None, "baseline")
+    cal = [_synthetic_trial(1, cap, NG, "calibration", mixed_ms=6.0, cudagraph_mode=graphs)]
+    pred = predict(cap, [TrialConfig(speculative_config=SMALL)], [base, *cal],
+                   max_model_len=4096, max_num_seqs=16)
+    assert all(c.needs_mixed_point for c in pred.costs.values())
+    cal.append(_synthetic_trial(2, cap, rare, "calibration", mixed_ms=6.0, cudagraph_mode=graphs))
+    third = _synthetic_trial(3, cap, SMALL, "confirm", mixed_ms=6.0, cudagraph_mode=graphs)
+    pred = predict(cap, [TrialConfig(speculative_config=SMALL)], [base, *cal, third],
+                   max_model_len=4096, max_num_seqs=16)
+    for c in (1, 2):
+        assert pred.costs[c].mixed_fitted
+        assert pred.costs[c].m == pytest.approx(6.0, rel=1e-6)
+        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-6)
+    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    assert small and all(not r["calibration"] for r in small)
+    assert all(0.0 < r["uniform_share"] < 1.0 for r in small)
+    for r in small:
+        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_without_a_speculative_trial_only_acceptance_is_predicted():

@@ -43,6 +43,14 @@ Engine rules modeled, each where the code below names it (vLLM 0.26 and 0.32 ali
    learns of the stop only in the scheduler), which feeds that request's last tokens to the
    suffix cache; a finished request is stopped at the next propose call.
 
+10. UNIFORM_DECODE: vLLM runs a decode step on a full CUDA graph only when every request in it
+   scores the same 1 + num_speculative_tokens tokens (`GPUModelRunner._is_uniform_decode`;
+   the CUDA graph dispatcher's FULL_AND_PIECEWISE and FULL_DECODE_ONLY modes); a step where
+   some request drafted fewer tokens, or none, runs piecewise. The replay counts the verify
+   steps whose draft was exactly K long (`full_drafts`); the share of a level's batched steps
+   that are uniform is taken as (full_drafts / steps) ** concurrency, as if requests drafted
+   independently of each other (the step-cost model prices the rest, tuner.replay.cost).
+
 Not modeled: chunked prefill of prompts longer than the step's token budget (a partial
 prefill drafts nothing; it matters only for prompts longer than max_num_batched_tokens).
 """
@@ -72,6 +80,8 @@ class Acceptance:
     output_tokens: int = 0
     steps: int = 0  # decode steps after prefill, every request summed
     drafts: int = 0  # steps that drafted at least one token (vLLM's num_drafts)
+    k: int = 0  # the config's num_speculative_tokens: a uniform step scores 1 + k per request
+    full_drafts: int = 0  # UNIFORM_DECODE: verify steps whose draft was exactly k tokens
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -123,6 +133,14 @@ class Acceptance:
         decode_tokens = self.output_tokens - self.requests  # the prefill emits one each
         return decode_tokens / self.steps if self.steps else 1.0
 
+    @property
+    def uniform_share(self) -> float:
+        """UNIFORM_DECODE: the share of this level's batched decode steps in which every
+        request scores 1 + k tokens (1.0 without speculation or without steps)."""
+        if not self.steps or not self.k:
+            return 1.0
+        return (self.full_drafts / self.steps) ** max(1, self.concurrency)
+
     def as_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "requests": self.requests,
                 "output_tokens": self.output_tokens, "steps": self.steps,
@@ -132,7 +150,8 @@ class Acceptance:
                 "acceptance_rate": self.acceptance_rate,
                 "acceptance_length": self.acceptance_length,
                 "per_position": self.per_position, "drafted_per_step": self.drafted_per_step,
-                "tokens_per_step": self.tokens_per_step}
+                "tokens_per_step": self.tokens_per_step, "full_drafts": self.full_drafts,
+                "uniform_share": self.uniform_share}
 
     def _count_many(self, drafted: np.ndarray, accepted: np.ndarray, *,
                     censored_last: bool = False) -> None:
@@ -143,6 +162,7 @@ class Acceptance:
         self.steps += len(drafted)
         has = drafted > 0
         self.drafts += int(has.sum())
+        self.full_drafts += int((drafted == self.k).sum()) if self.k else 0
         self.draft_tokens += int(drafted.sum())
         self.accepted_tokens += int(accepted[has].sum())
         width = int(drafted.max(initial=0))
@@ -158,6 +178,7 @@ class Acceptance:
         self.steps += 1
         if drafted:  # COUNTING
             self.drafts += 1
+            self.full_drafts += int(drafted == self.k)
             self.draft_tokens += drafted
             self.accepted_tokens += accepted
             if len(self.accepted_per_pos) < drafted:
@@ -334,7 +355,7 @@ def _verify(r: _Running) -> tuple[int, int]:
 def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
                  trace: bool) -> Acceptance:
     """Each request on its own, every step inside one compiled loop around vLLM's function."""
-    stats = Acceptance(concurrency=c, trace={} if trace else None)
+    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None)
     kernel = _ngram_kernel()
     for req in sorted(reqs, key=lambda q: q.index):
         tokens = np.concatenate([req.prompt, req.output]).astype(np.int32)
@@ -392,7 +413,7 @@ _ids = iter(range(1 << 62))
 def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
                  lookup: list[int] | None, trace: bool) -> Acceptance:
     """CLOSED_LOOP: step the requests `c` at a time; returns their acceptance."""
-    stats = Acceptance(concurrency=c, trace={} if trace else None)
+    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None)
     queue = sorted(reqs, key=lambda q: q.index)[::-1]
     running: list[_Running] = []
     steps_of: dict[int, int] = {}

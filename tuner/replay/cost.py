@@ -2,12 +2,22 @@
 
 Per concurrency level c, one decode step of the running batch scores c x (1 + d) tokens,
 where d is the mean number of draft tokens a request adds to a step (0 without speculation).
-The model is a line per level, t(n) = a + b n, fitted by least squares on measured trials of
+The model per level is t(n, u) = a + b n + m u, fitted by least squares on measured trials of
 one engine:
 
 - a baseline (no speculation): n = c, and its step time is its TPOT (one token per step);
 - a speculative trial: n = c (1 + d) with d from the replay of its own config, and its step
   time is its mean TPOT divided by the replayed steps per output token.
+
+u is the share of the engine's decode steps that are not uniform (tuner.replay.acceptance,
+UNIFORM_DECODE): where vLLM splits CUDA graphs by batch shape (FULL_AND_PIECEWISE,
+FULL_DECODE_ONLY), a step in which some request drafted fewer than K tokens, or none, leaves
+the full graph. On the H200 (vLLM 0.26, SmolLM2-135M, c=1) such steps of an n-gram engine
+took 6-8 ms where the aligned baseline's took 2.4 ms and drafted steps of K=8 took 3.5 ms
+(median inter-token latencies), so a line in n alone ranked rare drafters first. The m term
+is fitted only there (`mixed_term`), and needs a speculative point with another u besides the
+anchor: the replay strategy launches a second calibration config for it. Without CUDA graphs
+(the CPU build) every step runs the same eager code and the model is the line a + b n.
 
 A speculative engine can run another engine path than the plain baseline (on the GPU build,
 n-gram forces the V1 runner without async scheduling). The line is therefore fitted on one
@@ -23,8 +33,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 PATH_ALIGNED = "speculative path (anchored on the aligned baseline)"
 PATH_PLAIN = "plain baseline path (no aligned baseline: path cost and speculation not separated)"
+# vLLM's CUDAGraphMode names whose runtime dispatch gives uniform decode batches their own graph
+SPLIT_CUDAGRAPH_MODES = frozenset({"FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"})
 
 
 @dataclass(frozen=True)
@@ -36,11 +50,13 @@ class Point:
     step_ms: float
     ttft_ms: float
     anchor: bool = False  # a baseline: the no-draft end of the line
+    mixed: float = 0.0  # u: the share of its decode steps that are not uniform (0: a baseline)
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """t(n) = a + b n and ttft(n) = ta + tb n at one level, and what they were fitted on."""
+    """t(n, u) = a + b n + m u and ttft(n) = ta + tb n at one level, and what they were
+    fitted on."""
 
     concurrency: int
     a: float
@@ -49,9 +65,17 @@ class StepCost:
     ttft_b: float
     points: tuple[Point, ...]
     path: str
+    m: float = 0.0  # ms a step costs more when it is not uniform (mixed_fitted only)
+    mixed_term: bool = False  # the engine splits CUDA graphs by batch shape: u matters
+    mixed_fitted: bool = False  # the points spanned u, so m was fitted
 
-    def step_ms(self, scored: float) -> float:
-        return self.a + self.b * scored
+    def step_ms(self, scored: float, mixed: float = 0.0) -> float:
+        return self.a + self.b * scored + self.m * mixed
+
+    @property
+    def needs_mixed_point(self) -> bool:
+        """u matters on this engine but no measured speculative point has another u yet."""
+        return self.mixed_term and not self.mixed_fitted
 
     def ttft_ms(self, scored: float) -> float:
         return self.ttft_a + self.ttft_b * scored
@@ -62,24 +86,58 @@ class StepCost:
         return any(not p.anchor for p in self.points)
 
     def describe(self) -> str:
-        pts = ", ".join(f"{p.label} (n={p.scored:.1f}, {p.step_ms:.1f} ms)" for p in self.points)
+        pts = ", ".join(f"{p.label} (n={p.scored:.1f}"
+                        + (f", u={p.mixed:.2f}" if self.mixed_term else "")
+                        + f", {p.step_ms:.1f} ms)" for p in self.points)
+        mixed = ""
+        if self.mixed_fitted:
+            mixed = f" + {self.m:.2f} ms x non-uniform share"
+        elif self.mixed_term:
+            mixed = " (non-uniform steps not priced yet: no point spans them)"
         return (f"c={self.concurrency}: step = {self.a:.2f} ms + {self.b:.3f} ms x tokens "
-                f"scored; fitted on {pts}; {self.path}")
+                f"scored{mixed}; fitted on {pts}; {self.path}")
 
 
-def fit(concurrency: int, points: Sequence[Point], *, path: str) -> StepCost | None:
+MIN_MIXED_SPREAD = 0.1  # u values closer than this cannot tell m from the slope
+
+
+def fit(concurrency: int, points: Sequence[Point], *, path: str,
+        mixed_term: bool = False) -> StepCost | None:
     """Least squares over `points` (at least one anchor); None without any point.
 
     With the anchor alone the slope is unknown: the line is flat (every config predicted at
-    the baseline's step time) and `calibrated` is False."""
+    the baseline's step time) and `calibrated` is False. With `mixed_term`, m is fitted once
+    two speculative points are measured and the points (anchor included) pin a, b and m:
+    u spread by at least MIN_MIXED_SPREAD, n and u not collinear. Until then, the line."""
     pts = [p for p in points if _finite(p.step_ms) and _finite(p.scored)]
     if not pts:
         return None
-    a, b = _line([(p.scored, p.step_ms) for p in pts])
     ttft = [(p.scored, p.ttft_ms) for p in pts if _finite(p.ttft_ms)]
     ta, tb = _line(ttft) if ttft else (math.nan, 0.0)
-    return StepCost(concurrency=concurrency, a=a, b=b, ttft_a=ta, ttft_b=tb,
-                    points=tuple(pts), path=path)
+    common = dict(concurrency=concurrency, ttft_a=ta, ttft_b=tb, points=tuple(pts), path=path,
+                  mixed_term=mixed_term)
+    if mixed_term and (plane := _plane(pts)) is not None:
+        a, b, m = plane
+        return StepCost(a=a, b=b, m=m, mixed_fitted=True, **common)
+    a, b = _line([(p.scored, p.step_ms) for p in pts])
+    return StepCost(a=a, b=b, **common)
+
+
+def _plane(pts: Sequence[Point]) -> tuple[float, float, float] | None:
+    """(a, b, m) by least squares over t = a + b n + m u, or None where the points do not
+    pin all three: fewer than three, or u (or n) without spread among them."""
+    if len(pts) < 3:
+        return None
+    us = [p.mixed for p in pts]
+    spec_us = [p.mixed for p in pts if not p.anchor]
+    if max(us) - min(us) < MIN_MIXED_SPREAD or len(spec_us) < 2:
+        return None
+    x = np.array([[1.0, p.scored, p.mixed] for p in pts])
+    y = np.array([p.step_ms for p in pts])
+    if np.linalg.matrix_rank(x / np.maximum(np.abs(x).max(axis=0), 1e-12), tol=1e-3) < 3:
+        return None
+    (a, b, m), *_ = np.linalg.lstsq(x, y, rcond=None)
+    return float(a), float(b), float(m)
 
 
 def _line(xy: Sequence[tuple[float, float]]) -> tuple[float, float]:

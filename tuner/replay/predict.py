@@ -10,7 +10,9 @@ speedup over the plain baseline into path_cost (measured) x pred_speculation_gai
 The model, per level c and config X, over the baseline's measured requests r (N_r output
 tokens; S_r decode steps under X, from the replay; d_X draft tokens per request-step):
 
-    step_X   = a_c + b_c * c * (1 + d_X)                     (tuner.replay.cost)
+    step_X   = a_c + b_c * c * (1 + d_X) + m_c * u_X         (tuner.replay.cost; u_X the share
+                                                              of X's steps not uniform, m_c
+                                                              fitted only on split CUDA graphs)
     TPOT_X   = step_X * mean_r(S_r / (N_r - 1))
     e2e_r,X  = TTFT_X + S_r * step_X
     thr_X    = thr_baseline * sum_r e2e_r,baseline / sum_r e2e_r,X   (closed loop: same requests,
@@ -45,6 +47,7 @@ class MeasuredTrial:
     role: str
     levels: dict[int, LevelMetrics]
     capture: TokenCapture | None = None
+    cudagraph_mode: str | None = None  # as the engine path read it from the trial's log
 
     @property
     def aligned(self) -> bool:
@@ -124,6 +127,7 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     aligned = [m for m in measured if m.aligned]
     anchor = aligned or [m for m in measured if m.role == "baseline"]
     path = cost.PATH_ALIGNED if aligned else cost.PATH_PLAIN
+    mixed_term = any(m.cudagraph_mode in cost.SPLIT_CUDAGRAPH_MODES for m in spec)
     out = {}
     for c in levels:
         points = []
@@ -149,8 +153,9 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
             if ratio:
                 points.append(cost.Point(
                     label=group[0].config.label(), scored=c * (1 + acc.drafted_per_step),
-                    step_ms=lv["mean_tpot_ms"] / ratio, ttft_ms=lv["mean_ttft_ms"]))
-        fitted = cost.fit(c, points, path=path)
+                    step_ms=lv["mean_tpot_ms"] / ratio, ttft_ms=lv["mean_ttft_ms"],
+                    mixed=1.0 - acc.uniform_share))
+        fitted = cost.fit(c, points, path=path, mixed_term=mixed_term)
         if fitted is not None:
             out[c] = fitted
     return out
@@ -198,13 +203,15 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
         "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
         "speculative_config": json.dumps(spec, sort_keys=True) if spec else "",
         "concurrency": c, "acceptance_rate": None, "acceptance_length": None,
-        "drafted_per_step": 0.0, "tokens_per_step": 1.0, "per_position": "",
+        "drafted_per_step": 0.0, "tokens_per_step": 1.0, "uniform_share": 1.0,
+        "per_position": "",
         "steps_per_request": None,
         "pred_output_throughput": None, "pred_mean_tpot_ms": None, "pred_mean_ttft_ms": None,
         "pred_speedup": None, "path": step.path if step else None}
     if acc is not None:
         row.update(acceptance_rate=acc.acceptance_rate, acceptance_length=acc.acceptance_length,
                    drafted_per_step=acc.drafted_per_step, tokens_per_step=acc.tokens_per_step,
+                   uniform_share=acc.uniform_share,
                    per_position=json.dumps([round(x, 4) for x in acc.per_position]),
                    steps_per_request=acc.steps / acc.requests if acc.requests else None)
     if base is None:
@@ -220,7 +227,7 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
     ratio = _step_ratio(steps, lengths)
     if ratio is None:
         return row
-    t = step.step_ms(c * (1 + acc.drafted_per_step))
+    t = step.step_ms(c * (1 + acc.drafted_per_step), 1.0 - acc.uniform_share)
     ttft = step.ttft_ms(c * (1 + acc.drafted_per_step))
     base_sum = sum(base["mean_ttft_ms"] + (n - 1) * base["mean_tpot_ms"] for n in lengths)
     spec_sum = sum(ttft + s * t for s in steps)

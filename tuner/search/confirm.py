@@ -166,6 +166,16 @@ class ReplaySearch:
                 self._launch(calib, Role.CALIBRATION)
                 self._align(room)  # "auto": the calibration is the first speculative trial
                 pred = self._predict(capture, configs)
+        if any(c.needs_mixed_point for c in pred.costs.values()) and room():
+            calib = self._mixed_calibration_config(pred)
+            if calib is not None:
+                self.say(f"Second calibration launch: {calib.label()} drafts a full K on "
+                         f"{self._uniform(pred, calib):.0%} of its steps at c="
+                         f"{min(self.loop.settings.concurrencies)}: this engine splits CUDA "
+                         "graphs by batch shape, so the step cost needs a point where most "
+                         "steps are not uniform.")
+                self._launch(calib, Role.CALIBRATION)
+                pred = self._predict(capture, configs)
         self._print_costs(pred)
         target = self.loop.target
         top = _diverse(pred.leaders(target, 10_000), self.leaders)
@@ -256,6 +266,25 @@ class ReplaySearch:
         best = max(rows, key=lambda r: (r["drafted_per_step"], r["acceptance_length"] or 0))
         return TrialConfig.model_validate({"speculative_config": _spec(best)})
 
+    def _mixed_calibration_config(self, pred: Prediction) -> TrialConfig | None:
+        """The candidate whose steps are least often uniform at the lowest level (fewest
+        tokens drafted on ties): with the anchor (all steps uniform) and the first
+        calibration (mostly uniform at c=1), it pins the cost of a non-uniform step."""
+        low = min(self.loop.settings.concurrencies)
+        done = {m.config.key() for m in self.measured() if m.role == Role.CALIBRATION.value}
+        rows = [r for r in pred.rows if r["concurrency"] == low and r["method"] != "none"
+                and r["key"] not in done and r["acceptance_length"] is not None]
+        if not rows:
+            return None
+        best = min(rows, key=lambda r: (r["uniform_share"], r["drafted_per_step"]))
+        return TrialConfig.model_validate({"speculative_config": _spec(best)})
+
+    @staticmethod
+    def _uniform(pred: Prediction, cfg: TrialConfig) -> float:
+        low = min((r["concurrency"] for r in pred.rows), default=1)
+        return next((r["uniform_share"] for r in pred.rows
+                     if r["key"] == cfg.key() and r["concurrency"] == low), 0.0)
+
     @staticmethod
     def _drafted(pred: Prediction, cfg: TrialConfig) -> float:
         return max((r["drafted_per_step"] for r in pred.rows if r["key"] == cfg.key()),
@@ -341,9 +370,11 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
         if role == Role.REPEAT.value:
             role = roles.get(t.user_attrs.get(TrialAttr.REPEAT_OF)) or role
         levels: dict[int, LevelMetrics] = {lv.concurrency: lv for lv in result.levels}
+        path = t.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details") or {}
         out.append(MeasuredTrial(
             number=t.number, config=result.config, role=role, levels=levels,
-            capture=st.token_capture(study_dir, t) if captures else None))
+            capture=st.token_capture(study_dir, t) if captures else None,
+            cudagraph_mode=path.get("cudagraph_mode")))
     return out
 
 

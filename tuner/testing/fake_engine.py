@@ -77,6 +77,9 @@ class FakeScript(BaseModel):
     # otherwise; with this set, a speculative config falls back to V1 without async
     # scheduling, as n-gram does on the GPU build (False: the CPU build, one path for all).
     speculative_path_differs: bool = False
+    # vLLM's CUDAGraphMode name for the engine's config line (None: no line, as before); with
+    # FULL_AND_PIECEWISE, tuner.replay.cost prices non-uniform steps as the GPU build needs.
+    cudagraph_mode: str | None = None
 
 
 def load_script(source: str | None) -> FakeScript:
@@ -179,6 +182,10 @@ def _log_path(script: FakeScript, *, spec_method: str | None, no_async: bool) ->
              "instead.", "WARNING")
     elif os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
         _log("Using V2 Model Runner")
+    if script.cudagraph_mode:
+        _log(f"Initializing a V1 LLM engine (v{FAKE_VERSION}) with config: device_config=cuda, "
+             f"compilation_config={{'cudagraph_mode': <CUDAGraphMode.{script.cudagraph_mode}: "
+             "(2, 1)>}")
 
 
 def _exit(child: subprocess.Popen | None) -> None:
