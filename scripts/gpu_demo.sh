@@ -55,7 +55,14 @@ if [ -d "$WORK/smol" ]; then
   # The engine-path lines of every launch (vLLM 0.26's own wording, for the path parser's tests).
   for d in "$WORK"/smol/trials/*/; do
     grep -hE "model runner|Model Runner|[Aa]sync scheduling|backend|cudagraph_mode|non-default args" \
-      "$d/engine.log" 2>/dev/null | cut -c1-400 | sed "s|^|$(basename "$d"): |"; done > "$R/b_engine_paths.txt"
+      "$d/engine.log" 2>/dev/null | cut -c1-400 | sed "s|^|$(basename "$d"): |"
+    # The CUDA graph mode as the config line states it (0.26 may leave it out: exclude_unset).
+    grep -ho "enforce_eager=[A-Za-z]*\|device_config=[a-z]*\|'cudagraph_mode': <[^>]*>" \
+      "$d/engine.log" 2>/dev/null | sort -u | sed "s|^|$(basename "$d"): |"; done > "$R/b_engine_paths.txt"
+  # Each trial's token ids (tuner.tokens), so the replay and the cost model can be re-run here.
+  mkdir -p "$R/tokens"
+  for f in "$WORK"/smol/trials/*/tokens.npz; do
+    [ -f "$f" ] && cp "$f" "$R/tokens/$(basename "$(dirname "$f")").npz"; done
   cp -r "$WORK"/smol/*.png "$R/" 2>/dev/null
 fi
 tar -czf "$OUT/gpu-results.tar.gz" -C "$WORK" results

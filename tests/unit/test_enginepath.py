@@ -268,3 +268,17 @@ def test_real_vllm_026_alignment_matches_what_the_aligned_trial_was_launched_wit
     assert found.engine_env == {enginepath.MODEL_RUNNER_ENV: "0"}
     aligned = read_log(_real_26("trial2.log"), env=found.engine_env)
     assert alignment(aligned, read_log(_real_26("trial1.log"))) is None
+
+
+@pytest.mark.parametrize(("eager", "mode"), [("False", "FULL_AND_PIECEWISE"), ("True", "NONE")])
+def test_a_cuda_config_line_without_a_graph_mode_takes_the_default_levels_mode(eager, mode):
+    # vLLM 0.26 prints the compilation config with exclude_unset: a mode the optimization
+    # level filled in need not be on the line (the H200 run's lines had none).
+    line = ("(EngineCore pid=2397) INFO 12-03 14:48:09 [core.py:116] Initializing a V1 LLM "
+            "engine (v0.26.0) with config: model='m', speculative_config=None, "
+            f"enforce_eager={eager}, device_config=cuda, compilation_config={{'mode': "
+            "<CompilationMode.VLLM_COMPILE: 3>, 'backend': 'inductor'}")
+    path = read_log(line)
+    assert path.cudagraph_mode == mode and "cudagraph_mode" in path.inferred
+    cpu = read_log(line.replace("device_config=cuda", "device_config=cpu"))
+    assert cpu.cudagraph_mode is None
