@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ SHAPES = {
 }
 
 DEFAULT_TOKENIZER = (Path(__file__).resolve().parent.parent / "tuner" / "data" / "tokenizers"
-                     / "smollm2-135m-instruct" / "tokenizer.json")
+                     / "smollm2-135m-instruct" / "tokenizer.json.xz")  # stored xz-compressed
 
 
 def special_tokens() -> list[str]:
@@ -168,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("outdir")
     p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER),
-                   help="a byte-level BPE tokenizer.json to widen (default: the bundled SmolLM2 one)")
+                   help="a byte-level BPE tokenizer.json (or .json.xz) to widen (default: the bundled "
+                        "SmolLM2 one)")
     p.add_argument("--no-check", action="store_true", help="skip loading the result back")
     args = p.parse_args(argv)
 
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    base = json.loads(Path(args.tokenizer).read_text(encoding="utf-8"))
+    src = Path(args.tokenizer)
+    base = json.loads((lzma.decompress(src.read_bytes()) if src.suffix == ".xz"
+                       else src.read_bytes()).decode("utf-8"))
     files = {
         "tokenizer.json": build_tokenizer(base),
         "tokenizer_config.json": tokenizer_config(),

@@ -120,7 +120,7 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="instructcoder",
                    help=f"one of {', '.join(checks.WORKLOADS)} (custom: your --dataset-path)")
-    g.add_argument("--dataset-path", help="local dataset file (jsonl/json/parquet)")
+    g.add_argument("--dataset-path", help="local dataset file (jsonl/json/parquet, or .jsonl.xz)")
     g.add_argument("--num-prompts", type=_opt("num_prompts"), default=16,
                    help="prompts drawn from the dataset (fewer than requests: reused)")
     g.add_argument("--seed", type=_opt("seed"), default=0, help="prompt sampling seed")

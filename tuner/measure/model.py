@@ -3,7 +3,8 @@
 The package ships a GGUF file; vLLM's CPU build wants a Hugging Face checkpoint. At first use
 we convert it once into a bf16 checkpoint in a cache folder (about 260 MB, under a minute) and
 reuse it afterwards. The conversion is atomic (written beside, then renamed) and locked, so
-two processes starting at once neither race nor leave a half-written model behind.
+two processes starting at once neither race nor leave a half-written model behind. Its
+tokenizer ships in this package, compressed; embedded_tokenizer_dir() unpacks it the same way.
 
 Also what the machine is: whether it has an NVIDIA GPU, and the fingerprint (versions and
 hardware) that every study stores beside its results; and what a server that is already
@@ -25,6 +26,9 @@ from tuner.errors import ConfigError
 from tuner.records import EngineSpec, WorkloadSpec
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
+# The tokenizer shipped in the package; its tokenizer.json is stored xz-compressed (3.5 MB ->
+# 0.45 MB), so transformers and vLLM read it from embedded_tokenizer_dir() instead.
+EMBEDDED_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
 
 
 def cache_dir() -> Path:
@@ -42,6 +46,43 @@ def embedded_model_dir() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             _convert(_gguf_path(), target)
+    return target
+
+
+def embedded_tokenizer_dir() -> Path:
+    """A plain folder with the embedded tokenizer (tokenizer.json + tokenizer_config.json),
+    decompressed once into the cache. It is named after the compressed file's hash, so another
+    package version never reads a stale copy; written beside and renamed, so a process running
+    at the same time sees the whole folder or none."""
+    import hashlib
+    import lzma
+    import tempfile
+
+    packed = EMBEDDED_TOKENIZER / "tokenizer.json.xz"
+    sha = hashlib.sha256(packed.read_bytes()).hexdigest()[:12]
+    target = cache_dir() / "tokenizers" / f"{EMBEDDED_NAME}-{sha}"
+    if target.is_dir():  # only a complete folder is ever renamed into place
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+            with lzma.open(packed) as src, open(tmp / "tokenizer.json", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            shutil.copy(EMBEDDED_TOKENIZER / "tokenizer_config.json", tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not target.is_dir():
+                    raise
+                # Another process renamed its identical copy first; ours is dropped below.
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        raise ConfigError(f"Cannot write the embedded tokenizer into {target.parent} "
+                          f"({e.strerror or e}). Set SPEC_TUNER_CACHE to a writable folder, or "
+                          f"pass --tokenizer PATH.") from None
     return target
 
 
@@ -84,7 +125,7 @@ def _convert(gguf: Path, target: Path) -> None:
         fresh.tie_weights()
     fresh.save_pretrained(tmp, safe_serialization=True)
     # The tokenizer shipped with the package keeps the model's chat template intact.
-    tok_src = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
+    tok_src = embedded_tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_src / name, tmp / name)
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)

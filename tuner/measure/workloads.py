@@ -4,7 +4,8 @@ Prompts are built as `vllm bench serve` builds them for the same dataset (same p
 chat template applied where vLLM applies it, same shuffle with the same seed for files read
 with Python's `random`, NumPy's generator for `random` as vLLM's RandomDataset, same length
 filters), so figures compare with vLLM's own benchmark.
-Small samples ship inside the package; `--dataset-path` reads a local copy of the full data.
+Small samples ship inside the package (xz-compressed); `--dataset-path` reads a local copy of
+the full data, plain or as .xz.
 Files are read within tuner.settings' size limits, and a prompt that does not fit the engine's
 context (prompt + output tokens; vLLM would refuse the request) is skipped and counted.
 """
@@ -12,6 +13,7 @@ context (prompt + output tokens; vLLM would refuse the request) is skipped and c
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -20,19 +22,24 @@ from typing import Any
 
 from tuner import settings as checks
 from tuner.errors import ConfigError
+from tuner.measure import model as embedded
 from tuner.records import Prompt, Workload, WorkloadSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# Stored xz-compressed (5.7 MB -> 1.2 MB) so the package and every copy of the checkout stay
+# small; `xz -dk FILE` gives back the plain file (its sha256 is in SOURCE.md).
 BUNDLED = {
-    "instructcoder": DATA_DIR / "instructcoder" / "editeval.jsonl",
-    "sharegpt": DATA_DIR / "sharegpt" / "sharegpt_v3_subset.jsonl",
-    "spec_bench": DATA_DIR / "spec_bench" / "question.jsonl",
+    "instructcoder": DATA_DIR / "instructcoder" / "editeval.jsonl.xz",
+    "sharegpt": DATA_DIR / "sharegpt" / "sharegpt_v3_subset.jsonl.xz",
+    "spec_bench": DATA_DIR / "spec_bench" / "question.jsonl.xz",
 }
 DEFAULT_OUTPUT_LEN = {"instructcoder": 200, "spec_bench": 256, "custom": 256, "sharegpt": None}
 SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction",
                          "stem", "humanities", "translation", "summarization", "qa",
                          "math_reasoning", "rag")
-EMBEDDED_TOKENIZER = DATA_DIR / "tokenizers" / "smollm2-135m-instruct"
+# The in-package folder; load_tokenizer reads it through embedded_tokenizer_dir() (its
+# tokenizer.json is compressed), so tests, scripts and old studies may keep naming it.
+EMBEDDED_TOKENIZER = embedded.EMBEDDED_TOKENIZER
 
 
 def names() -> list[str]:
@@ -122,8 +129,11 @@ def count_tokens(tok: Any, text: str, *, limit: int) -> int:
 def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
+    where = str(path)
+    if os.path.realpath(os.path.expanduser(where)) == str(EMBEDDED_TOKENIZER):
+        where = str(embedded.embedded_tokenizer_dir())
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError) as e:
         raise ConfigError(f"Cannot load a tokenizer from '{path}' ({str(e).splitlines()[0]}). "
                           f"Pass --tokenizer PATH or a --model folder with tokenizer files."
@@ -132,7 +142,8 @@ def load_tokenizer(path: str | Path) -> Any:
 
 # --- readers ---------------------------------------------------------------------------------
 def read_rows(path: Path) -> list[dict]:
-    """Rows of a .jsonl / .json (array) / .parquet file; a bad line is named by number.
+    """Rows of a .jsonl / .json (array) / .parquet file, the first two also xz-compressed
+    (.jsonl.xz, .json.xz); a bad line is named by number.
 
     Only a regular file within tuner.settings' size limits is read (a directory, a device such
     as /dev/zero or a fifo is refused by name), JSONL line by line with a cap on each line, so
@@ -159,11 +170,22 @@ def read_rows(path: Path) -> list[dict]:
     except OSError as e:
         raise ConfigError(f"Dataset file '{path}': cannot be read ({e.strerror}). Check "
                           f"--dataset-path.") from None
-    with os.fdopen(fd, "rb") as f:
-        checks.dataset_stat(path, os.fstat(f.fileno()))
-        whole = path.suffix == ".json" or f.read(64 * 1024).lstrip().startswith(b"[")
-        f.seek(0)
-        rows = _read_json_array(path, f) if whole else _read_jsonl(path, f)
+    packed = path.suffix == ".xz"
+    with os.fdopen(fd, "rb") as raw:
+        checks.dataset_stat(path, os.fstat(raw.fileno()))
+        # The readers count decompressed bytes, so the size limits hold for .xz files too.
+        f = lzma.LZMAFile(raw) if packed else raw
+        try:
+            whole = (path.with_suffix("") if packed else path).suffix == ".json" or \
+                f.read(64 * 1024).lstrip().startswith(b"[")
+            f.seek(0)
+            rows = _read_json_array(path, f) if whole else _read_jsonl(path, f)
+        except (lzma.LZMAError, EOFError) as e:
+            raise ConfigError(f"{path}: not a readable .xz file ({e}). Check it with `xz -t`, "
+                              f"or pass the decompressed file (`xz -dk`).") from None
+        finally:
+            if packed:
+                f.close()  # leaves `raw` to the with-block
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             raise ConfigError(f"{path}: record {n} is {type(row).__name__}, expected a JSON "
