@@ -12,8 +12,15 @@ gives over each launch's own tokens (its fidelity to vLLM apart from that drift)
 time of the whole default space. Launch folders are kept under --out, and a rerun reuses finished launches
 (delete the folder to measure again).
 
+With --passes N (default 2) the baseline and every config are measured N times, pass after
+pass (so drift spreads over all of them rather than over the last few); predictions are fitted
+and compared on each config's median, and each error is set beside the config's own spread
+(half the range of its runs, over their median): an error inside that spread cannot be told
+from measurement noise, and the summary counts those apart.
+
     .venv/bin/python benchmarks/replay_accuracy.py [--workloads instructcoder,sharegpt]
-        [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--out outputs/replay-accuracy]
+        [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--passes 2]
+        [--out outputs/replay-accuracy]
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
@@ -98,16 +106,24 @@ def main() -> None:
         measured = [MeasuredTrial(0, TrialConfig(), "baseline",
                                   {lv.concurrency: lv for lv in base_result.levels}, base_cap)]
         diverged, own = {}, {}
-        for i, cfg in enumerate(configs, start=1):
-            result, cap = launch(engine, cfg, wl, ms, folder / f"{i:02d}")
-            role = "calibration" if cfg.key() == calib_row["key"] else "search"
-            measured.append(MeasuredTrial(i, cfg, role, {lv.concurrency: lv for lv in result.levels},
-                                          cap))
-            diverged[cfg.key()] = divergent(base_cap, cap)
-            # The replay over the launch's own tokens: its fidelity to vLLM apart from how far
-            # the speculative outputs drifted from the baseline's (bf16 numerics).
-            own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
-                cap, cfg.speculative_config, max_model_len=max_model_len).items()}
+        for p in range(1, args.passes + 1):
+            sub = folder if p == 1 else folder / f"pass{p}"
+            if p > 1:
+                result, cap = launch(engine, TrialConfig(), wl, ms, sub / "baseline")
+                measured.append(MeasuredTrial(len(measured), TrialConfig(), "baseline",
+                                              {lv.concurrency: lv for lv in result.levels}, cap))
+            for i, cfg in enumerate(configs, start=1):
+                result, cap = launch(engine, cfg, wl, ms, sub / f"{i:02d}")
+                role = "calibration" if cfg.key() == calib_row["key"] else "search"
+                measured.append(MeasuredTrial(len(measured), cfg, role,
+                                              {lv.concurrency: lv for lv in result.levels}, cap))
+                if p == 1:
+                    diverged[cfg.key()] = divergent(base_cap, cap)
+                    # The replay over the launch's own tokens: its fidelity to vLLM apart from
+                    # how far the speculative outputs drifted from the baseline's (bf16).
+                    own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
+                        cap, cfg.speculative_config, max_model_len=max_model_len).items()}
+        spread = _spreads(measured)
         # The baseline again at the end: how far the machine drifted over the session, the
         # spread below which no performance error here means anything.
         end_result, _ = launch(engine, TrialConfig(), wl, ms, folder / "baseline-end")
@@ -121,7 +137,7 @@ def main() -> None:
             print("  " + pred.costs[c].describe())
         header = (f"{'config':44} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'err':>6} "
                   f"{'tok/s pred':>10} {'meas':>6} {'err':>6} {'TPOT pred':>9} {'meas':>6} "
-                  f"{'err':>6} {'diverged':>8} {'AL own':>6} {'err':>6}")
+                  f"{'err':>6} {'spread':>6} {'diverged':>8} {'AL own':>6} {'err':>6}")
         print(header)
         rows = [r for r in pred.rows if r["method"] != "none"]
         for r in rows:
@@ -129,13 +145,15 @@ def main() -> None:
             tag = " (calibration)" if r["calibration"] else ""
             own_al = own[r["key"]].get(r["concurrency"])
             r["own_acceptance_length"] = own_al
+            r["spread_pct"] = spread.get((r["key"], r["concurrency"]))
             print(f"{(r['label'] + tag)[:44]:44} {r['concurrency']:>2} "
                   f"{_f(r['acceptance_length'], 7, 3)} {_f(r['meas_acceptance_length'], 7, 3)} "
                   f"{_f(r['err_acceptance_length_pct'], 5, 1)}% "
                   f"{_f(r['pred_output_throughput'], 10, 1)} {_f(r['meas_output_throughput'], 6, 1)} "
                   f"{_f(r['err_output_throughput_pct'], 5, 1)}% "
                   f"{_f(r['pred_mean_tpot_ms'], 9, 1)} {_f(r['meas_mean_tpot_ms'], 6, 1)} "
-                  f"{_f(r['err_mean_tpot_pct'], 5, 1)}% {d:>4}/{n:<3} "
+                  f"{_f(r['err_mean_tpot_pct'], 5, 1)}% {_f(r['spread_pct'], 5, 1)}% "
+                  f"{d:>4}/{n:<3} "
                   f"{_f(own_al, 6, 3)} {_f(_err(own_al, r['meas_acceptance_length']), 5, 1)}%")
         summary[name] = {**_summary(rows), "baseline_drift_pct": drift}
         print(f"summary {name}: {json.dumps(summary[name])}")
@@ -161,6 +179,11 @@ def _summary(rows: list[dict]) -> dict:
                                               r["meas_acceptance_length"])) is not None]
     perf = [abs(r[k]) for r in rows if not r["calibration"]
             for k in ("err_output_throughput_pct", "err_mean_tpot_pct") if r[k] is not None]
+    beyond = [abs(r[k]) for r in rows if not r["calibration"]
+              for k in ("err_output_throughput_pct", "err_mean_tpot_pct")
+              if r[k] is not None and r.get("spread_pct") is not None
+              and abs(r[k]) > r["spread_pct"]]
+    spreads = [r["spread_pct"] for r in rows if r.get("spread_pct") is not None]
     return {
         "ngram_within_3pct": f"{sum(abs(r['err_acceptance_length_pct']) <= 3 for r in ngram)}"
                              f"/{len(ngram)}",
@@ -169,7 +192,20 @@ def _summary(rows: list[dict]) -> dict:
         "own_tokens_worst_abs_err_pct": round(max(own), 2) if own else None,
         "perf_median_abs_err_pct": round(statistics.median(perf), 2) if perf else None,
         "perf_worst_abs_err_pct": round(max(perf), 2) if perf else None,
-        "perf_errors": len(perf)}
+        "perf_errors": len(perf),
+        "perf_errors_beyond_own_spread": len(beyond),
+        "median_spread_pct": round(statistics.median(spreads), 2) if spreads else None,
+        "worst_spread_pct": round(max(spreads), 2) if spreads else None}
+
+
+def _spreads(measured: list[MeasuredTrial]) -> dict[tuple[str, int], float]:
+    """Per (config key, level): half the range of its runs' throughput over their median, %."""
+    runs: dict[tuple[str, int], list[float]] = {}
+    for m in measured:
+        for c, lv in m.levels.items():
+            runs.setdefault((m.config.key(), c), []).append(lv.output_throughput)
+    return {k: 50.0 * (max(v) - min(v)) / statistics.median(v)
+            for k, v in runs.items() if len(v) > 1 and statistics.median(v) > 0}
 
 
 def _err(pred, meas) -> float | None:
