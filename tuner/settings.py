@@ -355,7 +355,7 @@ def dataset_stat(path: Path, st: os.stat_result) -> int:
                 stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a pipe"
                 if stat.S_ISFIFO(st.st_mode) else "not a regular file")
         raise ConfigError(f"--dataset-path {shown}: is {what}, not a dataset file. Pass a "
-                          f".jsonl, .json or .parquet file.")
+                          f".jsonl, .json or .parquet file (.jsonl.xz and .json.xz also work).")
     dataset_size(path, st.st_size)
     return st.st_size
 
