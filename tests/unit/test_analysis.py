@@ -268,6 +268,31 @@ def test_a_gain_beside_a_zero_spread_is_no_finding():
     assert "ngram" in rec.verify_command
 
 
+def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
+    # The H200 study (stop 14, c=1): baseline 536.9/509.5, ngram k=8 window 1-6 594.4/467.6,
+    # k=8 window 1-5 534.5/521.7, and the calibration k=8 window 1-2 once at 562.5 (+7.5%).
+    study = fake_study()
+    _twice(study, None, 1, 536.9, 509.5, role="baseline")  # MAD 13.7 of 523.2: 2.6%
+    _twice(study, ngram(8, 1, 6), 1, 594.4, 467.6)  # MAD 63.4 of 531.0: 11.9%
+    _twice(study, ngram(8, 1, 5), 1, 534.5, 521.7)
+    lv = [fake_level(1, output_throughput=562.5, mean_tpot_ms=3.0)]
+    add_complete(study, ngram(8, 1, 2), lv, role="calibration")
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
+    assert "ngram k=8 window 1-2, reached 1.08x" in rec.reason
+    assert "the ±11.9% that one run of a speculative config can differ by here" in rec.reason
+    assert rec.spread["single_run_spread"] == pytest.approx(63.4 / 531.0)
+    # Peers that repeat within 1%: the single run is held to the 5% floor, and +7.5% passes.
+    study = fake_study()
+    _twice(study, None, 1, 536.9, 509.5, role="baseline")
+    _twice(study, ngram(8, 1, 6), 1, 530.0, 532.0)
+    _twice(study, ngram(8, 1, 5), 1, 534.5, 521.7)
+    add_complete(study, ngram(8, 1, 2), lv, role="calibration")
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.speculative_config is not None and rec.label == "ngram k=8 window 1-2"
+    assert rec.spread["single_run_spread"] == pytest.approx(0.05)
+
+
 def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
     # 1.01x (+0.9%) against a ±0.6% MAD: larger than the MAD, not larger than the 2% floor.
     study = fake_study(concurrencies=(8,))

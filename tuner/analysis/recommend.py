@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -32,6 +32,8 @@ class _Level:
     concurrency: int
     slos: dict[str, float | None]
     meta: dict[str, Any]
+    # The spread taken for a speculative config measured once (_single_run_spread).
+    single_run_spread: float = 0.05
 
     def refuse(self, status: str, reason: str, **extra: Any) -> Recommendation:
         return Recommendation(concurrency=self.concurrency, status=status, reason=reason,
@@ -66,6 +68,7 @@ def recommend(
     if base_rows.empty:
         return _no_baseline(df, at)
     base = base_rows.iloc[0]
+    at = replace(at, single_run_spread=_single_run_spread(level))
     candidates = level[level["method"] != "none"]
     if candidates["config_key"].nunique() < MIN_CANDIDATES:
         return _too_few_configs(candidates, base, at)
@@ -83,7 +86,7 @@ def recommend(
     # Where the baseline misses them, every config meeting them is a finding.
     speculative = front[front["method"] != "none"]
     measurable = speculative.loc[[not base_feasible or _gain(row) > noise_floor(
-        _spread(row, base)["relative_throughput_spread"]) for _, row in speculative.iterrows()]]
+        _spread(row, base, at)["relative_throughput_spread"]) for _, row in speculative.iterrows()]]
     if measurable.empty:
         fastest = front.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
                                     ascending=[False, True, True]).iloc[0]
@@ -142,7 +145,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
     ratio = float(best["speedup_throughput"])
     among = (f" among the configs meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
-    spread = _spread(best, base)
+    spread = _spread(best, base, at)
     split = decomposition(best)
     return at.refuse(
         "speculation_off",
@@ -165,13 +168,19 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
 def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
                               ) -> Recommendation:
     """Speculation gains, but no more than the noise: not a finding, so it stays off."""
-    spread = _spread(best, base)
+    spread = _spread(best, base, at)
     spread_rel = spread["relative_throughput_spread"]
     gain = _gain(best)
     if spread_rel is None:
         noise_text = (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
                       f"measured)")
         resolve = "Rerun the study with --repeats 3 to measure the spread."
+    elif spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
+        noise_text = (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
+                      "by here (it ran once; the largest spread of this level's repeated "
+                      f"speculative configs, at least {UNMEASURED_NOISE:.0%})")
+        resolve = ("The verify command re-measures this config and the baseline; more "
+                   "repeats (--repeats) measure its own spread.")
     else:
         noise_text = (f"the measured run-to-run spread (±{spread_rel:.1%})"
                       if spread_rel >= MIN_DIFFERENCE else
@@ -202,7 +211,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
 def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
              base_feasible: bool) -> Recommendation:
     config = _row_config(win)
-    spread = _spread(win, base)
+    spread = _spread(win, base, at)
     reason = (f"{win['label']} is {how} at concurrency {at.concurrency}: "
               f"{win['output_throughput']:.1f} tok/s ({float(win['speedup_throughput']):.2f}x "
               f"the baseline's {base['output_throughput']:.1f}), mean TPOT "
@@ -305,12 +314,28 @@ def noise_floor(spread_rel: float | None) -> float:
     return UNMEASURED_NOISE if spread_rel is None else max(spread_rel, MIN_DIFFERENCE)
 
 
-def _spread(win: pd.Series, base: pd.Series) -> dict[str, float | None]:
-    def rel(row: pd.Series) -> float | None:
-        med, mad = _opt(row["output_throughput_median"]), _opt(row["output_throughput_mad"])
-        return None if med is None or mad is None or med <= 0 else mad / med
+def _relative_mad(row: pd.Series) -> float | None:
+    med, mad = _opt(row["output_throughput_median"]), _opt(row["output_throughput_mad"])
+    return None if med is None or mad is None or med <= 0 else mad / med
 
-    rels = [r for r in (rel(win), rel(base)) if r is not None]
+
+def _single_run_spread(level: pd.DataFrame) -> float:
+    """The spread taken for a speculative config measured once: the largest relative MAD of
+    the level's repeated speculative configs, never less than UNMEASURED_NOISE. A speculative
+    engine can be noisier than the baseline (on the H200, two runs of one n-gram config
+    differed by 24% where the baseline's differed by 5%), so the baseline's spread alone
+    would pass a single lucky run as a finding."""
+    spec = level[(level["method"] != "none") & (level["n_measurements"].fillna(0) >= 2)]
+    rels = [r for _, row in spec.iterrows() if (r := _relative_mad(row)) is not None]
+    return max([UNMEASURED_NOISE, *rels])
+
+
+def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | None]:
+    rels = [r for r in (_relative_mad(win), _relative_mad(base)) if r is not None]
+    single = None
+    if rels and win["method"] != "none" and _relative_mad(win) is None:
+        single = at.single_run_spread  # measured once, beside a re-measured baseline
+        rels.append(single)
     return {
         "output_throughput_median": _opt(win["output_throughput_median"]),
         "output_throughput_mad": _opt(win["output_throughput_mad"]),
@@ -321,6 +346,8 @@ def _spread(win: pd.Series, base: pd.Series) -> dict[str, float | None]:
         "relative_throughput_spread": max(rels) if rels else None,
         # The gain over the baseline a config had to exceed to count (noise_floor).
         "noise_floor": noise_floor(max(rels) if rels else None),
+        # Where the config ran once: the spread taken for it (_single_run_spread).
+        "single_run_spread": single,
     }
 
 
