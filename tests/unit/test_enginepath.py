@@ -272,8 +272,8 @@ def test_real_vllm_026_alignment_matches_what_the_aligned_trial_was_launched_wit
 
 @pytest.mark.parametrize(("eager", "mode"), [("False", "FULL_AND_PIECEWISE"), ("True", "NONE")])
 def test_a_cuda_config_line_without_a_graph_mode_takes_the_default_levels_mode(eager, mode):
-    # vLLM 0.26 prints the compilation config with exclude_unset: a mode the optimization
-    # level filled in need not be on the line (the H200 run's lines had none).
+    # vLLM 0.26 prints the compilation config with exclude_unset, so a line may lack the
+    # mode (the H200 run's lines stated FULL_AND_PIECEWISE; this is the fallback).
     line = ("(EngineCore pid=2397) INFO 12-03 14:48:09 [core.py:116] Initializing a V1 LLM "
             "engine (v0.26.0) with config: model='m', speculative_config=None, "
             f"enforce_eager={eager}, device_config=cuda, compilation_config={{'mode': "

@@ -206,9 +206,9 @@ def read_log(text: str, *, env: Mapping[str, str] | None = None) -> EnginePath:
     # afterwards for the attention backend (spec decode's uniform batches), and says so.
     cudagraph = _last(_CUDAGRAPH_SET, text) or _last(_CUDAGRAPH_CONFIG, config)
     if cudagraph is None and device == "cuda":
-        # 0.26 prints the compilation config with exclude_unset, so a mode the optimization
-        # level filled in may not be on the line: the default level (O2) sets
-        # FULL_AND_PIECEWISE on CUDA, and enforce_eager turns graphs off.
+        # 0.26 prints the compilation config with exclude_unset (its H200 lines did state
+        # the mode); where a line has none, the default level (O2) sets FULL_AND_PIECEWISE
+        # on CUDA, and enforce_eager turns graphs off.
         eager = _last(_SETTINGS["enforce_eager"], config)
         cudagraph = "NONE" if eager == "True" else "FULL_AND_PIECEWISE"
         inferred.append("cudagraph_mode")
