@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop launching trials after this many s")
     g.add_argument("--strategy", choices=("auto", "replay", "optuna"), default="auto",
                    help="replay: predict every n-gram/suffix config from the baseline's tokens "
-                   "and launch only a calibration and the predicted leaders (--n-trials is "
+                   "and launch only calibrations (one; two where the engine splits CUDA graphs) "
+                   "and the predicted leaders (--n-trials is "
                    "then the launch budget); optuna: sample configs, one launch each; auto "
                    "(default): replay when every method of the space can be replayed")
     g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"), default=2,

@@ -2,7 +2,9 @@
 
     baseline launch (its tokens captured) -> replay every candidate of the space over those
     tokens (tuner.replay) -> one calibration launch (the candidate that drafts the most per
-    step, so the step-cost line spans the space) -> predicted table per level -> confirm the
+    step, so the step-cost line spans the space; on an engine that splits CUDA graphs by
+    batch shape, a second one whose steps are least often uniform, tuner.replay.cost)
+    -> predicted table per level -> confirm the
     predicted leaders with real launches, interleaved with the baseline and repeated until the
     ranking they decide is outside their spread, or the launch budget or --timeout runs out.
 
