@@ -207,3 +207,13 @@ def test_repair_command_prints_what_it_did(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "moved 1 bad line(s)" in out and "line 4: invalid JSON" in out
     assert cli.main(["report", str(tmp_path)]) == 0
+
+
+def test_a_database_storage_without_sqlalchemy_is_one_message(monkeypatch, tmp_path):
+    # The offline GPU bundle leaves SQLAlchemy out unless --with-rdb: --storage URL says so.
+    monkeypatch.setitem(__import__("sys").modules, "sqlalchemy", None)
+    with pytest.raises(ConfigError) as e:
+        storage.open_rdb(f"sqlite:///{tmp_path}/study.db")
+    assert "needs sqlalchemy, which is not installed" in str(e.value)
+    assert "--with-rdb" in str(e.value) and "leave --storage out" in str(e.value)
+    assert str(tmp_path) not in str(e.value)  # the URL may hold a password: scheme only

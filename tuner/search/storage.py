@@ -299,8 +299,15 @@ def open_rdb(url: str) -> RDBStorage:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return _BeatingRDB(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                           grace_period=HEARTBEAT_GRACE_S)
+        try:
+            return _BeatingRDB(url, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                               grace_period=HEARTBEAT_GRACE_S)
+        except ModuleNotFoundError as e:  # optuna imports sqlalchemy/alembic only here
+            raise ConfigError(
+                f"--storage {url.split('://')[0]}://...: Optuna's database storage needs "
+                f"{e.name}, which is not installed. Install it (pip install sqlalchemy "
+                "alembic; an offline GPU bundle: scripts/gpu_bundle.sh --with-rdb), or leave "
+                "--storage out to keep the study in its folder's journal file.") from None
 
 
 def orphans(study: Any) -> list[FrozenTrial]:
