@@ -331,9 +331,10 @@ def _single_run_spread(level: pd.DataFrame) -> float:
 
 
 def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | None]:
-    rels = [r for r in (_relative_mad(win), _relative_mad(base)) if r is not None]
+    own = _relative_mad(win)
+    rels = [r for r in (own, _relative_mad(base)) if r is not None]
     single = None
-    if rels and win["method"] != "none" and _relative_mad(win) is None:
+    if rels and win["method"] != "none" and own is None:
         single = at.single_run_spread  # measured once, beside a re-measured baseline
         rels.append(single)
     return {

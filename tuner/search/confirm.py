@@ -169,13 +169,13 @@ class ReplaySearch:
                 self._align(room)  # "auto": the calibration is the first speculative trial
                 pred = self._predict(capture, configs)
         if any(c.needs_mixed_point for c in pred.costs.values()) and room():
-            calib = self._mixed_calibration_config(pred)
-            if calib is not None:
+            row = self._mixed_calibration_row(pred)
+            if row is not None:
+                calib = TrialConfig.model_validate({"speculative_config": _spec(row)})
                 self.say(f"Second calibration launch: {calib.label()} drafts a full K on "
-                         f"{self._uniform(pred, calib):.0%} of its steps at c="
-                         f"{min(self.loop.settings.concurrencies)}: this engine splits CUDA "
-                         "graphs by batch shape, so the step cost needs a point where most "
-                         "steps are not uniform.")
+                         f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
+                         "this engine splits CUDA graphs by batch shape, so the step cost "
+                         "needs a point where most steps are not uniform.")
                 self._launch(calib, Role.CALIBRATION)
                 pred = self._predict(capture, configs)
         self._print_costs(pred)
@@ -268,24 +268,17 @@ class ReplaySearch:
         best = max(rows, key=lambda r: (r["drafted_per_step"], r["acceptance_length"] or 0))
         return TrialConfig.model_validate({"speculative_config": _spec(best)})
 
-    def _mixed_calibration_config(self, pred: Prediction) -> TrialConfig | None:
-        """The candidate whose steps are least often uniform at the lowest level (fewest
-        tokens drafted on ties): with the anchor (all steps uniform) and the first
-        calibration (mostly uniform at c=1), it pins the cost of a non-uniform step."""
+    def _mixed_calibration_row(self, pred: Prediction) -> dict[str, Any] | None:
+        """The predicted row, at the lowest level, of the candidate whose steps are least
+        often uniform there (fewest tokens drafted on ties): with the anchor (all steps
+        uniform) and the first calibration (mostly uniform at c=1), it pins the cost of a
+        non-uniform step."""
         low = min(self.loop.settings.concurrencies)
         done = {m.config.key() for m in self.measured() if m.role == Role.CALIBRATION.value}
         rows = [r for r in pred.rows if r["concurrency"] == low and r["method"] != "none"
                 and r["key"] not in done and r["acceptance_length"] is not None]
-        if not rows:
-            return None
-        best = min(rows, key=lambda r: (r["uniform_share"], r["drafted_per_step"]))
-        return TrialConfig.model_validate({"speculative_config": _spec(best)})
-
-    @staticmethod
-    def _uniform(pred: Prediction, cfg: TrialConfig) -> float:
-        low = min((r["concurrency"] for r in pred.rows), default=1)
-        return next((r["uniform_share"] for r in pred.rows
-                     if r["key"] == cfg.key() and r["concurrency"] == low), 0.0)
+        return min(rows, key=lambda r: (r["uniform_share"], r["drafted_per_step"]),
+                   default=None)
 
     @staticmethod
     def _drafted(pred: Prediction, cfg: TrialConfig) -> float:
