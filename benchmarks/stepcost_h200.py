@@ -12,7 +12,8 @@ then predict every other measured config from the baseline's tokens:
 - plane: step = a + b x tokens scored + m x the share of steps that are not uniform
          (tuner.replay.cost; the engine logged CUDAGraphMode.FULL_AND_PIECEWISE).
 
-Printed: each fit, then per config and level the predicted and measured output throughput
+Both are played out step by step (tuner.replay.schedule) and fitted through the anchor, as
+this checkout's predictor does. Printed: each fit, then per config and level the predicted and measured output throughput
 and their error under both models, then the median and worst absolute error per level over
 the configs no model was fitted on. Acceptance length is printed beside vLLM's counter.
 

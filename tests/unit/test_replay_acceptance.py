@@ -89,6 +89,13 @@ def test_the_compiled_and_the_stepped_ngram_paths_agree():
         assert fast[c].trace == stepped[c].trace
         assert fast[c].full_drafts == stepped[c].full_drafts
         assert fast[c].as_dict() == {**stepped[c].as_dict()}
+        # What the schedule plays out: each request's draft lengths, in index order, on both.
+        assert [d.tolist() for d in fast[c].request_drafts] == \
+            [d.tolist() for d in stepped[c].request_drafts]
+        by_index = [fast[c].trace[i] for i in sorted(fast[c].trace)]
+        assert [d.tolist() for d in fast[c].request_drafts] == \
+            [[drafted for drafted, _ in steps] for steps in by_index]
+        assert [len(d) for d in fast[c].request_drafts] == fast[c].request_steps
 
 
 def test_a_batch_schedule_drafts_the_k_of_the_batch_size():

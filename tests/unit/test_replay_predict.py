@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuner.records import LevelMetrics, TrialConfig
-from tuner.replay import acceptance, cost
+from tuner.replay import acceptance, cost, schedule
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.search import confirm
 from tuner.search import space as spaces
@@ -23,7 +23,15 @@ def test_a_line_through_two_points_is_exact():
     assert line.calibrated
     assert line.step_ms(4) == pytest.approx(20.0)
     assert line.step_ms(12) == pytest.approx(28.0)
-    assert line.ttft_ms(12) == pytest.approx(120.0)
+
+
+def test_the_line_passes_through_the_anchor_and_fits_the_rest():
+    pts = [cost.Point("base", 1, 10.0, 50.0, anchor=True), cost.Point("k4", 3, 13.0, 50.0),
+           cost.Point("k8", 5, 20.0, 50.0)]
+    line = cost.fit(1, pts, path=cost.PATH_PLAIN)
+    assert line.step_ms(1) == pytest.approx(10.0)  # exact at the baseline, whatever the rest
+    # slope: least squares through (1, 10) over (2, 3) and (4, 10) -> (6 + 40) / (4 + 16)
+    assert line.b == pytest.approx(46 / 20)
 
 
 def test_the_anchor_alone_is_flat_and_not_calibrated():
@@ -48,15 +56,17 @@ def _capture(seed: int = 0) -> TokenCapture:
 
 
 A_MS, B_MS, TTFT_MS = {1: 8.0, 2: 9.0}, {1: 0.5, 2: 0.4}, 40.0
+PREFILL = cost.Prefill(ms_per_token=0.05, overhead_ms=25.0)
 
 
-def _level(c: int, tpot: float, thr: float, acc_len: float | None = None) -> LevelMetrics:
+def _level(c: int, tpot: float, thr: float, acc_len: float | None = None,
+           ttft: float = TTFT_MS) -> LevelMetrics:
     nan = math.nan
     return LevelMetrics(
         concurrency=c, num_requests=6, completed=6, failed=0, warmup_requests=c, duration=1.0,
         total_input_tokens=0, total_output_tokens=0, request_throughput=0.0,
-        output_throughput=thr, total_token_throughput=thr, mean_ttft_ms=TTFT_MS,
-        median_ttft_ms=TTFT_MS, p90_ttft_ms=nan, p99_ttft_ms=nan, mean_tpot_ms=tpot,
+        output_throughput=thr, total_token_throughput=thr, mean_ttft_ms=ttft,
+        median_ttft_ms=ttft, p90_ttft_ms=nan, p99_ttft_ms=nan, mean_tpot_ms=tpot,
         median_tpot_ms=tpot, p90_tpot_ms=nan, p99_tpot_ms=nan, std_tpot_ms=0.0,
         mean_itl_ms=nan, median_itl_ms=nan, p90_itl_ms=nan, p99_itl_ms=nan, mean_e2el_ms=nan,
         median_e2el_ms=nan, p99_e2el_ms=nan, spec_decode_acceptance_length=acc_len)
@@ -65,21 +75,27 @@ def _level(c: int, tpot: float, thr: float, acc_len: float | None = None) -> Lev
 def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str, *,
                      path_ms: float = 0.0, config: TrialConfig | None = None,
                      mixed_ms: float = 0.0, cudagraph_mode: str | None = None) -> MeasuredTrial:
-    """What an engine whose step costs A + B x tokens scored (+ path_ms on a slower engine
-    path, + mixed_ms x the share of steps that are not uniform) would measure."""
+    """What a synthetic engine measures whose step costs A + B x tokens scored (+ path_ms on
+    a slower engine path, + mixed_ms where a step is not uniform) and whose prefills cost
+    PREFILL: its levels played out step by step (tuner.replay.schedule, a fake engine)."""
     levels = {}
     for c in (1, 2):
-        lengths = [len(r.output) for r in sorted(cap.level(c, warmup=False), key=lambda r: r.index)]
+        reqs = sorted(cap.level(c, warmup=False), key=lambda r: r.index)
+        lengths, prompts = [len(r.output) for r in reqs], [len(r.prompt) for r in reqs]
         if spec is None:
-            steps, drafted, acc_len = [n - 1 for n in lengths], 0.0, None
+            drafts, k, acc_len = schedule.baseline_drafts(lengths), 0, None
         else:
             acc = acceptance.replay(cap, spec, levels=[c])[c]
-            steps, drafted, acc_len = acc.request_steps, acc.drafted_per_step, acc.acceptance_length
-        mixed = 0.0 if spec is None else 1.0 - acc.uniform_share
-        step = A_MS[c] + path_ms + B_MS[c] * c * (1 + drafted) + mixed_ms * mixed
-        tpot = float(np.mean([s * step / (n - 1) for s, n in zip(steps, lengths, strict=True)]))
-        e2e = sum(TTFT_MS + s * step for s in steps)
-        levels[c] = _level(c, tpot, thr=1000.0 * sum(lengths) * c / e2e, acc_len=acc_len)
+            drafts, k, acc_len = acc.request_drafts, acc.k, acc.acceptance_length
+
+        def step(n: float, u: float, c: int = c) -> float:
+            return A_MS[c] + path_ms + B_MS[c] * n + mixed_ms * u
+
+        played = schedule.simulate(drafts, lengths, concurrency=c, k=k, step_ms=step,
+                                   prompts=prompts, prefill_ms_per_token=PREFILL.ms_per_token,
+                                   overhead_ms=PREFILL.overhead_ms)
+        levels[c] = _level(c, played.mean_tpot_ms, thr=played.output_throughput,
+                           acc_len=acc_len, ttft=played.mean_ttft_ms)
     return MeasuredTrial(number, config or TrialConfig(speculative_config=spec), role, levels,
                          cap, cudagraph_mode=cudagraph_mode)
 
@@ -98,13 +114,16 @@ def test_predictions_recover_a_known_step_cost_out_of_sample():
     pred = predict(cap, [TrialConfig(speculative_config=NG), TrialConfig(speculative_config=SMALL)],
                    measured, max_model_len=4096, max_num_seqs=16)
     for c in (1, 2):
-        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-6)
-        assert pred.costs[c].a == pytest.approx(A_MS[c], rel=1e-6)
+        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
+        assert pred.costs[c].a == pytest.approx(A_MS[c], rel=1e-3)
+        assert pred.costs[c].prefill.ms_per_token == pytest.approx(PREFILL.ms_per_token, rel=0.05)
+        assert pred.costs[c].prefill.overhead_ms == pytest.approx(PREFILL.overhead_ms, rel=0.05)
     small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
     for r in small:  # not a calibration point, yet predicted exactly: the model is the engine
         assert not r["calibration"]
-        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=1e-6)
-        assert abs(r["err_output_throughput_pct"]) < 5.0  # closed-loop duration is first order
+        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=0.5)
+        assert r["err_output_throughput_pct"] == pytest.approx(0.0, abs=0.5)
+        assert r["pred_mean_ttft_ms"] == pytest.approx(r["meas_mean_ttft_ms"], rel=0.02)
         assert r["err_acceptance_length_pct"] == pytest.approx(0.0, abs=1e-9)
         assert r["pred_speedup"] > 1.0  # copied spans: speculation pays on this engine
     best = pred.leaders(1, 1)[0]
@@ -150,13 +169,14 @@ def test_split_cuda_graphs_price_non_uniform_steps_out_of_sample():
                    max_model_len=4096, max_num_seqs=16)
     for c in (1, 2):
         assert pred.costs[c].mixed_fitted
-        assert pred.costs[c].m == pytest.approx(6.0, rel=1e-6)
-        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-6)
+        assert pred.costs[c].m == pytest.approx(6.0, rel=1e-3)
+        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
     small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
     assert small and all(not r["calibration"] for r in small)
     assert all(0.0 < r["uniform_share"] < 1.0 for r in small)
     for r in small:
-        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=1e-6)
+        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=0.5)
+        assert r["err_output_throughput_pct"] == pytest.approx(0.0, abs=0.5)
 
 
 def test_without_a_speculative_trial_only_acceptance_is_predicted():
@@ -210,7 +230,7 @@ def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_ga
                    measured, max_model_len=4096, max_num_seqs=16)
     for c in (1, 2):
         assert pred.costs[c].path == cost.PATH_ALIGNED
-        assert pred.costs[c].a == pytest.approx(A_MS[c] + 3.0, rel=1e-6)
+        assert pred.costs[c].a == pytest.approx(A_MS[c] + 3.0, rel=1e-3)
     small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
     for r in small:
         c = r["concurrency"]

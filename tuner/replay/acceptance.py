@@ -86,6 +86,9 @@ class Acceptance:
     accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     request_steps: list[int] = field(default_factory=list)  # per measured request, in index order
+    # per measured request, in index order: the draft length of each of its verify steps (what
+    # the schedule simulation prices, tuner.replay.schedule)
+    request_drafts: list[np.ndarray] = field(default_factory=list, repr=False)
     # PAST_END: per last step that matched every remaining token, its draft tokens past the end
     past_end: list[int] = field(default_factory=list)
     _continued: int = 0  # accepted positions i+1 whose position i was accepted
@@ -373,6 +376,7 @@ def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
         stats.requests += 1
         stats.output_tokens += len(req.output)
         stats.request_steps.append(int(steps))
+        stats.request_drafts.append(drafted[:steps].astype(np.int16))
     return stats
 
 
@@ -417,6 +421,7 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
     queue = sorted(reqs, key=lambda q: q.index)[::-1]
     running: list[_Running] = []
     steps_of: dict[int, int] = {}
+    drafts_of: dict[int, list[int]] = {}
     k_next = proposer.k if lookup is None else lookup[min(c, len(lookup) - 1)]
     while queue or running:
         batch: list[_Running] = []
@@ -428,6 +433,7 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
             if trace:
                 stats.trace.setdefault(r.req.index, []).append(step)
             steps_of[id(r.req)] = steps_of.get(id(r.req), 0) + 1
+            drafts_of.setdefault(id(r.req), []).append(step[0])
             batch.append(r)
         while queue and len(batch) < c:  # PREFILL_HAS_NO_DRAFT: new requests emit one token
             r = _Running(queue.pop(), f"r{next(_ids)}")
@@ -443,5 +449,7 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
             if r.pos >= len(r.req.output):
                 stats.requests += 1
                 stats.output_tokens += len(r.req.output)
-    stats.request_steps = [steps_of[id(q)] for q in sorted(reqs, key=lambda q: q.index)]
+    ordered = sorted(reqs, key=lambda q: q.index)
+    stats.request_steps = [steps_of[id(q)] for q in ordered]
+    stats.request_drafts = [np.array(drafts_of.get(id(q), []), dtype=np.int16) for q in ordered]
     return stats

@@ -22,14 +22,19 @@ anchor: the replay strategy launches a second calibration config for it. Without
 A speculative engine can run another engine path than the plain baseline (on the GPU build,
 n-gram forces the V1 runner without async scheduling). The line is therefore fitted on one
 path: the aligned baseline (no speculation on the speculative path) anchors it where the study
-measured one; otherwise the plain baseline does, and the fit says so (`path`). TTFT gets the
-same treatment (a line in n), which is its first-order effect: a prefill waits for the
-running step, and a speculative step is longer.
+measured one; otherwise the plain baseline does, and the fit says so (`path`). The fit passes
+through the anchor and spends its freedom on the speculative points.
+
+A request's first token costs its prefill: `Prefill` holds the engine's cost per prompt token
+and the frontend's latency before the engine sees a request, fitted on the measured TTFTs
+(tuner.replay.predict). Where a prefill runs beside decoding requests it stalls them, which is
+why TTFT and TPOT are played out together (tuner.replay.schedule) rather than priced apart.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,20 +59,30 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Prefill:
+    """What a request's first token costs, engine-wide: the step that prefills it takes
+    `ms_per_token` more per prompt token (for every request in that step), and the frontend
+    adds `overhead_ms` before the engine sees the request (fitted on the measured TTFTs by
+    tuner.replay.predict; the schedule plays both out)."""
+
+    ms_per_token: float = 0.0
+    overhead_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class StepCost:
-    """t(n, u) = a + b n + m u and ttft(n) = ta + tb n at one level, and what they were
+    """t(n, u) = a + b n + m u at one level, the engine's prefill cost, and what they were
     fitted on."""
 
     concurrency: int
     a: float
     b: float
-    ttft_a: float
-    ttft_b: float
     points: tuple[Point, ...]
     path: str
     m: float = 0.0  # ms a step costs more when it is not uniform (mixed_fitted only)
     mixed_term: bool = False  # the engine splits CUDA graphs by batch shape: u matters
     mixed_fitted: bool = False  # the points spanned u, so m was fitted
+    prefill: Prefill = Prefill()
 
     def step_ms(self, scored: float, mixed: float = 0.0) -> float:
         return self.a + self.b * scored + self.m * mixed
@@ -76,9 +91,6 @@ class StepCost:
     def needs_mixed_point(self) -> bool:
         """u matters on this engine but no measured speculative point has another u yet."""
         return self.mixed_term and not self.mixed_fitted
-
-    def ttft_ms(self, scored: float) -> float:
-        return self.ttft_a + self.ttft_b * scored
 
     @property
     def calibrated(self) -> bool:
@@ -94,8 +106,10 @@ class StepCost:
             mixed = f" + {self.m:.2f} ms x non-uniform share"
         elif self.mixed_term:
             mixed = " (non-uniform steps not priced yet: no point spans them)"
+        first = (f"; first token: {self.prefill.ms_per_token:.3f} ms per prompt token + "
+                 f"{self.prefill.overhead_ms:.1f} ms")
         return (f"c={self.concurrency}: step = {self.a:.2f} ms + {self.b:.3f} ms x tokens "
-                f"scored{mixed}; fitted on {pts}; {self.path}")
+                f"scored{mixed}{first}; fitted on {pts}; {self.path}")
 
 
 MIN_MIXED_SPREAD = 0.1  # u values closer than this cannot tell m from the slope
@@ -103,7 +117,10 @@ MIN_MIXED_SPREAD = 0.1  # u values closer than this cannot tell m from the slope
 
 def fit(concurrency: int, points: Sequence[Point], *, path: str,
         mixed_term: bool = False) -> StepCost | None:
-    """Least squares over `points` (at least one anchor); None without any point.
+    """Least squares over `points` through the anchor (the mean of the anchor points: the
+    baseline is the reference every prediction is set against, measured most often, so the
+    fit passes through it and spends its freedom on the speculative points); None without
+    any point.
 
     With the anchor alone the slope is unknown: the line is flat (every config predicted at
     the baseline's step time) and `calibrated` is False. With `mixed_term`, m is fitted once
@@ -112,20 +129,23 @@ def fit(concurrency: int, points: Sequence[Point], *, path: str,
     pts = [p for p in points if _finite(p.step_ms) and _finite(p.scored)]
     if not pts:
         return None
-    ttft = [(p.scored, p.ttft_ms) for p in pts if _finite(p.ttft_ms)]
-    ta, tb = _line(ttft) if ttft else (math.nan, 0.0)
-    common = dict(concurrency=concurrency, ttft_a=ta, ttft_b=tb, points=tuple(pts), path=path,
-                  mixed_term=mixed_term)
-    if mixed_term and (plane := _plane(pts)) is not None:
+    common = dict(concurrency=concurrency, points=tuple(pts), path=path, mixed_term=mixed_term)
+    anchors = [p for p in pts if p.anchor] or pts
+    origin = np.array([statistics.fmean(p.scored for p in anchors),
+                       statistics.fmean(p.mixed for p in anchors)])
+    t0 = statistics.fmean(p.step_ms for p in anchors)
+    if mixed_term and (plane := _plane(pts, origin, t0)) is not None:
         a, b, m = plane
         return StepCost(a=a, b=b, m=m, mixed_fitted=True, **common)
-    a, b = _line([(p.scored, p.step_ms) for p in pts])
+    a, b = _line(pts, origin[0], t0)
     return StepCost(a=a, b=b, **common)
 
 
-def _plane(pts: Sequence[Point]) -> tuple[float, float, float] | None:
-    """(a, b, m) by least squares over t = a + b n + m u, or None where the points do not
-    pin all three: fewer than three, or u (or n) without spread among them."""
+def _plane(pts: Sequence[Point], origin: np.ndarray, t0: float
+           ) -> tuple[float, float, float] | None:
+    """(a, b, m) of t = a + b n + m u through (origin, t0), least squares over the rest, or
+    None where the points do not pin b and m: fewer than three, or u (or n) without spread
+    among them."""
     if len(pts) < 3:
         return None
     us = [p.mixed for p in pts]
@@ -133,22 +153,24 @@ def _plane(pts: Sequence[Point]) -> tuple[float, float, float] | None:
     if max(us) - min(us) < MIN_MIXED_SPREAD or len(spec_us) < 2:
         return None
     x = np.array([[1.0, p.scored, p.mixed] for p in pts])
-    y = np.array([p.step_ms for p in pts])
     if np.linalg.matrix_rank(x / np.maximum(np.abs(x).max(axis=0), 1e-12), tol=1e-3) < 3:
         return None
-    (a, b, m), *_ = np.linalg.lstsq(x, y, rcond=None)
-    return float(a), float(b), float(m)
+    dx = np.array([[p.scored - origin[0], p.mixed - origin[1]] for p in pts])
+    dy = np.array([p.step_ms - t0 for p in pts])
+    (b, m), *_ = np.linalg.lstsq(dx, dy, rcond=None)
+    return float(t0 - b * origin[0] - m * origin[1]), float(b), float(m)
 
 
-def _line(xy: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    xs = [x for x, _ in xy]
-    ys = [y for _, y in xy]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
+def _line(pts: Sequence[Point], x0: float, t0: float) -> tuple[float, float]:
+    """(a, b) of t = a + b n through (x0, t0), least squares over the rest (flat where no
+    point has another n)."""
+    dx = np.array([p.scored - x0 for p in pts])
+    dy = np.array([p.step_ms - t0 for p in pts])
+    sxx = float(dx @ dx)
     if sxx <= 1e-12:  # one abscissa: no slope to fit
-        return my, 0.0
-    b = sum((x - mx) * (y - my) for x, y in xy) / sxx
-    return my - b * mx, b
+        return t0, 0.0
+    b = float(dx @ dy) / sxx
+    return t0 - b * x0, b
 
 
 def _finite(x: float | None) -> bool:

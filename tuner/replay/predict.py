@@ -7,22 +7,26 @@ measured, and the prediction's error there. Where the study measured an aligned 
 speculation on the speculative engine path), each speculative row also splits its predicted
 speedup over the plain baseline into path_cost (measured) x pred_speculation_gain.
 
-The model, per level c and config X, over the baseline's measured requests r (N_r output
-tokens; S_r decode steps under X, from the replay; d_X draft tokens per request-step):
+The model, per level c and config X, over the baseline's measured requests (their output
+lengths, and each one's draft length at every decode step under X, from the replay):
 
-    step_X   = a_c + b_c * c * (1 + d_X) + m_c * u_X         (tuner.replay.cost; u_X the share
-                                                              of X's steps not uniform, m_c
-                                                              fitted only on split CUDA graphs)
-    TPOT_X   = step_X * mean_r(S_r / (N_r - 1))
-    e2e_r,X  = TTFT_X + S_r * step_X
-    thr_X    = thr_baseline * sum_r e2e_r,baseline / sum_r e2e_r,X   (closed loop: same requests,
-                                                                    same concurrency)
+    step(n, u) = a_c + b_c * n + m_c * u      (tuner.replay.cost: n the tokens a step scores,
+                                               u 1 where a step is not uniform; m_c fitted only
+                                               where the engine splits CUDA graphs)
+    the level played out step by step (tuner.replay.schedule): c requests in flight, each
+    joining the batch after its TTFT and leaving after its last replayed step, the next one
+    sent at once -> each request's TPOT, and the level's duration
+    TPOT_X     = the mean of those TPOTs
+    thr_X      = thr_baseline * duration_baseline / duration_X   (both played out on the same
+                                                                  fitted cost: what the play
+                                                                  leaves out cancels)
 
 Recommendations never come from here: a predicted point only decides what to launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -31,8 +35,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tuner.records import LevelMetrics, TrialConfig
-from tuner.replay import acceptance, cost
+from tuner.replay import acceptance, cost, schedule
 from tuner.tokens import TokenCapture
 
 BASELINE_ROLES = ("baseline", "aligned_baseline")
@@ -98,6 +104,13 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     skipped += [f"{cfg.label()}: method {cfg.method} is not replayable"
                 for cfg in configs if cfg.method != "none" and cfg not in todo]
     calibrated_on = {p.label for c in costs.values() for p in c.points}
+    slots = {c: min(c, max_num_seqs) for c in levels}
+    # The yardstick: the baseline the step cost is anchored on (the aligned one where the study
+    # measured it), played out on the fitted costs, beside its measured throughput.
+    anchor = aligned or baseline
+    yardstick = {c: _Yardstick(played, anchor[c]["output_throughput"]) for c in levels
+                 if c in anchor and (played := _played_baseline(costs.get(c), replay, c,
+                                                                slots[c])) is not None}
     for cfg in [TrialConfig(), *todo]:
         try:
             acc = replay.acceptance(cfg) if cfg.speculative_config else {}
@@ -106,7 +119,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             continue
         for c in levels:
             row = _row(cfg, c, acc.get(c), costs.get(c), baseline.get(c),
-                       replay.output_lengths(c))
+                       replay, slots[c], yardstick.get(c))
             row.update(_measured(by_key.get(cfg.key()), c, row))
             row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
             row["calibration"] = cfg.label() in calibrated_on
@@ -117,10 +130,14 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
 
 def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
               levels: Sequence[int]) -> dict[int, cost.StepCost]:
-    """The step-cost line per level from the study's measured trials.
+    """The step cost per level, and the engine's prefill cost, from the study's measured trials.
 
     Calibration launches (role "calibration") are used when the study has any; otherwise every
-    measured replayable speculative config is (then each one's error is in-sample)."""
+    measured replayable speculative config is (then each one's error is in-sample). What a
+    trial's steps scored, and how long prefills of other requests stalled them, comes from
+    playing its level out (tuner.replay.schedule), which depends on the costs being fitted:
+    fit and play are iterated (FIT_ROUNDS; the tokens a schedule scores move by well under 1%
+    after the second round)."""
     spec = [m for m in measured if m.speculative and acceptance.replayable(
         m.config.speculative_config)]
     chosen = [m for m in spec if m.role == "calibration"] or spec
@@ -128,37 +145,127 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     anchor = aligned or [m for m in measured if m.role == "baseline"]
     path = cost.PATH_ALIGNED if aligned else cost.PATH_PLAIN
     mixed_term = any(m.cudagraph_mode in cost.SPLIT_CUDAGRAPH_MODES for m in spec)
-    out = {}
+    observed: dict[int, list[_Observed]] = {}
     for c in levels:
-        points = []
-        for group in _by_config(anchor).values():
-            lv = _median_level(group, c)
-            if lv is not None:
-                points.append(cost.Point(label=group[0].config.label(), scored=float(c),
-                                         step_ms=lv["mean_tpot_ms"], ttft_ms=lv["mean_ttft_ms"],
-                                         anchor=True))
-        for group in _by_config(chosen).values():
-            lv = _median_level(group, c)
-            if lv is None:
+        observed[c] = [o for group in _by_config(anchor).values()
+                       if (o := _observed(replay, group, c, anchor=True)) is not None]
+        observed[c] += [o for group in _by_config(chosen).values()
+                        if (o := _observed(replay, group, c, anchor=False)) is not None]
+    slots = {c: min(c, replay.max_num_seqs) for c in levels}
+    fitted: dict[int, cost.StepCost] = {}
+    prefill = cost.Prefill()
+    for _ in range(FIT_ROUNDS):
+        for c in levels:
+            step = fitted[c].step_ms if c in fitted else _unit_step
+            points = [p for o in observed[c] if (p := o.point(step, slots[c], prefill))]
+            if (line := cost.fit(c, points, path=path, mixed_term=mixed_term)) is not None:
+                fitted[c] = line
+        prefill = _fit_prefill(observed, fitted, slots)
+    return {c: dataclasses.replace(line, prefill=prefill) for c, line in fitted.items()}
+
+
+FIT_ROUNDS = 3
+
+
+def _unit_step(scored: float, mixed: float) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """One measured config at one level, as the cost fit reads it."""
+
+    label: str
+    anchor: bool
+    k: int
+    drafts: list[np.ndarray]
+    lengths: list[int]
+    prompts: list[int]
+    tpot_ms: float
+    ttft_ms: float | None
+
+    def play(self, step: schedule.StepFn, slots: int, prefill: cost.Prefill
+             ) -> schedule.Schedule:
+        return schedule.simulate(self.drafts, self.lengths, concurrency=slots, k=self.k,
+                                 step_ms=step, prompts=self.prompts,
+                                 prefill_ms_per_token=prefill.ms_per_token,
+                                 overhead_ms=prefill.overhead_ms)
+
+    def point(self, step: schedule.StepFn, slots: int, prefill: cost.Prefill
+              ) -> cost.Point | None:
+        played = self.play(step, slots, prefill)
+        if not played.coef_a:
+            return None
+        return cost.Point(label=self.label, scored=played.scored_per_step,
+                          step_ms=(self.tpot_ms - played.stall_ms) / played.coef_a,
+                          ttft_ms=self.ttft_ms if self.ttft_ms is not None else math.nan,
+                          anchor=self.anchor, mixed=played.mixed_per_step)
+
+
+def _observed(replay: _Replayer, group: list[MeasuredTrial], c: int, *,
+              anchor: bool) -> _Observed | None:
+    lv = _median_level(group, c)
+    if lv is None or not _finite(lv["mean_tpot_ms"]):
+        return None
+    own = next((m.capture for m in group if m.capture is not None), None)
+    cap = own or replay.capture
+    lengths, prompts = _lengths(cap, c), _prompts(cap, c)
+    ttft = lv["mean_ttft_ms"] if _finite(lv["mean_ttft_ms"]) else None
+    label = group[0].config.label()
+    if anchor:
+        return _Observed(label, True, 0, schedule.baseline_drafts(lengths), lengths, prompts,
+                         lv["mean_tpot_ms"], ttft)
+    try:
+        acc = replay.acceptance(group[0].config, capture=own).get(c)
+    except ValueError:
+        return None
+    if acc is None or not acc.steps:
+        return None
+    return _Observed(label, False, acc.k, acc.request_drafts, lengths, prompts,
+                     lv["mean_tpot_ms"], ttft)
+
+
+def _fit_prefill(observed: dict[int, list[_Observed]], fitted: dict[int, cost.StepCost],
+                 slots: dict[int, int]) -> cost.Prefill:
+    """The engine's prefill cost per prompt token (q) and the frontend's latency (o) from every
+    observed mean TTFT: played out with o = 0, a level's TTFT is t0 + q g (near enough linear in
+    q: g is how many prompt tokens a request's first token waits for, its own and the ones
+    prefilled before or with it), so meas = o + t0 + q g is a least-squares line in (o, q).
+    At c=1 every request waits for its own prompt alone, so q and o cannot be told apart there:
+    q is fitted only where levels differ in g (else q = 0 and o takes the whole TTFT, which is
+    exact at c=1). Two passes: the second takes g at the first pass's q."""
+    obs = [(o, c) for c, group in observed.items() if c in fitted for o in group
+           if o.ttft_ms is not None]
+    if not obs:
+        return cost.Prefill()
+    probe = max(o.ttft_ms / max(1.0, statistics.fmean(o.prompts or [1])) for o, _ in obs)
+    q = 0.0
+    for _ in range(2):
+        at = q if q > 0 else probe
+        rows = []
+        for o, c in obs:
+            t_lo = o.play(fitted[c].step_ms, slots[c], cost.Prefill()).mean_ttft_ms
+            t_hi = o.play(fitted[c].step_ms, slots[c], cost.Prefill(at, 0.0)).mean_ttft_ms
+            if t_lo is None or t_hi is None:
                 continue
-            own = next((m.capture for m in group if m.capture is not None), None)
-            try:
-                acc = replay.acceptance(group[0].config, capture=own).get(c)
-            except ValueError:
-                continue
-            if acc is None or not acc.steps:
-                continue
-            lengths = replay.output_lengths(c) if own is None else _lengths(own, c)
-            ratio = _step_ratio(acc.request_steps, lengths)
-            if ratio:
-                points.append(cost.Point(
-                    label=group[0].config.label(), scored=c * (1 + acc.drafted_per_step),
-                    step_ms=lv["mean_tpot_ms"] / ratio, ttft_ms=lv["mean_ttft_ms"],
-                    mixed=1.0 - acc.uniform_share))
-        fitted = cost.fit(c, points, path=path, mixed_term=mixed_term)
-        if fitted is not None:
-            out[c] = fitted
-    return out
+            rows.append((o.ttft_ms - t_lo, (t_hi - t_lo) / at))
+        if not rows:
+            return cost.Prefill()
+        q, o_ms = _nonnegative_line(rows)
+    return cost.Prefill(ms_per_token=q, overhead_ms=o_ms)
+
+
+def _nonnegative_line(rows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(q, o) >= 0 minimizing sum (y - o - q g)^2 over rows (y, g)."""
+    ys = np.array([y for y, _ in rows])
+    gs = np.array([g for _, g in rows])
+    if gs.max() - gs.min() > 1e-6 * max(1.0, abs(gs).max()):
+        q, o = np.polyfit(gs, ys, 1)
+        if q >= 0 and o >= 0:
+            return float(q), float(o)
+        if q >= 0:  # o < 0: through the origin
+            return max(0.0, float((gs @ ys) / (gs @ gs))), 0.0
+    return 0.0, max(0.0, float(ys.mean()))
 
 
 class _Replayer:
@@ -184,20 +291,21 @@ class _Replayer:
     def output_lengths(self, c: int) -> list[int]:
         return _lengths(self.capture, c)
 
+    def prompt_lengths(self, c: int) -> list[int]:
+        return _prompts(self.capture, c)
+
 
 def _lengths(capture: TokenCapture, c: int) -> list[int]:
     return [len(r.output) for r in sorted(capture.level(c, warmup=False), key=lambda r: r.index)]
 
 
-def _step_ratio(steps: Sequence[int], lengths: Sequence[int]) -> float | None:
-    """mean over requests of decode steps per TPOT token, S_r / (N_r - 1) (TPOT's definition)."""
-    ratios = [s / (n - 1) for s, n in zip(steps, lengths, strict=False) if n > 1]
-    return statistics.fmean(ratios) if ratios else None
+def _prompts(capture: TokenCapture, c: int) -> list[int]:
+    return [len(r.prompt) for r in sorted(capture.level(c, warmup=False), key=lambda r: r.index)]
 
 
 def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
-         step: cost.StepCost | None, base: dict[str, float] | None,
-         lengths: list[int]) -> dict[str, Any]:
+         step: cost.StepCost | None, base: dict[str, float] | None, replay: _Replayer,
+         slots: int, yardstick: _Yardstick | None) -> dict[str, Any]:
     spec = cfg.speculative_config
     row: dict[str, Any] = {
         "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
@@ -221,20 +329,46 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
                    pred_mean_tpot_ms=base["mean_tpot_ms"], pred_mean_ttft_ms=base["mean_ttft_ms"],
                    pred_speedup=1.0)
         return row
-    if step is None or not step.calibrated or acc is None:
+    if step is None or not step.calibrated or acc is None or yardstick is None:
         return row
-    steps = acc.request_steps
-    ratio = _step_ratio(steps, lengths)
-    if ratio is None:
-        return row
-    t = step.step_ms(c * (1 + acc.drafted_per_step), 1.0 - acc.uniform_share)
-    ttft = step.ttft_ms(c * (1 + acc.drafted_per_step))
-    base_sum = sum(base["mean_ttft_ms"] + (n - 1) * base["mean_tpot_ms"] for n in lengths)
-    spec_sum = sum(ttft + s * t for s in steps)
-    thr = base["output_throughput"] * base_sum / spec_sum if spec_sum > 0 else None
-    row.update(pred_mean_tpot_ms=t * ratio, pred_mean_ttft_ms=ttft, pred_output_throughput=thr,
+    played = _play(step, acc.request_drafts, acc.k, replay, c, slots)
+    thr = yardstick.throughput(played)
+    row.update(pred_mean_tpot_ms=played.mean_tpot_ms, pred_mean_ttft_ms=played.mean_ttft_ms,
+               pred_output_throughput=thr, uniform_share=played.uniform_share,
                pred_speedup=thr / base["output_throughput"] if thr else None)
     return row
+
+
+def _play(step: cost.StepCost, drafts: list[np.ndarray], k: int, replay: _Replayer, c: int,
+          slots: int) -> schedule.Schedule:
+    return schedule.simulate(drafts, replay.output_lengths(c), concurrency=slots, k=k,
+                             step_ms=step.step_ms, prompts=replay.prompt_lengths(c),
+                             prefill_ms_per_token=step.prefill.ms_per_token,
+                             overhead_ms=step.prefill.overhead_ms)
+
+
+@dataclass(frozen=True)
+class _Yardstick:
+    """A measured baseline and its level played out on the fitted costs: every predicted
+    duration is set against it, so what the play leaves out (the load generator's own time,
+    the frontend) cancels."""
+
+    played: schedule.Schedule
+    measured_throughput: float
+
+    def throughput(self, played: schedule.Schedule) -> float | None:
+        if played.duration_ms <= 0 or not _finite(self.measured_throughput):
+            return None
+        return self.measured_throughput * self.played.duration_ms / played.duration_ms
+
+
+def _played_baseline(step: cost.StepCost | None, replay: _Replayer, c: int,
+                     slots: int) -> schedule.Schedule | None:
+    """No speculation, the baseline's requests, played out on the fitted costs."""
+    lengths = replay.output_lengths(c)
+    if step is None or not step.calibrated or not lengths:
+        return None
+    return _play(step, schedule.baseline_drafts(lengths), 0, replay, c, slots)
 
 
 def _decomposed(row: dict[str, Any], base: dict[str, float] | None,

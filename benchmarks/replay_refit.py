@@ -1,0 +1,134 @@
+"""Replay accuracy re-fitted on stored CPU launches (no engine): how far each level's real
+duration sits from its requests' mean latency, and what the predictor of this checkout makes of
+the same launches.
+
+The data (benchmarks/data/cpu-replay, SOURCE.md says how each set was measured) are folders
+written by `benchmarks/replay_accuracy.py`: per workload a baseline, ten n-gram and suffix
+configs (CONFIGS there), with every launch's result.json, token ids and per-request timings.
+Per set this prints:
+
+1. packing: per launch and level, the measured duration over (sum of request latencies / c).
+   1.00 means the c slots stayed full to the end; above it, the last requests ran in a
+   shrinking batch, or prefills held up requests that were decoding.
+2. the predictions of this checkout's tuner.replay.predict, fitted as the benchmark and the
+   replay strategy fit them (the baseline and the config that drafts the most per step at the
+   top level; medians over passes), against the measured medians: per config and level the
+   throughput, TPOT and TTFT errors, and the median and worst |error| of throughput and TPOT
+   over the configs the fit did not see.
+
+The script only calls `predict()`, so it also runs against another checkout's predictor:
+
+    .venv/bin/python benchmarks/replay_refit.py [--data benchmarks/data/cpu-replay] [SET ...]
+    PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/replay_refit.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import statistics
+import sys
+from pathlib import Path
+
+from tuner.records import BenchResult, TrialConfig
+from tuner.replay.predict import MeasuredTrial, predict
+from tuner.tokens import FILE_NAME, TokenCapture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from replay_accuracy import CONFIGS  # noqa: E402  (the configs those launches measured)
+
+MAX_MODEL_LEN = 8192  # the embedded default's (no request came near it)
+
+
+def launches(root: Path) -> list[tuple[str, TrialConfig, Path]]:
+    """(name, config, folder) of every launch of a set, in the order they ran."""
+    configs = [TrialConfig(speculative_config=c) for c in CONFIGS]
+    out = []
+    passes = [root] + sorted(p for p in root.glob("pass*") if p.is_dir())
+    for n, sub in enumerate(passes, start=1):
+        out.append((f"baseline p{n}", TrialConfig(), sub / "baseline"))
+        out += [(f"{i:02d} p{n}", cfg, sub / f"{i:02d}") for i, cfg in enumerate(configs, 1)
+                if (sub / f"{i:02d}" / "result.json").exists()]
+    return out
+
+
+def packing(folder: Path) -> dict[int, float]:
+    """Per level: measured duration / (sum of request latencies / c)."""
+    path = folder / "requests.jsonl.xz"
+    if not path.exists():
+        return {}
+    e2e: dict[int, float] = {}
+    for line in lzma.open(path, "rt"):
+        r = json.loads(line)
+        if not r["warmup"] and r["error"] is None:
+            e2e[r["concurrency"]] = e2e.get(r["concurrency"], 0.0) + r["e2e_s"]
+    result = BenchResult.model_validate_json((folder / "result.json").read_text())
+    return {lv.concurrency: lv.duration / (e2e[lv.concurrency] / lv.concurrency)
+            for lv in result.levels if e2e.get(lv.concurrency)}
+
+
+def refit(root: Path) -> dict:
+    runs = launches(root)
+    base_cap = TokenCapture.load(root / "baseline" / FILE_NAME)
+    configs = [TrialConfig(speculative_config=c) for c in CONFIGS]
+    first = predict(base_cap, configs, [], max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
+    top = max(base_cap.levels())
+    calib = max((r for r in first.rows if r["concurrency"] == top and r["method"] != "none"),
+                key=lambda r: r["drafted_per_step"])["key"]
+    print("packing (duration / (sum of latencies / c)), per launch:")
+    measured = []
+    for name, cfg, folder in runs:
+        result = BenchResult.model_validate_json((folder / "result.json").read_text())
+        role = ("baseline" if not cfg.speculative_config
+                else "calibration" if cfg.key() == calib else "search")
+        measured.append(MeasuredTrial(len(measured), cfg, role,
+                                      {lv.concurrency: lv for lv in result.levels},
+                                      TokenCapture.load(folder / FILE_NAME)))
+        pack = packing(folder)
+        if pack:
+            print(f"  {name:12} {cfg.label()[:44]:44} "
+                  + "  ".join(f"c={c} {p:.3f}" for c, p in sorted(pack.items())))
+    pred = predict(base_cap, configs, measured, max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
+    print("fit:")
+    for c in sorted(pred.costs):
+        print("  " + pred.costs[c].describe())
+    print(f"{'config':46} {'c':>2} {'tok/s pred':>10} {'meas':>6} {'err':>7} {'TPOT pred':>9} "
+          f"{'meas':>6} {'err':>7} {'TTFT pred':>9} {'meas':>6}")
+    errors = []
+    for r in pred.rows:
+        if r["method"] == "none":
+            continue
+        tag = " (calibration)" if r["calibration"] else ""
+        print(f"{(r['label'] + tag)[:46]:46} {r['concurrency']:>2} "
+              f"{r['pred_output_throughput']:10.1f} {r['meas_output_throughput']:6.1f} "
+              f"{r['err_output_throughput_pct']:+6.1f}% {r['pred_mean_tpot_ms']:9.1f} "
+              f"{r['meas_mean_tpot_ms']:6.1f} {r['err_mean_tpot_pct']:+6.1f}% "
+              f"{r['pred_mean_ttft_ms']:9.0f} {r['meas_mean_ttft_ms']:6.0f}")
+        if not r["calibration"]:
+            errors += [abs(r["err_output_throughput_pct"]), abs(r["err_mean_tpot_pct"])]
+    summary = {"out_of_sample_errors": len(errors),
+               "median_abs_err_pct": round(statistics.median(errors), 1),
+               "worst_abs_err_pct": round(max(errors), 1)}
+    print(f"summary: {json.dumps(summary)}")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sets", nargs="*", help="set folders under --data (default: all)")
+    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-replay")
+    args = ap.parse_args()
+    names = args.sets or sorted(p.name for p in args.data.iterdir() if p.is_dir())
+    summaries = {}
+    for name in names:
+        print(f"== {name}")
+        summaries[name] = refit(args.data / name)
+    print("== all sets")
+    for name, s in summaries.items():
+        print(f"  {name:28} median |error| {s['median_abs_err_pct']:5.1f}%  worst "
+              f"{s['worst_abs_err_pct']:5.1f}%  ({s['out_of_sample_errors']} errors)")
+
+
+if __name__ == "__main__":
+    main()

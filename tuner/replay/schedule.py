@@ -1,0 +1,177 @@
+"""Replay stage, schedule: one level's closed loop played out over the engine's steps.
+
+The load generator keeps `concurrency` requests in flight and sends the next measured request
+the moment one finishes; the engine runs every request that has its first token in one decode
+step, and a step costs t(n, u): n the tokens it scores (each request 1 + the draft it
+verifies), u whether it is non-uniform (some request's draft is not K tokens long, which
+leaves the full CUDA graph; tuner.replay.cost). This module plays that loop forward, step by
+step, with each request's drafts from the replay (tuner.replay.acceptance):
+
+- a request sent at time s reaches the engine `overhead_ms` later (the frontend's share of
+  TTFT), is prefilled in the next step, which takes `prefill_ms_per_token` more per prompt
+  token, for every request in it (a prefill stalls the running requests), and has its first
+  token when that step ends;
+- each of its decode steps is one entry of its replayed draft lengths (N - 1 steps of no
+  draft without speculation); it finishes with its last step, and its slot takes the next
+  request at once;
+- the level's duration runs from the first send to the last finish, as `vllm bench serve`
+  measures it.
+
+Why not the mean: with speculation, requests finish after very different numbers of steps (one
+copies its prompt and needs 12, the next needs 60), so the last requests of a level run in a
+shrinking batch and the level lasts longer than its requests' mean latency suggests. On the CPU
+build at c=4 (8 requests of 64 tokens) the measured duration exceeded the sum of the request
+latencies over c by 3-10% for n-gram and suffix configs and by 0.2% for the baseline, whose
+requests all had the same length; a prediction from means alone read that as speculation
+paying 8% more than it did. Prefills matter for the same reason: there a prefill of one
+prompt took 0.2-0.5 s, 3-7 decode steps, and the requests already running got no token
+meanwhile. The baseline's equal-length requests finish together and the next ones are
+prefilled while nothing decodes; a speculative config's requests finish one by one, so nearly
+every prefill stalls the others. The same loop tells the cost fit how many tokens the steps of
+a measured trial really scored and how long prefills stalled them (`Schedule.coef_*`,
+`stall_ms`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+StepFn = Callable[[float, float], float]  # (tokens scored, non-uniform 0/1) -> step ms
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A simulated level: its duration, per request its TTFT and TPOT, and what its decode
+    steps held, for the cost fit: a request's decode time is
+    a * steps + b * (tokens its steps scored) + m * (its non-uniform steps) + prefill stalls."""
+
+    duration_ms: float
+    output_tokens: int
+    ttft_ms: tuple[float, ...]  # per request
+    tpot_ms: tuple[float, ...]  # per request with more than one output token
+    coef_a: float  # mean over those requests of (steps) / (N - 1)
+    coef_b: float  # mean of (sum over its steps of the tokens the step scored) / (N - 1)
+    coef_m: float  # mean of (its steps that were not uniform) / (N - 1)
+    stall_ms: float  # mean of (prefill time of other requests inside its steps) / (N - 1)
+    steps: int  # engine steps in the level
+    uniform_steps: int  # of those, steps where every request scored 1 + K
+
+    @property
+    def mean_tpot_ms(self) -> float | None:
+        return statistics.fmean(self.tpot_ms) if self.tpot_ms else None
+
+    @property
+    def mean_ttft_ms(self) -> float | None:
+        return statistics.fmean(self.ttft_ms) if self.ttft_ms else None
+
+    @property
+    def output_throughput(self) -> float | None:
+        """Output tokens per second over the level's duration."""
+        return 1000.0 * self.output_tokens / self.duration_ms if self.duration_ms > 0 else None
+
+    @property
+    def uniform_share(self) -> float:
+        return self.uniform_steps / self.steps if self.steps else 1.0
+
+    @property
+    def scored_per_step(self) -> float | None:
+        """Tokens scored per step as the requests' TPOT weighs them (what the fit uses)."""
+        return self.coef_b / self.coef_a if self.coef_a else None
+
+    @property
+    def mixed_per_step(self) -> float:
+        return self.coef_m / self.coef_a if self.coef_a else 0.0
+
+
+def simulate(drafts: Sequence[np.ndarray], lengths: Sequence[int], *, concurrency: int,
+             k: int, step_ms: StepFn, prompts: Sequence[int] | None = None,
+             prefill_ms_per_token: float = 0.0, overhead_ms: float = 0.0) -> Schedule:
+    """Play one level forward.
+
+    drafts[i]: request i's draft length at each of its decode steps (zeros without
+    speculation); lengths[i]: its output tokens; prompts[i]: its prompt tokens; requests are
+    sent in this order. `k` is the config's num_speculative_tokens (0 without speculation:
+    every step uniform). A request reaches the engine `overhead_ms` after it is sent (the
+    frontend's share of TTFT), is prefilled in the next step, which costs
+    `prefill_ms_per_token` per prompt token more (for every request in it), and has its
+    first token when that step ends."""
+    if len(drafts) != len(lengths):
+        raise ValueError(f"{len(drafts)} draft traces for {len(lengths)} requests")
+    n_req = len(lengths)
+    prompts = list(prompts) if prompts is not None else [0] * n_req
+    slots = max(1, concurrency)
+    scored = [np.asarray(d, dtype=np.int64) + 1 for d in drafts]
+    full = [np.asarray(d) == k for d in drafts]
+    sent_at = [0.0] * n_req
+    ttft = [0.0] * n_req
+    pos = [0] * n_req
+    n_steps = [0] * n_req
+    n_sum = [0.0] * n_req
+    mixed_sum = [0] * n_req
+    stall = [0.0] * n_req
+    busy = [0.0] * n_req  # ms spent in its decode steps
+    sent, now, end = 0, 0.0, 0.0
+    waiting: list[int] = []  # sent, not yet prefilled
+    decoding: list[int] = []
+    engine_steps = uniform = 0
+
+    def send(at: float) -> None:
+        nonlocal sent
+        while sent < n_req and len(waiting) + len(decoding) < slots:
+            sent_at[sent] = at
+            waiting.append(sent)
+            sent += 1
+
+    send(0.0)
+    while waiting or decoding:
+        admit = [i for i in waiting if sent_at[i] + overhead_ms <= now]
+        if not admit and not decoding:
+            now = min(sent_at[i] for i in waiting) + overhead_ms
+            continue
+        n = float(sum(int(scored[i][pos[i]]) for i in decoding))
+        is_mixed = k > 0 and bool(decoding) and not all(bool(full[i][pos[i]]) for i in decoding)
+        prefill = prefill_ms_per_token * sum(prompts[i] for i in admit)
+        dt = step_ms(n, 1.0 if is_mixed else 0.0) + prefill
+        now += dt
+        if decoding:
+            engine_steps += 1
+            uniform += not is_mixed
+        for i in decoding:
+            pos[i] += 1
+            n_steps[i] += 1
+            n_sum[i] += n
+            mixed_sum[i] += is_mixed
+            stall[i] += prefill
+            busy[i] += dt
+        for i in admit:
+            waiting.remove(i)
+            ttft[i] = now - sent_at[i]
+            decoding.append(i)
+        finished = [i for i in decoding if pos[i] >= len(scored[i])]
+        for i in finished:
+            decoding.remove(i)
+            end = now
+        if finished:
+            send(now)
+    per = [i for i in range(n_req) if lengths[i] > 1]
+
+    def mean(values: list[float]) -> float:
+        return statistics.fmean(values) if values else 0.0
+
+    return Schedule(
+        duration_ms=end, output_tokens=int(sum(lengths)), ttft_ms=tuple(ttft),
+        tpot_ms=tuple(busy[i] / (lengths[i] - 1) for i in per),
+        coef_a=mean([n_steps[i] / (lengths[i] - 1) for i in per]),
+        coef_b=mean([n_sum[i] / (lengths[i] - 1) for i in per]),
+        coef_m=mean([mixed_sum[i] / (lengths[i] - 1) for i in per]),
+        stall_ms=mean([stall[i] / (lengths[i] - 1) for i in per]),
+        steps=engine_steps, uniform_steps=uniform)
+
+
+def baseline_drafts(lengths: Sequence[int]) -> list[np.ndarray]:
+    """Without speculation a request of N tokens takes N - 1 decode steps and drafts nothing."""
+    return [np.zeros(max(0, n - 1), dtype=np.int16) for n in lengths]
