@@ -1,21 +1,31 @@
-"""Step-cost models side by side on the H200 n-gram study of stop 14 (no GPU needed here).
+"""Step-cost models side by side on H200 n-gram launches (no GPU needed here).
 
-The data (benchmarks/data/h200-stop14, SOURCE.md says how it was measured): one
-`tuner optimize --strategy replay` study of SmolLM2-135M on vLLM 0.26.0 (instructcoder,
-32 prompts x 128 tokens, c=1,8,32; 10 launches: baseline x2, aligned baseline x2, two
-calibrations, two predicted leaders x2), every launch's token ids, and three more configs
-measured afterwards with `tuner bench`. Both models are fitted on the same launches as the
-study fitted them (the aligned baseline and the calibration launches, medians of repeats),
-then predict every other measured config from the baseline's tokens:
+Two data sets (each folder's SOURCE.md says how it was measured):
 
-- line:  step = a + b x tokens scored (what stop 13 ran; the engine's CUDA graph mode ignored);
-- plane: step = a + b x tokens scored + m x the share of steps that are not uniform
-         (tuner.replay.cost; the engine logged CUDAGraphMode.FULL_AND_PIECEWISE).
+- benchmarks/data/h200-stop15 (the default): twelve `tuner bench` launches of
+  `scripts/gpu_bench.sh benchmarks/gpu/stepcost.list` (64 prompts x 128 tokens, c=1,8,32):
+  baseline and aligned baseline at the start and again at the end, the two calibration configs
+  a replay study launches (k=8 window 1-2, the heaviest drafter; k=8 window 6-6, the least
+  uniform), then six configs no fit sees.
+- benchmarks/data/h200-stop14 (`--data`): one `tuner optimize --strategy replay` study
+  (32 prompts x 128 tokens, c=1,8,32; 10 launches: baseline x2, aligned baseline x2, two
+  calibrations, two predicted leaders x2) and three configs measured afterwards with
+  `tuner bench`.
+
+Both are SmolLM2-135M on vLLM 0.26.0, instructcoder, with every launch's token ids. Both
+models are fitted on the launches a replay study fits them on (the aligned baseline and the
+calibration launches, medians of repeats), then predict every other measured config from the
+baseline's tokens:
+
+- line:  step = a + b x tokens scored (the engine's CUDA graph mode ignored);
+- plane: step = a + b x tokens scored + m where a step is not uniform (tuner.replay.cost; the
+         engines logged CUDAGraphMode.FULL_AND_PIECEWISE).
 
 Both are played out step by step (tuner.replay.schedule) and fitted through the anchor, as
-this checkout's predictor does. Printed: each fit, then per config and level the predicted and measured output throughput
-and their error under both models, then the median and worst absolute error per level over
-the configs no model was fitted on. Acceptance length is printed beside vLLM's counter.
+this checkout's predictor does. Printed: each fit, then per config and level the predicted
+and measured output throughput and their error under both models, then the median and worst
+absolute error per level over the configs no model was fitted on. Acceptance length is
+printed beside vLLM's counter.
 
     .venv/bin/python benchmarks/stepcost_h200.py [--data benchmarks/data/h200-stop14]
 """
@@ -30,7 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.records import LevelMetrics, TrialConfig
+from tuner.records import BenchResult, LevelMetrics, TrialConfig
 from tuner.replay.predict import MeasuredTrial, Prediction, predict
 from tuner.tokens import TokenCapture
 
@@ -67,6 +77,31 @@ def load_study(data: Path, *, graphs: str | None) -> list[MeasuredTrial]:
     return out
 
 
+def load_launches(data: Path, *, graphs: str | None) -> list[MeasuredTrial]:
+    """A gpu_bench.sh set (launches.list beside one folder per launch) as the predictor takes
+    it: base* the baseline, aligned* the aligned baseline, the first two speculative launches
+    the calibration, the rest measured only to be predicted."""
+    out: list[MeasuredTrial] = []
+    fields = set(BenchResult.model_fields)
+    for line in (data / "launches.list").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, spec, args, _env = line.split("|")
+        raw = json.loads((data / name / "result.json").read_text())
+        result = BenchResult.model_validate({k: v for k, v in raw.items() if k in fields})
+        config = TrialConfig(speculative_config=None if spec == "none" else json.loads(spec),
+                             engine_args={"no_async_scheduling": True} if args else {})
+        speculative = [m for m in out if m.speculative]
+        role = ("aligned_baseline" if name.startswith("aligned") else
+                "baseline" if name.startswith("base") else
+                "calibration" if len(speculative) < 2 else "search")
+        out.append(MeasuredTrial(len(out), config, role,
+                                 {lv.concurrency: lv for lv in result.levels},
+                                 TokenCapture.load(data / name / "tokens.npz"),
+                                 cudagraph_mode=graphs if config.speculative_config else None))
+    return out
+
+
 def load_bench(data: Path) -> dict[str, dict[int, dict]]:
     """The configs measured after the study: config key -> level -> vLLM bench fields."""
     out = {}
@@ -79,6 +114,13 @@ def load_bench(data: Path) -> dict[str, dict[int, dict]]:
 
 
 def run(data: Path, graphs: str | None) -> tuple[Prediction, dict[str, dict[int, dict]]]:
+    if (data / "launches.list").exists():
+        study = load_launches(data, graphs=graphs)
+        bench: dict[str, dict[int, dict]] = {}  # measured figures: predict's own rows
+        base = next(m.capture for m in study if m.role == "baseline")
+        configs = {m.config.key(): m.config for m in study if m.speculative}
+        return predict(base, list(configs.values()), study, max_model_len=4096,
+                       max_num_seqs=256), bench
     study = load_study(data, graphs=graphs)
     bench = load_bench(data)
     base = next(m.capture for m in study if m.role == "baseline")
@@ -95,7 +137,7 @@ def _bench_configs(data: Path) -> list[TrialConfig]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "h200-stop14")
+    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "h200-stop15")
     args = ap.parse_args()
     preds = {name: run(args.data, graphs) for name, graphs in (("line", None), ("plane", GRAPHS))}
     for name, (pred, _) in preds.items():
