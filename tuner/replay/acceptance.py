@@ -47,9 +47,11 @@ Engine rules modeled, each where the code below names it (vLLM 0.26 and 0.32 ali
    scores the same 1 + num_speculative_tokens tokens (`GPUModelRunner._is_uniform_decode`;
    the CUDA graph dispatcher's FULL_AND_PIECEWISE and FULL_DECODE_ONLY modes); a step where
    some request drafted fewer tokens, or none, runs piecewise. The replay counts the verify
-   steps whose draft was exactly K long (`full_drafts`); the share of a level's batched steps
-   that are uniform is taken as (full_drafts / steps) ** concurrency, as if requests drafted
-   independently of each other (the step-cost model prices the rest, tuner.replay.cost).
+   steps whose draft was exactly K long (`full_drafts`), and keeps each request's draft
+   lengths (`request_drafts`): the schedule (tuner.replay.schedule) plays a level out step by
+   step from them and knows which steps were uniform; `uniform_share` here is the estimate
+   without the play, (full_drafts / steps) ** concurrency, as if requests drafted
+   independently of each other.
 
 Not modeled: chunked prefill of prompts longer than the step's token budget (a partial
 prefill drafts nothing; it matters only for prompts longer than max_num_batched_tokens).
