@@ -2,11 +2,13 @@
 
 Launches the real vLLM CPU engine with the embedded SmolLM2 model once per variant (a fresh
 compile cache each time, as a new user has), records seconds to /health, then measures
-steady-state output throughput and mean TPOT at concurrency 1 (baseline, no speculation) on
-the same prompts. Variants run back to back in one process; the machine is shared, so read
-the ratios, not the absolute figures.
+steady-state output throughput and mean TPOT at each level of --concurrency (baseline, no
+speculation) on the same prompts. Variants run back to back in one process, in the order
+given (name one twice, e.g. eager,fp32,eager,fp32, to interleave repeats); the machine is
+shared, so read the ratios of repeats measured side by side, not the absolute figures.
 
     .venv/bin/python benchmarks/cpu_engine_modes.py [--variants eager,compiled,fp32,bind01]
+        [--concurrency 1,4]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,compiled")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--output-len", type=int, default=96)
+    ap.add_argument("--concurrency", default="1")
     args = ap.parse_args()
     base = settings.resolve_engine(model=None)
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
@@ -47,18 +50,20 @@ def main() -> None:
             spec = base.model_copy(update={
                 "extra_args": tuple(a for a in base.extra_args if a not in drop) + add,
                 "env": {**base.env, "VLLM_CACHE_ROOT": cache, **env}})
-            res = runner.measure(spec, TrialConfig(), wl, MeasureSettings(concurrencies=(1,)),
+            levels = tuple(int(c) for c in args.concurrency.split(","))
+            res = runner.measure(spec, TrialConfig(), wl, MeasureSettings(concurrencies=levels),
                                  trial_dir=Path(tempfile.mkdtemp()) / name)
-        lv = res.levels[0]
-        rows.append((name, res.engine.start_s, lv.output_throughput, lv.mean_tpot_ms))
-        print(f"{name}: start {res.engine.start_s:.0f} s, {lv.output_throughput:.1f} tok/s, "
-              f"TPOT {lv.mean_tpot_ms:.1f} ms", flush=True)
+        for lv in res.levels:
+            rows.append((name, lv.concurrency, res.engine.start_s, lv.output_throughput,
+                         lv.mean_tpot_ms))
+            print(f"{name} c={lv.concurrency}: start {res.engine.start_s:.0f} s, "
+                  f"{lv.output_throughput:.1f} tok/s, TPOT {lv.mean_tpot_ms:.1f} ms", flush=True)
     print(f"# {os.cpu_count()} cores, load average at end {os.getloadavg()[0]:.1f}; SmolLM2-135M, "
           f"vLLM CPU build, instructcoder {args.num_prompts} prompts x {args.output_len} max "
-          f"tokens, c=1, baseline")
-    print(f"{'variant':12} {'start s':>8} {'tok/s':>8} {'TPOT ms':>8}")
-    for name, start, tput, tpot in rows:
-        print(f"{name:12} {start:8.0f} {tput:8.1f} {tpot:8.1f}")
+          f"tokens, c={args.concurrency}, baseline, variants in the order run")
+    print(f"{'variant':12} {'c':>3} {'start s':>8} {'tok/s':>8} {'TPOT ms':>8}")
+    for name, c, start, tput, tpot in rows:
+        print(f"{name:12} {c:3} {start:8.0f} {tput:8.1f} {tpot:8.1f}")
 
 
 if __name__ == "__main__":
