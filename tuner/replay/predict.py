@@ -136,8 +136,8 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     measured replayable speculative config is (then each one's error is in-sample). What a
     trial's steps scored, and how long prefills of other requests stalled them, comes from
     playing its level out (tuner.replay.schedule), which depends on the costs being fitted:
-    fit and play are iterated (FIT_ROUNDS; the tokens a schedule scores move by well under 1%
-    after the second round)."""
+    fit and play are iterated (FIT_ROUNDS; 3, 6 and 10 rounds gave the same predictions on the
+    stored H200 launches of benchmarks/data/h200-stop15)."""
     spec = [m for m in measured if m.speculative and acceptance.replayable(
         m.config.speculative_config)]
     chosen = [m for m in spec if m.role == "calibration"] or spec
