@@ -21,9 +21,9 @@ Why not the mean: with speculation, requests finish after very different numbers
 copies its prompt and needs 12, the next needs 60), so the last requests of a level run in a
 shrinking batch and the level lasts longer than its requests' mean latency suggests. On the CPU
 build at c=4 (8 requests of 64 tokens) the measured duration exceeded the sum of the request
-latencies over c by 3-10% for n-gram and suffix configs and by 0.2% for the baseline, whose
-requests all had the same length; a prediction from means alone read that as speculation
-paying 8% more than it did. Prefills matter for the same reason: there a prefill of one
+latencies over c by 3-10% for n-gram and suffix configs and by 0.1-0.3% for the baseline,
+whose requests all had the same length (benchmarks/replay_refit.py prints it per launch); a
+prediction from means alone read that as speculation paying about 7% more than it did. Prefills matter for the same reason: there a prefill of one
 prompt took 0.2-0.5 s, 3-7 decode steps, and the requests already running got no token
 meanwhile. The baseline's equal-length requests finish together and the next ones are
 prefilled while nothing decodes; a speculative config's requests finish one by one, so nearly
