@@ -43,6 +43,7 @@ def main() -> None:
     base = settings.resolve_engine(model=None)
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=base.model)
+    levels = tuple(int(c) for c in args.concurrency.split(","))
     rows = []
     for name in args.variants.split(","):
         drop, add, env = VARIANTS[name]
@@ -50,7 +51,6 @@ def main() -> None:
             spec = base.model_copy(update={
                 "extra_args": tuple(a for a in base.extra_args if a not in drop) + add,
                 "env": {**base.env, "VLLM_CACHE_ROOT": cache, **env}})
-            levels = tuple(int(c) for c in args.concurrency.split(","))
             res = runner.measure(spec, TrialConfig(), wl, MeasureSettings(concurrencies=levels),
                                  trial_dir=Path(tempfile.mkdtemp()) / name)
         for lv in res.levels:

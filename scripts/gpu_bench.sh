@@ -17,13 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIST=${1:?usage: scripts/gpu_bench.sh LIST [BUDGET_S]}
-START=$(date +%s); BUDGET_S=${2:-540}
-left() { echo $(( START + BUDGET_S - $(date +%s) )); }
-OUT=${OUT:-$PWD/gpu-results}; mkdir -p "$OUT"
-SITE=${SITE:-/root/site}; WORK=${WORK:-/root/gpu-bench}; mkdir -p "$WORK"
-. "$SITE/spec-tuner-env.sh"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"   # this checkout is spec-tuner (the bundle has no copy)
-export PYTHONUNBUFFERED=1
+BUDGET_S=${2:-540}; WORK=${WORK:-/root/gpu-bench}
+. scripts/gpu_host.sh
 TRIAL_S=${TRIAL_S:-150}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/gpu.txt"
 while IFS='|' read -r name spec args envs; do

@@ -17,13 +17,8 @@
 #      M8 (the 8B shape), TUNER_ARGS (more `tuner optimize` options, word-split).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-START=$(date +%s); BUDGET_S=${1:-${BUDGET_S:-480}}
-left() { echo $(( START + BUDGET_S - $(date +%s) )); }
-OUT=${OUT:-$PWD/gpu-results}; mkdir -p "$OUT"
-SITE=${SITE:-/root/site}; WORK=${WORK:-/root/gpu-work}; mkdir -p "$WORK"
-. "$SITE/spec-tuner-env.sh"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"   # this checkout is spec-tuner (the bundle has no copy)
-export PYTHONUNBUFFERED=1
+BUDGET_S=${1:-${BUDGET_S:-480}}; WORK=${WORK:-/root/gpu-work}
+. scripts/gpu_host.sh
 M8=${M8:-/root/stash/models/llama3-8b-shaped}
 DUMMY='--load-format dummy --dtype bfloat16 --max-model-len 4096'
 R="$WORK/results"; mkdir -p "$R"
