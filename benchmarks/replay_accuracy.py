@@ -19,8 +19,11 @@ and compared on each config's median, and each error is set beside the config's 
 from measurement noise, and the summary counts those apart.
 
     .venv/bin/python benchmarks/replay_accuracy.py [--workloads instructcoder,sharegpt]
-        [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--passes 2]
+        [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--passes 2] [--seed 0]
         [--out outputs/replay-accuracy]
+
+"alt" counts the requests the replay put on the calibration launch's stream where the
+baseline's and the calibration's outputs part (tuner.replay.streams).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the workload's shuffle seed: another seed draws other prompts")
     ap.add_argument("--model")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
@@ -92,7 +97,8 @@ def main() -> None:
     for name in args.workloads.split(","):
         print(f"== {name}: {args.num_prompts} prompts x {args.output_len} tokens, "
               f"c={args.concurrency}", flush=True)
-        spec = WorkloadSpec(name=name, num_prompts=args.num_prompts, output_len=args.output_len)
+        spec = WorkloadSpec(name=name, num_prompts=args.num_prompts, output_len=args.output_len,
+                            seed=args.seed)
         wl = workloads.load(spec, tokenizer=engine.tokenizer or engine.model,
                             pool=ms.pool_size(spec.num_prompts), max_model_len=max_model_len,
                             say=print)
@@ -137,7 +143,7 @@ def main() -> None:
             print("  " + pred.costs[c].describe())
         header = (f"{'config':44} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'err':>6} "
                   f"{'tok/s pred':>10} {'meas':>6} {'err':>6} {'TPOT pred':>9} {'meas':>6} "
-                  f"{'err':>6} {'spread':>6} {'diverged':>8} {'AL own':>6} {'err':>6}")
+                  f"{'err':>6} {'spread':>6} {'diverged':>8} {'alt':>3} {'AL own':>6} {'err':>6}")
         print(header)
         rows = [r for r in pred.rows if r["method"] != "none"]
         for r in rows:
@@ -153,7 +159,7 @@ def main() -> None:
                   f"{_f(r['err_output_throughput_pct'], 5, 1)}% "
                   f"{_f(r['pred_mean_tpot_ms'], 9, 1)} {_f(r['meas_mean_tpot_ms'], 6, 1)} "
                   f"{_f(r['err_mean_tpot_pct'], 5, 1)}% {_f(r['spread_pct'], 5, 1)}% "
-                  f"{d:>4}/{n:<3} "
+                  f"{d:>4}/{n:<3} {r['alternate_stream_requests']:>3} "
                   f"{_f(own_al, 6, 3)} {_f(_err(own_al, r['meas_acceptance_length']), 5, 1)}%")
         summary[name] = {**_summary(rows), "baseline_drift_pct": drift}
         print(f"summary {name}: {json.dumps(summary[name])}")

@@ -13,8 +13,10 @@ Per set this prints:
 2. the predictions of this checkout's tuner.replay.predict, fitted as the benchmark and the
    replay strategy fit them (the baseline and the config that drafts the most per step at the
    top level; medians over passes), against the measured medians: per config and level the
-   throughput, TPOT and TTFT errors, and the median and worst |error| of throughput and TPOT
-   over the configs the fit did not see.
+   throughput, TPOT and TTFT errors, the mean acceptance length's error against vLLM's
+   counters and how many requests the replay put on the calibration launch's stream
+   (tuner.replay.streams), and the median and worst |error| of throughput and TPOT over the
+   configs the fit did not see.
 
 The script only calls `predict()`, so it also runs against another checkout's predictor:
 
@@ -95,7 +97,7 @@ def refit(root: Path) -> dict:
         print("  " + pred.costs[c].describe())
     print(f"{'config':46} {'c':>2} {'tok/s pred':>10} {'meas':>6} {'err':>7} {'TPOT pred':>9} "
           f"{'meas':>6} {'err':>7} {'TTFT pred':>9} {'meas':>6}")
-    errors = []
+    errors, al_errors = [], []
     for r in pred.rows:
         if r["method"] == "none":
             continue
@@ -104,14 +106,24 @@ def refit(root: Path) -> dict:
               f"{r['pred_output_throughput']:10.1f} {r['meas_output_throughput']:6.1f} "
               f"{r['err_output_throughput_pct']:+6.1f}% {r['pred_mean_tpot_ms']:9.1f} "
               f"{r['meas_mean_tpot_ms']:6.1f} {r['err_mean_tpot_pct']:+6.1f}% "
-              f"{r['pred_mean_ttft_ms']:9.0f} {r['meas_mean_ttft_ms']:6.0f}")
+              f"{r['pred_mean_ttft_ms']:9.0f} {r['meas_mean_ttft_ms']:6.0f} "
+              f"{r['err_acceptance_length_pct']:+6.1f}% {r['alternate_stream_requests']:>3}")
+        if r["concurrency"] == 1:
+            al_errors.append((r["method"], abs(r["err_acceptance_length_pct"])))
         if not r["calibration"]:
             errors += [abs(r["err_output_throughput_pct"]), abs(r["err_mean_tpot_pct"])]
     summary = {"out_of_sample_errors": len(errors),
                "median_abs_err_pct": round(statistics.median(errors), 1),
-               "worst_abs_err_pct": round(max(errors), 1)}
+               "worst_abs_err_pct": round(max(errors), 1),
+               "c1_ngram_al_within_3pct": _within(al_errors, "ngram", 3.0),
+               "c1_suffix_al_within_10pct": _within(al_errors, "suffix", 10.0)}
     print(f"summary: {json.dumps(summary)}")
     return summary
+
+
+def _within(errors: list[tuple[str, float]], method: str, bound: float) -> str:
+    mine = [e for m, e in errors if m == method]
+    return f"{sum(e <= bound for e in mine)}/{len(mine)}"
 
 
 def main() -> None:
@@ -127,7 +139,9 @@ def main() -> None:
     print("== all sets")
     for name, s in summaries.items():
         print(f"  {name:28} median |error| {s['median_abs_err_pct']:5.1f}%  worst "
-              f"{s['worst_abs_err_pct']:5.1f}%  ({s['out_of_sample_errors']} errors)")
+              f"{s['worst_abs_err_pct']:5.1f}%  ({s['out_of_sample_errors']} errors); c=1 mean "
+              f"acceptance length: n-gram {s['c1_ngram_al_within_3pct']} within 3%, suffix "
+              f"{s['c1_suffix_al_within_10pct']} within 10%")
 
 
 if __name__ == "__main__":

@@ -524,11 +524,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"rows": pred.rows, "seconds": round(pred.seconds, 3),
                           "step_cost": {c: s.describe() for c, s in pred.costs.items()},
-                          "skipped": pred.skipped}, indent=2, default=str))
+                          "skipped": pred.skipped, "streams": pred.streams}, indent=2,
+                         default=str))
         return 0
     print(console.predict_table(pred.rows, top=args.top, levels=levels))
     for c in sorted(pred.costs):
         print("step cost " + pred.costs[c].describe())
+    if pred.streams:
+        print(pred.streams)
     if not any(s.calibrated for s in pred.costs.values()):
         print("No speculative trial calibrates the step cost yet: acceptance only.")
     for why in pred.skipped:

@@ -47,7 +47,7 @@ def row(spec: dict[str, Any] | None, c: int, *, thr: float | None, acc: float | 
         "speculative_config": json.dumps(spec, sort_keys=True) if spec else "",
         "concurrency": c, "acceptance_rate": (acc - 1) / k if acc and k else None,
         "acceptance_length": acc, "drafted_per_step": float(k), "tokens_per_step": acc or 1.0,
-        "uniform_share": 0.5 if k else 1.0,
+        "uniform_share": 0.5 if k else 1.0, "alternate_stream_requests": 0,
         "pred_output_throughput": thr, "pred_mean_tpot_ms": _tpot(c, thr) if thr else None,
         "pred_mean_ttft_ms": 50.0 if thr else None,
         "pred_speedup": thr / BASE[c] if thr else None, "path": PATH if thr else None,

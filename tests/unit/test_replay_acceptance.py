@@ -96,6 +96,13 @@ def test_the_compiled_and_the_stepped_ngram_paths_agree():
         assert [d.tolist() for d in fast[c].request_drafts] == \
             [[drafted for drafted, _ in steps] for steps in by_index]
         assert [len(d) for d in fast[c].request_drafts] == fast[c].request_steps
+        # ... and what each step accepted (the pass shape tuner.replay.streams reads)
+        for got in (fast[c], stepped[c]):
+            assert [a.tolist() for a in got.request_accepted] == \
+                [[accepted for _, accepted in steps] for steps in by_index]
+            assert got.request_indices == sorted(fast[c].trace)
+            assert got.request_lengths == [len(r.output) for r in sorted(
+                cap.level(c, warmup=False), key=lambda r: r.index)]
 
 
 def test_a_batch_schedule_drafts_the_k_of_the_batch_size():

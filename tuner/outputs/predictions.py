@@ -19,7 +19,7 @@ PREDICTED_CSV = "predicted.csv"
 PREDICTION_COLUMNS = (
     "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
     "acceptance_length", "drafted_per_step", "tokens_per_step", "uniform_share",
-    "pred_output_throughput",
+    "alternate_stream_requests", "pred_output_throughput",
     "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
     "meas_output_throughput", "meas_mean_tpot_ms", "meas_mean_ttft_ms", "meas_acceptance_length",
     "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct", "calibration")

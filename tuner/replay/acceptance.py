@@ -53,6 +53,12 @@ Engine rules modeled, each where the code below names it (vLLM 0.26 and 0.32 ali
    without the play, (full_drafts / steps) ** concurrency, as if requests drafted
    independently of each other.
 
+11. STREAMS: in bf16 a drafting engine's greedy output can part from the baseline's (a token
+   computed in a verify pass rounds differently than in a one-token pass). Given a speculative
+   launch's own tokens, tuner.replay.streams puts each request where the two part on the
+   stream whose drafting passes the config shares, and the config is replayed over that
+   (tuner.replay.predict does this; `replay` here steps over whatever capture it is given).
+
 Not modeled: chunked prefill of prompts longer than the step's token budget (a partial
 prefill drafts nothing; it matters only for prompts longer than max_num_batched_tokens).
 """
@@ -91,12 +97,22 @@ class Acceptance:
     # per measured request, in index order: the draft length of each of its verify steps (what
     # the schedule simulation prices, tuner.replay.schedule)
     request_drafts: list[np.ndarray] = field(default_factory=list, repr=False)
+    # ... and how many of those draft tokens it accepted (where each step's tokens came from a
+    # pass that drafted: tuner.replay.streams), and its output length
+    request_accepted: list[np.ndarray] = field(default_factory=list, repr=False)
+    request_lengths: list[int] = field(default_factory=list, repr=False)
+    request_indices: list[int] = field(default_factory=list, repr=False)
     # PAST_END: per last step that matched every remaining token, its draft tokens past the end
     past_end: list[int] = field(default_factory=list)
     _continued: int = 0  # accepted positions i+1 whose position i was accepted
     _could_continue: int = 0  # accepted positions i followed by a drafted position i+1
     # replay(trace=True): per request index, every verify step's (drafted, accepted)
     trace: dict[int, list[tuple[int, int]]] | None = None
+
+    @property
+    def request_order(self) -> dict[int, int]:
+        """A request's index -> its position in the request_* lists."""
+        return {index: i for i, index in enumerate(self.request_indices)}
 
     @property
     def continuation_rate(self) -> float:
@@ -379,6 +395,9 @@ def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
         stats.output_tokens += len(req.output)
         stats.request_steps.append(int(steps))
         stats.request_drafts.append(drafted[:steps].astype(np.int16))
+        stats.request_accepted.append(accepted[:steps].astype(np.int16))
+        stats.request_lengths.append(len(req.output))
+        stats.request_indices.append(req.index)
     return stats
 
 
@@ -424,6 +443,7 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
     running: list[_Running] = []
     steps_of: dict[int, int] = {}
     drafts_of: dict[int, list[int]] = {}
+    accepted_of: dict[int, list[int]] = {}
     k_next = proposer.k if lookup is None else lookup[min(c, len(lookup) - 1)]
     while queue or running:
         batch: list[_Running] = []
@@ -436,6 +456,7 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
                 stats.trace.setdefault(r.req.index, []).append(step)
             steps_of[id(r.req)] = steps_of.get(id(r.req), 0) + 1
             drafts_of.setdefault(id(r.req), []).append(step[0])
+            accepted_of.setdefault(id(r.req), []).append(step[1])
             batch.append(r)
         while queue and len(batch) < c:  # PREFILL_HAS_NO_DRAFT: new requests emit one token
             r = _Running(queue.pop(), f"r{next(_ids)}")
@@ -454,4 +475,8 @@ def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
     ordered = sorted(reqs, key=lambda q: q.index)
     stats.request_steps = [steps_of[id(q)] for q in ordered]
     stats.request_drafts = [np.array(drafts_of.get(id(q), []), dtype=np.int16) for q in ordered]
+    stats.request_accepted = [np.array(accepted_of.get(id(q), []), dtype=np.int16)
+                              for q in ordered]
+    stats.request_lengths = [len(q.output) for q in ordered]
+    stats.request_indices = [q.index for q in ordered]
     return stats

@@ -27,6 +27,7 @@ Recommendations never come from here: a predicted point only decides what to lau
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from tuner.records import LevelMetrics, TrialConfig
-from tuner.replay import acceptance, cost, schedule
+from tuner.replay import acceptance, cost, schedule, streams
 from tuner.tokens import TokenCapture
 
 BASELINE_ROLES = ("baseline", "aligned_baseline")
@@ -73,6 +74,7 @@ class Prediction:
     seconds: float
     configs: int
     skipped: list[str] = field(default_factory=list)  # configs that could not be replayed, why
+    streams: str = ""  # STREAMS: where a speculative launch's tokens part from the baseline's
 
     def leaders(self, concurrency: int, n: int, *, metric: str = "pred_output_throughput"
                 ) -> list[dict[str, Any]]:
@@ -94,6 +96,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     levels = [c for c in (levels or base_capture.levels()) if base_capture.level(c, warmup=False)]
     replay = _Replayer(base_capture, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        levels=levels, memo=memo)
+    replay.alternate = _alternate(replay, measured)
     baseline = _pooled([m for m in measured if m.role == "baseline"])
     aligned = _pooled([m for m in measured if m.aligned])
     costs = calibrate(replay, measured, levels)
@@ -123,9 +126,10 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             row.update(_measured(by_key.get(cfg.key()), c, row))
             row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
             row["calibration"] = cfg.label() in calibrated_on
+            row["alternate_stream_requests"] = replay.switched.get(cfg.key(), 0)
             rows.append(row)
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
-                      configs=len(todo), skipped=skipped)
+                      configs=len(todo), skipped=skipped, streams=_streams_line(replay))
 
 
 def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
@@ -269,17 +273,33 @@ def _nonnegative_line(rows: Sequence[tuple[float, float]]) -> tuple[float, float
 
 
 class _Replayer:
-    """Replays configs over one capture, once per (config, capture)."""
+    """Replays configs over one capture, once per (config, capture); with an alternate
+    stream (tuner.replay.streams), over the stream each request of the config follows."""
 
     def __init__(self, capture: TokenCapture, *, max_model_len: int, max_num_seqs: int,
                  levels: Sequence[int], memo: dict | None = None) -> None:
         self.capture, self.levels = capture, list(levels)
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self._memo: dict[tuple, dict[int, acceptance.Acceptance]] = {} if memo is None else memo
+        self.alternate: streams.Alternate | None = None
+        self.switched: dict[str, int] = {}  # config key -> requests on the alternate's stream
+
+    @functools.cached_property
+    def partings(self) -> dict[tuple[int, int], int]:
+        return self.alternate.partings(self.capture) if self.alternate else {}
 
     def acceptance(self, cfg: TrialConfig, *, capture: TokenCapture | None = None
                    ) -> dict[int, acceptance.Acceptance]:
-        cap = capture or self.capture
+        """The config's acceptance per level: over `capture` (a launch's own tokens) when
+        given, else over the baseline's tokens, each request on the stream it follows."""
+        own = self._replay(cfg, capture or self.capture)
+        if capture is not None or self.alternate is None:
+            return own
+        followed, switched = streams.follow(self.capture, own, self.alternate, self.partings)
+        self.switched[cfg.key()] = switched
+        return own if not switched else self._replay(cfg, followed)
+
+    def _replay(self, cfg: TrialConfig, cap: TokenCapture) -> dict[int, acceptance.Acceptance]:
         memo_key = (cfg.key(), cap.digest, tuple(self.levels), self.max_model_len,
                     self.max_num_seqs)
         if memo_key not in self._memo:
@@ -293,6 +313,35 @@ class _Replayer:
 
     def prompt_lengths(self, c: int) -> list[int]:
         return _prompts(self.capture, c)
+
+
+def _alternate(replay: _Replayer, measured: Sequence[MeasuredTrial]) -> streams.Alternate | None:
+    """STREAMS: the measured speculative launch whose tokens stand for what drafting engines
+    emit where the baseline's part from them: the first calibration launch (the config that
+    drafts the most), else the first measured replayable speculative launch with tokens."""
+    spec = [m for m in measured if m.speculative and m.capture is not None
+            and acceptance.replayable(m.config.speculative_config)]
+    if not spec:
+        return None
+    pick = min(spec, key=lambda m: (m.role != "calibration", m.number))
+    try:
+        replayed = replay.acceptance(pick.config, capture=pick.capture)
+    except ValueError:
+        return None
+    return streams.Alternate(capture=pick.capture, replayed=replayed, label=pick.config.label())
+
+
+def _streams_line(replay: _Replayer) -> str:
+    """One line on STREAMS for the console: how many measured requests of the alternate
+    launch part from the baseline's, and how many configs follow it there."""
+    if replay.alternate is None or not replay.partings:
+        return ""
+    requests = sum(1 for c in replay.levels for r in replay.capture.level(c, warmup=False))
+    following = sum(1 for n in replay.switched.values() if n)
+    return (f"token streams: {len(replay.partings)} of {requests} measured requests part from "
+            f"the baseline's under {replay.alternate.label}; {following} of "
+            f"{len(replay.switched)} configs follow that stream there (their drafting passes "
+            "match it: tuner.replay.streams)")
 
 
 def _lengths(capture: TokenCapture, c: int) -> list[int]:
@@ -331,7 +380,7 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
         return row
     if step is None or not step.calibrated or acc is None or yardstick is None:
         return row
-    played = _play(step, acc.request_drafts, acc.k, replay, c, slots)
+    played = _play(step, acc.request_drafts, acc.request_lengths, acc.k, replay, c, slots)
     thr = yardstick.throughput(played)
     row.update(pred_mean_tpot_ms=played.mean_tpot_ms, pred_mean_ttft_ms=played.mean_ttft_ms,
                pred_output_throughput=thr, uniform_share=played.uniform_share,
@@ -339,9 +388,9 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
     return row
 
 
-def _play(step: cost.StepCost, drafts: list[np.ndarray], k: int, replay: _Replayer, c: int,
-          slots: int) -> schedule.Schedule:
-    return schedule.simulate(drafts, replay.output_lengths(c), concurrency=slots, k=k,
+def _play(step: cost.StepCost, drafts: list[np.ndarray], lengths: list[int], k: int,
+          replay: _Replayer, c: int, slots: int) -> schedule.Schedule:
+    return schedule.simulate(drafts, lengths, concurrency=slots, k=k,
                              step_ms=step.step_ms, prompts=replay.prompt_lengths(c),
                              prefill_ms_per_token=step.prefill.ms_per_token,
                              overhead_ms=step.prefill.overhead_ms)
@@ -368,7 +417,7 @@ def _played_baseline(step: cost.StepCost | None, replay: _Replayer, c: int,
     lengths = replay.output_lengths(c)
     if step is None or not step.calibrated or not lengths:
         return None
-    return _play(step, schedule.baseline_drafts(lengths), 0, replay, c, slots)
+    return _play(step, schedule.baseline_drafts(lengths), lengths, 0, replay, c, slots)
 
 
 def _decomposed(row: dict[str, Any], base: dict[str, float] | None,

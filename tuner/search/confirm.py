@@ -288,6 +288,8 @@ class ReplaySearch:
     def _print_costs(self, pred: Prediction) -> None:
         for c in sorted(pred.costs):
             self.say("  step cost " + pred.costs[c].describe())
+        if pred.streams:
+            self.say("  " + pred.streams)
 
     # -- confirming -------------------------------------------------------------------------
     def _samples(self, cfg: TrialConfig) -> list[float]:
