@@ -3,15 +3,15 @@
 1. `tuner optimize --strategy replay` and `tuner optimize --strategy optuna` (TPE, seed 0) on
    the same workload and settings (the README's main job unless told otherwise), each with
    --n-trials launches; printed: launches, wall time, the c=1 recommendation of each.
-2. A check session on one engine setup, c=1 only, every config launched in one sequence:
-   each study's pick, then CHECKS other configs of the space (the replay's next best
-   predictions and seeded random ones, none of them a pick), then both picks again. Printed:
+2. A check session on one engine setup, c=1 only: each study's pick, then CHECKS other
+   configs of the space (the replay's next best predictions and seeded random ones, none of
+   them a pick), the whole round CHECK_RUNS times. Printed:
    every config's measured output throughput and its ratio to the best of the session, and
    whether each pick is within 3% of that best. A difference below the picks' own run-to-run
    spread (printed) is not a finding.
 
     .venv/bin/python benchmarks/replay_search.py [--n-trials 6] [--checks 10]
-        [--out outputs/replay-search]
+        [--check-runs 2] [--out outputs/replay-search]
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n-trials", type=int, default=6)
     ap.add_argument("--checks", type=int, default=10)
+    ap.add_argument("--check-runs", type=int, default=2,
+                    help="how many times the check session measures every config")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-search"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,8 +95,10 @@ def main() -> None:
     wl = workloads.load(spec, tokenizer=engine.tokenizer or engine.model, pool=ms.pool_size(4),
                         max_model_len=commands.engine_setting(engine, "max_model_len"),
                         say=print)
-    sequence = [("replay pick", picks[0]), ("tpe pick", picks[-1])] if picks else []
-    sequence += [(f"check {i + 1}", c) for i, c in enumerate(checks)] + sequence
+    # Every config --check-runs times, round after round, so launch-to-launch noise (10-15%
+    # in a config's mean step time on this box) is not read as a ranking.
+    first = [("replay pick", picks[0]), ("tpe pick", picks[-1])] if picks else []
+    sequence = (first + [(f"check {i + 1}", c) for i, c in enumerate(checks)]) * args.check_runs
     measured: dict[str, list[float]] = {}
     labels: dict[str, str] = {}
     for i, (name, cfg) in enumerate(sequence):
