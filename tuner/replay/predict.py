@@ -1,9 +1,10 @@
 """Replay stage, predictions: every replayable config of a space at every level, no engine.
 
-acceptance (tuner.replay.acceptance, over the plain baseline's tokens) x step cost
-(tuner.replay.cost, fitted on the study's measured trials) -> per config and level: mean TPOT,
-output throughput and TTFT, with the measured figures beside them where the config was
-measured, and the prediction's error there. Where the study measured an aligned baseline (no
+acceptance (tuner.replay.acceptance, over the plain baseline's tokens, or where a speculative
+launch's bf16 output parted from them, over the stream the config follows: tuner.replay.streams)
+x step cost (tuner.replay.cost, fitted on the study's measured trials) -> per config and level:
+mean TPOT, output throughput and TTFT, with the measured figures beside them where the config
+was measured, and the prediction's error there. Where the study measured an aligned baseline (no
 speculation on the speculative engine path), each speculative row also splits its predicted
 speedup over the plain baseline into path_cost (measured) x pred_speculation_gain.
 
