@@ -18,6 +18,12 @@ Per set this prints:
    (tuner.replay.streams), and the median and worst |error| of throughput and TPOT over the
    configs the fit did not see, and how many of those errors exceed the config's own
    run-to-run spread in the same metric (sets measured in several passes).
+3. step shapes at c=1, where every streamed chunk is one engine step (the replayed steps equal
+   the chunks): per tokens scored n (1 + the draft the step verified, from the replay of the
+   launch's own tokens), the median and mean gap between chunks over every speculative launch of the
+   set and over the baselines, beside the fitted line at n. It shows what a line in n cannot:
+   on the CPU build a step that verifies one draft token (n = 2) cost 3-6 ms more than one
+   that verifies two or three, in n-gram K=1 and suffix launches alike.
 
 The script only calls `predict()`, so it also runs against another checkout's predictor:
 
@@ -35,6 +41,7 @@ import sys
 from pathlib import Path
 
 from tuner.records import BenchResult, TrialConfig
+from tuner.replay.acceptance import replay
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.tokens import FILE_NAME, TokenCapture
 
@@ -96,6 +103,8 @@ def refit(root: Path) -> dict:
     print("fit:")
     for c in sorted(pred.costs):
         print("  " + pred.costs[c].describe())
+    if 1 in pred.costs:
+        step_shapes(runs, pred.costs[1])
     print(f"{'config':46} {'c':>2} {'tok/s pred':>10} {'meas':>6} {'err':>7} {'TPOT pred':>9} "
           f"{'meas':>6} {'err':>7} {'TTFT pred':>9} {'meas':>6}")
     errors, al_errors = [], []
@@ -129,6 +138,37 @@ def refit(root: Path) -> dict:
                                            if judged else "-"}
     print(f"summary: {json.dumps(summary)}")
     return summary
+
+
+def step_shapes(runs: list[tuple[str, TrialConfig, Path]], line) -> None:
+    """Section 3: median chunk gap per tokens scored at c=1 against the fitted line."""
+    gaps: dict[tuple[bool, int], list[float]] = {}  # (speculative, n) -> gaps, ms
+    for _name, cfg, folder in runs:
+        path = folder / "requests.jsonl.xz"
+        if not path.exists():
+            continue
+        recs = sorted((r for r in map(json.loads, lzma.open(path, "rt"))
+                       if r["concurrency"] == 1 and not r["warmup"] and r["error"] is None),
+                      key=lambda r: r["index"])
+        spec = cfg.speculative_config
+        if spec:
+            cap = TokenCapture.load(folder / FILE_NAME)
+            drafts = replay(cap, spec, max_model_len=MAX_MODEL_LEN, levels=[1])[1].request_drafts
+        else:
+            drafts = [[0] * len(r["chunk_gaps_s"]) for r in recs]
+        for r, d in zip(recs, drafts, strict=True):
+            if len(d) != len(r["chunk_gaps_s"]):  # chunks coalesced: not one step each
+                continue
+            for steps_d, gap in zip(d, r["chunk_gaps_s"], strict=True):
+                gaps.setdefault((bool(spec), 1 + int(steps_d)), []).append(1000.0 * gap)
+    print("step shapes at c=1 (median and mean gap between streamed chunks, ms, [steps]; "
+          "n = tokens the step scored; the line is fitted on means):")
+    for n in sorted({n for _, n in gaps}):
+        cells = [f"{label} {statistics.median(v):5.1f} {statistics.fmean(v):5.1f} [{len(v):4d}]"
+                 if (v := gaps.get((s, n))) else f"{label}   -     -   [   0]"
+                 for s, label in ((False, "baseline"), (True, "speculative"))]
+        if len(gaps.get((True, n), [])) + len(gaps.get((False, n), [])) >= 10:
+            print(f"  n={n:2d}  {cells[0]}  {cells[1]}  line {line.step_ms(n):5.1f}")
 
 
 def _spreads(measured: list[MeasuredTrial]) -> dict[tuple[str, int, str], float]:

@@ -8,6 +8,7 @@ returns is a record or a path the CLI prints.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -360,6 +361,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     """The predicted table of a space (default: the study's) from a study whose baseline holds
     token ids, calibrated on the study's measured trials; no engine, nothing written.
     Returns a tuner.replay.predict.Prediction."""
+    from tuner.replay.predict import Prediction
     from tuner.replay.predict import predict as predict_space
     from tuner.search import confirm
     from tuner.search import space as spaces
@@ -384,11 +386,22 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     configs = confirm.candidates(sp)
     say(f"Replaying {len(configs)} configs of space '{sp.name}' over trial {base.number}'s "
         f"tokens ...")
-    return predict_space(
-        base.capture, configs, confirm.measured_trials(study, study_dir),
-        max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
-        max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
-        levels=list(concurrency) if concurrency else levels)
+    measured = confirm.measured_trials(study, study_dir)
+    memo: dict = {}
+
+    def run(cands: list[TrialConfig]) -> Prediction:
+        return predict_space(
+            base.capture, cands, measured,
+            max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
+            max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
+            levels=list(concurrency) if concurrency else levels, memo=memo)
+
+    t0 = time.monotonic()
+    configs, pred, added = confirm.refine(sp, configs, run(configs), run)
+    if added:
+        say(f"Searched the sampled grids around the predicted leaders: {added} more configs "
+            f"replayed ({len(configs)} in all).")
+    return dataclasses.replace(pred, seconds=time.monotonic() - t0)
 
 
 @_one_driver

@@ -14,6 +14,7 @@ from conftest import fake_engine_spec
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import MeasureSettings, WorkloadSpec
+from tuner.search import confirm
 from tuner.search import study as st
 
 pytest.importorskip("vllm")
@@ -211,3 +212,14 @@ def test_auto_alignment_adds_no_launch_where_the_path_is_the_same(tmp_path):
     roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert roles[:2] == ["baseline", "calibration"] and "aligned_baseline" not in roles
     assert sum("no aligned baseline to measure" in ln for ln in lines) == 1
+
+
+def test_the_suffix_sample_is_climbed_around_the_predicted_leaders(tmp_path):
+    pytest.importorskip("arctic_inference")
+    _, lines = _optimize(tmp_path, n_trials=3, space="suffix")
+    climbed = [line for line in lines if line.startswith("Searched the sampled grids")]
+    assert len(climbed) == 1
+    pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
+    keys = pred[pred["method"] == "suffix"]["key"].unique()
+    assert len(keys) > confirm.SUFFIX_POINTS + 1  # the sample, its start point, the climb
+    assert len(keys) <= confirm.SUFFIX_POINTS + 1 + confirm.REFINE_MAX
