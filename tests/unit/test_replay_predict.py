@@ -60,16 +60,23 @@ PREFILL = cost.Prefill(ms_per_token=0.05, overhead_ms=25.0)
 
 
 def _level(c: int, tpot: float, thr: float, acc_len: float | None = None,
-           ttft: float = TTFT_MS) -> LevelMetrics:
+           ttft: float = TTFT_MS, played: schedule.Schedule | None = None) -> LevelMetrics:
+    """A measured level; `played` (a synthetic engine's play) gives the request counts and
+    the mean latency that its decode time per token implies."""
     nan = math.nan
+    completed, out_tokens, e2e = 6, 0, nan
+    if played is not None:
+        completed, out_tokens = len(played.ttft_ms), played.output_tokens
+        e2e = ttft + played.decode_ms_per_token * (out_tokens - completed) / completed
     return LevelMetrics(
-        concurrency=c, num_requests=6, completed=6, failed=0, warmup_requests=c, duration=1.0,
-        total_input_tokens=0, total_output_tokens=0, request_throughput=0.0,
-        output_throughput=thr, total_token_throughput=thr, mean_ttft_ms=ttft,
-        median_ttft_ms=ttft, p90_ttft_ms=nan, p99_ttft_ms=nan, mean_tpot_ms=tpot,
-        median_tpot_ms=tpot, p90_tpot_ms=nan, p99_tpot_ms=nan, std_tpot_ms=0.0,
-        mean_itl_ms=nan, median_itl_ms=nan, p90_itl_ms=nan, p99_itl_ms=nan, mean_e2el_ms=nan,
-        median_e2el_ms=nan, p99_e2el_ms=nan, spec_decode_acceptance_length=acc_len)
+        concurrency=c, num_requests=completed, completed=completed, failed=0,
+        warmup_requests=c, duration=1.0, total_input_tokens=0, total_output_tokens=out_tokens,
+        request_throughput=0.0, output_throughput=thr, total_token_throughput=thr,
+        mean_ttft_ms=ttft, median_ttft_ms=ttft, p90_ttft_ms=nan, p99_ttft_ms=nan,
+        mean_tpot_ms=tpot, median_tpot_ms=tpot, p90_tpot_ms=nan, p99_tpot_ms=nan,
+        std_tpot_ms=0.0, mean_itl_ms=nan, median_itl_ms=nan, p90_itl_ms=nan, p99_itl_ms=nan,
+        mean_e2el_ms=e2e, median_e2el_ms=e2e, p99_e2el_ms=nan,
+        spec_decode_acceptance_length=acc_len)
 
 
 def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: str, *,
@@ -95,7 +102,7 @@ def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: st
                                    prompts=prompts, prefill_ms_per_token=PREFILL.ms_per_token,
                                    overhead_ms=PREFILL.overhead_ms)
         levels[c] = _level(c, played.mean_tpot_ms, thr=played.output_throughput,
-                           acc_len=acc_len, ttft=played.mean_ttft_ms)
+                           acc_len=acc_len, ttft=played.mean_ttft_ms, played=played)
     return MeasuredTrial(number, config or TrialConfig(speculative_config=spec), role, levels,
                          cap, cudagraph_mode=cudagraph_mode)
 

@@ -48,9 +48,13 @@ def test_prefills_stall_the_running_requests_and_the_fit_coefficients_add_up():
     got = schedule.simulate(drafts, lengths, concurrency=3, k=3, step_ms=_line(a, b, m),
                             prompts=prompts, prefill_ms_per_token=q, overhead_ms=5.0)
     assert got.stall_ms > 0  # later requests were prefilled while others decoded
-    # mean TPOT = a coef_a + b coef_b + m coef_m + stalls: what the cost fit inverts
-    assert got.mean_tpot_ms == pytest.approx(a * got.coef_a + b * got.coef_b + m * got.coef_m
-                                             + got.stall_ms)
+    # decode time per token = a coef_a + b coef_b + m coef_m + stalls: what the cost fit
+    # inverts; it is sum(e2e - TTFT) / sum(N - 1), each request weighed by its tokens
+    assert got.decode_ms_per_token == pytest.approx(a * got.coef_a + b * got.coef_b
+                                                    + m * got.coef_m + got.stall_ms)
+    per = [n - 1 for n in lengths if n > 1]
+    assert got.decode_ms_per_token == pytest.approx(
+        sum(t * n for t, n in zip(got.tpot_ms, per, strict=True)) / sum(per))
     assert 0.0 < got.uniform_share < 1.0
     free = schedule.simulate(drafts, lengths, concurrency=3, k=3, step_ms=_line(a, b, m),
                              prompts=prompts, prefill_ms_per_token=0.0, overhead_ms=5.0)

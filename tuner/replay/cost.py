@@ -5,9 +5,17 @@ where d is the mean number of draft tokens a request adds to a step (0 without s
 The model per level is t(n, u) = a + b n + m u, fitted by least squares on measured trials of
 one engine:
 
-- a baseline (no speculation): n = c, and its step time is its TPOT (one token per step);
+- a baseline (no speculation): n = c, and its step time is its decode time per token (one
+  token per step);
 - a speculative trial: n = c (1 + d) with d from the replay of its own config, and its step
-  time is its mean TPOT divided by the replayed steps per output token.
+  time is its decode time per token divided by the replayed steps per output token.
+
+The decode time per token is sum(e2e - TTFT) / sum(N - 1) over the level's requests, not their
+mean TPOT, which weighs a request of two tokens as much as one of 64: on sharegpt at c=4 one
+such request whose single gap held another request's prefill moved the baseline's mean TPOT
+from 57 to 145 ms between two passes, and a fit on it priced the baseline's step at 71 ms, not 51
+(benchmarks/data/cpu-replay/stop17-sharegpt-16p-seed3). Prefill stalls are subtracted as the
+play gives them (tuner.replay.schedule).
 
 u is the share of the engine's decode steps that are not uniform (tuner.replay.acceptance,
 UNIFORM_DECODE): where vLLM splits CUDA graphs by batch shape (FULL_AND_PIECEWISE,

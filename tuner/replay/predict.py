@@ -186,7 +186,7 @@ class _Observed:
     drafts: list[np.ndarray]
     lengths: list[int]
     prompts: list[int]
-    tpot_ms: float
+    decode_ms: float  # the level's decode time per token (tuner.replay.schedule)
     ttft_ms: float | None
 
     def play(self, step: schedule.StepFn, slots: int, prefill: cost.Prefill
@@ -202,7 +202,7 @@ class _Observed:
         if not played.coef_a:
             return None
         return cost.Point(label=self.label, scored=played.scored_per_step,
-                          step_ms=(self.tpot_ms - played.stall_ms) / played.coef_a,
+                          step_ms=(self.decode_ms - played.stall_ms) / played.coef_a,
                           ttft_ms=self.ttft_ms if self.ttft_ms is not None else math.nan,
                           anchor=self.anchor, mixed=played.mixed_per_step)
 
@@ -210,7 +210,7 @@ class _Observed:
 def _observed(replay: _Replayer, group: list[MeasuredTrial], c: int, *,
               anchor: bool) -> _Observed | None:
     lv = _median_level(group, c)
-    if lv is None or not _finite(lv["mean_tpot_ms"]):
+    if lv is None or not _finite(lv["decode_ms_per_token"]):
         return None
     own = next((m.capture for m in group if m.capture is not None), None)
     cap = own or replay.capture
@@ -219,7 +219,7 @@ def _observed(replay: _Replayer, group: list[MeasuredTrial], c: int, *,
     label = group[0].config.label()
     if anchor:
         return _Observed(label, True, 0, schedule.baseline_drafts(lengths), lengths, prompts,
-                         lv["mean_tpot_ms"], ttft)
+                         lv["decode_ms_per_token"], ttft)
     try:
         acc = replay.acceptance(group[0].config, capture=own).get(c)
     except ValueError:
@@ -227,7 +227,7 @@ def _observed(replay: _Replayer, group: list[MeasuredTrial], c: int, *,
     if acc is None or not acc.steps:
         return None
     return _Observed(label, False, acc.k, acc.request_drafts, lengths, prompts,
-                     lv["mean_tpot_ms"], ttft)
+                     lv["decode_ms_per_token"], ttft)
 
 
 def _fit_prefill(observed: dict[int, list[_Observed]], fitted: dict[int, cost.StepCost],
@@ -478,7 +478,21 @@ def _median_level(group: Sequence[MeasuredTrial], c: int) -> dict[str, float] | 
     for name in _FIELDS:
         values = [v for lv in levels if _finite(v := getattr(lv, name))]
         out[name] = statistics.median(values) if values else None
+    values = [v for lv in levels if _finite(v := _decode_ms_per_token(lv))]
+    out["decode_ms_per_token"] = statistics.median(values) if values else None
     return out
+
+
+def _decode_ms_per_token(lv: LevelMetrics) -> float | None:
+    """sum(e2e - TTFT) / sum(N - 1) over the level's completed requests: its decode time per
+    token (mean TPOT where the level holds no latencies to derive it from). The cost fit reads
+    this, not mean TPOT: at c=4 on sharegpt (16 requests, five of one or two tokens) one
+    request of two tokens whose only gap held another's 1.2 s prefill made the baseline's
+    mean TPOT 145 ms in one pass and 57 ms in the next."""
+    decoded = lv.total_output_tokens - lv.completed
+    if decoded <= 0 or not _finite(lv.mean_e2el_ms) or not _finite(lv.mean_ttft_ms):
+        return lv.mean_tpot_ms
+    return (lv.mean_e2el_ms - lv.mean_ttft_ms) * lv.completed / decoded
 
 
 def _pooled(group: Sequence[MeasuredTrial]) -> dict[int, dict[str, float]]:

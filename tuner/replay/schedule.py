@@ -47,18 +47,25 @@ StepFn = Callable[[float, float], float]  # (tokens scored, non-uniform 0/1) -> 
 class Schedule:
     """A simulated level: its duration, per request its TTFT and TPOT, and what its decode
     steps held, for the cost fit: a request's decode time is
-    a * steps + b * (tokens its steps scored) + m * (its non-uniform steps) + prefill stalls."""
+    a * steps + b * (tokens its steps scored) + m * (its non-uniform steps) + prefill stalls,
+    and the coefficients are those sums over all requests per token they decoded (what the
+    level's decode time per token, sum(e2e - TTFT) / sum(N - 1), weighs them by)."""
 
     duration_ms: float
     output_tokens: int
     ttft_ms: tuple[float, ...]  # per request
     tpot_ms: tuple[float, ...]  # per request with more than one output token
-    coef_a: float  # mean over those requests of (steps) / (N - 1)
-    coef_b: float  # mean of (sum over its steps of the tokens the step scored) / (N - 1)
-    coef_m: float  # mean of (its steps that were not uniform) / (N - 1)
-    stall_ms: float  # mean of (prefill time of other requests inside its steps) / (N - 1)
+    coef_a: float  # sum over requests of their decode steps / sum of (N - 1)
+    coef_b: float  # sum over requests and their steps of the tokens a step scored / sum (N - 1)
+    coef_m: float  # sum of their steps that were not uniform / sum of (N - 1)
+    stall_ms: float  # sum of prefill time of other requests inside their steps / sum (N - 1)
     steps: int  # engine steps in the level
     uniform_steps: int  # of those, steps where every request scored 1 + K
+    # sum over requests of (e2e - TTFT) / sum of (N - 1): the level's decode time per token,
+    # which weighs each request by the tokens it decoded, as throughput does (mean TPOT weighs
+    # a request of 2 tokens, whose one gap may be a whole prefill of another, as much as one
+    # of 64)
+    decode_ms_per_token: float = 0.0
 
     @property
     def mean_tpot_ms(self) -> float | None:
@@ -79,7 +86,8 @@ class Schedule:
 
     @property
     def scored_per_step(self) -> float | None:
-        """Tokens scored per step as the requests' TPOT weighs them (what the fit uses)."""
+        """Tokens scored per step as the decode time per token weighs them (what the fit
+        uses)."""
         return self.coef_b / self.coef_a if self.coef_a else None
 
     @property
@@ -158,18 +166,17 @@ def simulate(drafts: Sequence[np.ndarray], lengths: Sequence[int], *, concurrenc
         if finished:
             send(now)
     per = [i for i in range(n_req) if lengths[i] > 1]
+    decoded = sum(lengths[i] - 1 for i in per)
 
-    def mean(values: list[float]) -> float:
-        return statistics.fmean(values) if values else 0.0
+    def per_token(values: list[float]) -> float:
+        return sum(values[i] for i in per) / decoded if decoded else 0.0
 
     return Schedule(
         duration_ms=end, output_tokens=int(sum(lengths)), ttft_ms=tuple(ttft),
         tpot_ms=tuple(busy[i] / (lengths[i] - 1) for i in per),
-        coef_a=mean([n_steps[i] / (lengths[i] - 1) for i in per]),
-        coef_b=mean([n_sum[i] / (lengths[i] - 1) for i in per]),
-        coef_m=mean([mixed_sum[i] / (lengths[i] - 1) for i in per]),
-        stall_ms=mean([stall[i] / (lengths[i] - 1) for i in per]),
-        steps=engine_steps, uniform_steps=uniform)
+        coef_a=per_token(n_steps), coef_b=per_token(n_sum), coef_m=per_token(mixed_sum),
+        stall_ms=per_token(stall), steps=engine_steps, uniform_steps=uniform,
+        decode_ms_per_token=per_token(busy))
 
 
 def baseline_drafts(lengths: Sequence[int]) -> list[np.ndarray]:
