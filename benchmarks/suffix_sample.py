@@ -85,8 +85,10 @@ def check(root: Path, seeds: list[int]) -> None:
             s, _ = best_suffix(first, c)
             r, label = best_suffix(climbed, c)
             cells.append(f"c={c} sample {s:6.1f} ({s / top[c]:.4f})  climb {r:6.1f} "
-                         f"({r / top[c]:.4f}) {label[:48]}")
-        print(f"  seed {seed}: climb +{added} configs in {took:4.1f} s | " + " | ".join(cells))
+                         f"({r / top[c]:.4f}) {label}")
+        print(f"  seed {seed}: climb +{added} configs in {took:4.1f} s")
+        for cell in cells:
+            print(f"    {cell}")
     print(f"  whole grid: {len(grid)} suffix configs predicted in {whole_s:.0f} s")
     for c in levels:
         ranked = [r["pred_output_throughput"] for r in whole.leaders(c, 1 << 20)]
@@ -97,7 +99,7 @@ def check(root: Path, seeds: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sets", nargs="*", default=["stop16-instructcoder-16p-seed2",
-                                                "stop16-sharegpt-seed1"])
+                                                "stop17-sharegpt-16p-seed3"])
     ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-replay")
     ap.add_argument("--seeds", default="0,1,2")
     args = ap.parse_args()
