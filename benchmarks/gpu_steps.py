@@ -11,6 +11,14 @@ steps are rebuilt from the chunk times of all requests (chunks closer than CLUST
 level's median gap between a request's chunks came from one step), and the same split is made by whether every request in the step drafted
 K (uniform) or not.
 
+What it showed on the H200 (vLLM 0.26.0, SmolLM2-135M, stop 17): at c=1 a full-K step of an
+n-gram engine took 3.3-3.8 ms and a step that drafted nothing 8.3-10.4 ms, where the aligned
+baseline's step took 2.7 ms; at c=8 uniform steps took 3.1-4.5 ms and the others 7.4-12.3 ms.
+This is the plane model's m (tuner.replay.cost). What it cannot predict is the launch: k=8
+window 1-2 and k=8 window 1-5 draft alike (acceptance length 3.03 and 3.00 at c=8, 10% and 8%
+of steps uniform) yet their non-uniform steps took 12.3 and 7.4 ms at c=8, 10.4 and 8.4 ms at
+c=1, in launches 2 and 6 of one session. A calibration launch carries its launch's level.
+
     .venv/bin/python benchmarks/gpu_steps.py [--data benchmarks/data/h200-steps]
 """
 
@@ -88,13 +96,16 @@ def _rebuilt(recs: list[dict], drafts: list[np.ndarray], k: int) -> dict[str, li
             steps[-1].append(e)
         else:
             steps.append([e])
-    out: dict[str, list[float]] = {"with a prefill": [], "non-uniform": [], "uniform": []}
+    out: dict[str, list[float]] = ({"with a prefill": [], "non-uniform": [], "uniform": []}
+                                   if k else {"with a prefill": [], "decode only": []})
     for prev, step in zip(steps, steps[1:], strict=False):
         gap = statistics.fmean(t for t, _ in step) - statistics.fmean(t for t, _ in prev)
         ds = [d for _, d in step]
         if any(d is None for d in ds):
             out["with a prefill"].append(gap)
-        elif k and all(d == k for d in ds):
+        elif not k:
+            out["decode only"].append(gap)
+        elif all(d == k for d in ds):
             out["uniform"].append(gap)
         else:
             out["non-uniform"].append(gap)
@@ -107,7 +118,9 @@ def main() -> None:
                     default=Path(__file__).parent / "data" / "h200-steps")
     args = ap.parse_args()
     for folder in sorted(p for p in args.data.iterdir() if (p / "result.json").exists()):
-        result = BenchResult.model_validate_json((folder / "result.json").read_text())
+        raw = json.loads((folder / "result.json").read_text())  # `tuner bench` adds fields
+        result = BenchResult.model_validate({k: v for k, v in raw.items()
+                                             if k in BenchResult.model_fields})
         spec = result.config.speculative_config
         k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
         tput = "  ".join(f"c={lv.concurrency} {lv.output_throughput:7.1f} tok/s"
