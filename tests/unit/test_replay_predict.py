@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -135,6 +136,23 @@ def test_predictions_recover_a_known_step_cost_out_of_sample():
         assert r["pred_speedup"] > 1.0  # copied spans: speculation pays on this engine
     best = pred.leaders(1, 1)[0]
     assert best["method"] == "ngram"
+
+
+def test_the_fit_reads_decode_time_per_token_not_mean_tpot():
+    # One request of two tokens whose only gap held another's prefill can triple a level's
+    # mean TPOT (sharegpt, c=4: 57 then 145 ms for one baseline) while its decode time per
+    # token, sum(e2e - TTFT) / sum(N - 1), hardly moves: the fit must not see the outlier.
+    cap = _capture()
+    base = _synthetic_trial(0, cap, None, "baseline")
+    skewed = {c: lv.model_copy(update={"mean_tpot_ms": 3.0 * lv.mean_tpot_ms})
+              for c, lv in base.levels.items()}
+    measured = [dataclasses.replace(base, levels=skewed), _synthetic_trial(1, cap, NG,
+                                                                           "calibration")]
+    pred = predict(cap, [TrialConfig(speculative_config=NG)], measured, max_model_len=4096,
+                   max_num_seqs=16)
+    for c in (1, 2):
+        assert pred.costs[c].a == pytest.approx(A_MS[c], rel=1e-3)
+        assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
 
 
 def test_a_plane_through_three_points_is_exact_and_two_points_ask_for_a_third():
