@@ -155,6 +155,25 @@ def test_the_fit_reads_decode_time_per_token_not_mean_tpot():
         assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
 
 
+def test_a_table_extended_with_more_configs_equals_one_predicted_at_once():
+    # The search's climb adds configs to a table without predicting it again: every row
+    # depends on its own config and the measured trials only.
+    cap = _capture()
+    measured = [_synthetic_trial(0, cap, None, "baseline"),
+                _synthetic_trial(1, cap, NG, "calibration")]
+    first, more = [TrialConfig(speculative_config=NG)], [TrialConfig(speculative_config=SMALL)]
+    kw = dict(max_model_len=4096, max_num_seqs=16)
+    whole = predict(cap, first + more, measured, **kw)
+    parts = predict(cap, first, measured, **kw).extended(predict(cap, more, measured, **kw))
+    assert parts.configs == whole.configs == 2
+
+    def table(pred):
+        return sorted((r["key"], r["concurrency"], r["pred_output_throughput"],
+                       r["pred_mean_tpot_ms"]) for r in pred.rows)
+
+    assert table(parts) == table(whole)
+
+
 def test_a_plane_through_three_points_is_exact_and_two_points_ask_for_a_third():
     base = cost.Point("base", 1, 2.4, 10.0, anchor=True)
     heavy = cost.Point("k8", 7.6, 2.4 + 0.15 * 6.6 + 6.0 * 0.3, 10.0, mixed=0.3)

@@ -62,8 +62,9 @@ def _fake_predictor(peak: dict):
         rows = []
         for cfg in configs:
             dist = sum(abs(_knobs(cfg)[k] - peak[k]) / s for k, s in steps.items())
-            rows.append({"concurrency": 1, "method": cfg.method, "pred_output_throughput":
-                         100.0 - dist, "speculative_config": json.dumps(cfg.speculative_config)})
+            rows.append({"key": cfg.key(), "concurrency": 1, "method": cfg.method,
+                         "pred_output_throughput": 100.0 - dist,
+                         "speculative_config": json.dumps(cfg.speculative_config)})
         costs = {1: types.SimpleNamespace(calibrated=True)}
         return Prediction(rows=rows, costs=costs, seconds=0.0, configs=len(configs))
 
@@ -82,6 +83,8 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
     assert added == len(configs) - len(start) > 0
     assert len({c.key() for c in configs}) == len(configs)  # nothing replayed twice
     assert len(calls) - 1 <= confirm.REFINE_ROUNDS
+    assert sum(calls[1:]) == added  # each round predicts only the configs it adds
+    assert pred.configs == len(configs) and len(pred.rows) == len(configs)
     assert added < 400  # a climb, not the whole grid of 1,536
 
 

@@ -77,6 +77,16 @@ class Prediction:
     skipped: list[str] = field(default_factory=list)  # configs that could not be replayed, why
     streams: str = ""  # STREAMS: where a speculative launch's tokens part from the baseline's
 
+    def extended(self, more: Prediction) -> Prediction:
+        """This table with `more`'s configs added: a prediction of other configs from the same
+        capture and measured trials (each row depends on its config alone, so nothing here is
+        predicted again)."""
+        mine = {(r["key"], r["concurrency"]) for r in self.rows}
+        rows = [r for r in more.rows if (r["key"], r["concurrency"]) not in mine]
+        return dataclasses.replace(
+            self, rows=[*self.rows, *rows], seconds=self.seconds + more.seconds,
+            configs=self.configs + more.configs, skipped=[*self.skipped, *more.skipped])
+
     def leaders(self, concurrency: int, n: int, *, metric: str = "pred_output_throughput"
                 ) -> list[dict[str, Any]]:
         """The n best predicted speculative rows at `concurrency`, best first."""

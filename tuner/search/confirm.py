@@ -124,13 +124,14 @@ REFINE_MAX = 64  # configs the climb may add: ~21 s of suffix replay on an H200-
 
 
 def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
-           repredict: Callable[[list[TrialConfig]], Prediction]
+           predict_more: Callable[[list[TrialConfig]], Prediction]
            ) -> tuple[list[TrialConfig], Prediction, int]:
     """Search the sampled grids (suffix: 24 of 1,536 points) around the predicted leaders:
-    replay the grid neighbours of the REFINE_TOP best configs of each method at every level,
-    re-predict, and repeat until no leader has an unreplayed neighbour (or REFINE_ROUNDS, or
-    REFINE_MAX configs added). Needs a calibrated step cost (the leaders are by predicted
-    throughput). Returns the configs, the last prediction and how many configs it added.
+    predict the grid neighbours of the REFINE_TOP best configs of each method at every level
+    (`predict_more` predicts the configs it is given, from the same capture and trials), add
+    them to the table, and repeat until no leader has an unpredicted neighbour (or
+    REFINE_ROUNDS, or REFINE_MAX configs added). Needs a calibrated step cost (the leaders are
+    by predicted throughput). Returns the configs, the table and how many configs it added.
 
     On the stored CPU sets the predicted suffix landscape is flat near its top: over two sets
     and three seeds the sample's best came within 1.5% of the whole grid's, the climb's within
@@ -154,7 +155,7 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
         seen |= {c.key() for c in fresh}
         configs = [*configs, *fresh]
         added += len(fresh)
-        pred = repredict(configs)
+        pred = pred.extended(predict_more(fresh))
     return configs, pred, added
 
 
@@ -270,8 +271,9 @@ class ReplaySearch:
                 pred = self._predict(capture, configs)
         t0 = time.monotonic()
         configs, pred, added = refine(self.loop.space, configs, pred,
-                                      lambda more: self._predict(capture, more))
+                                      lambda more: self._predict(capture, more, show=False))
         if added:
+            self._show(pred)
             self.say(f"Searched the sampled grids around the predicted leaders: {added} more "
                      f"configs replayed ({len(configs)} in all, {time.monotonic() - t0:.1f} s).")
         self._print_costs(pred)
@@ -349,12 +351,18 @@ class ReplaySearch:
     def measured(self) -> list[MeasuredTrial]:
         return measured_trials(self.study, self.study_dir)
 
-    def _predict(self, capture, configs: list[TrialConfig]) -> Prediction:
+    def _predict(self, capture, configs: list[TrialConfig], *, show: bool = True
+                 ) -> Prediction:
         pred = predict(capture, configs, self.measured(), max_model_len=self.max_model_len,
                        max_num_seqs=self.max_num_seqs, memo=self._memo)
+        if show:
+            self._show(pred)
+        return pred
+
+    def _show(self, pred: Prediction) -> None:
+        """The table the study keeps (predicted.csv, plots, report)."""
         self.prediction = pred
         self.on_prediction(pred)
-        return pred
 
     def _calibration_config(self, pred: Prediction) -> TrialConfig | None:
         top = max(self.loop.settings.concurrencies)
