@@ -4,7 +4,9 @@ Fits on the H200 set's baseline, aligned baseline and two calibration launches
 (benchmarks/data/h200-stop15, read as benchmarks/stepcost_h200.py reads it), then predicts
 every config of the space at every level (64 requests at c=1 and c=8, 128 at c=32) three
 times: cold (replays and the numba compile included), then twice with one replay memo, as the
-replay strategy re-predicts after each launch. Prints the wall seconds of each call.
+replay strategy re-predicts after each launch; then the climb over the sampled grids around the
+leaders (confirm.refine, which the strategy and `tuner predict` run once). Prints the wall
+seconds of each.
 
     .venv/bin/python benchmarks/predict_speed.py [--space ngram]
 """
@@ -43,6 +45,13 @@ def main() -> None:
           f"{len(pred.rows)} rows")
     for label, seconds in times:
         print(f"  {label:10} {seconds:6.2f} s")
+    t0 = time.monotonic()
+    _, _, added = confirm.refine(
+        spaces.load(args.space), configs, pred,
+        lambda more: predict(base, more, fitted, max_model_len=4096, max_num_seqs=256,
+                             memo=memo), limit=confirm.refine_limit(base))
+    print(f"  climb      {time.monotonic() - t0:6.2f} s  ({added} configs added around the "
+          "predicted leaders, confirm.refine)")
 
 
 if __name__ == "__main__":

@@ -388,16 +388,17 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
         f"tokens ...")
     measured = confirm.measured_trials(study, study_dir)
     memo: dict = {}
+    max_model_len = commands.engine_setting(engine, "max_model_len") or 1 << 30
+    max_num_seqs = commands.engine_setting(engine, "max_num_seqs") or 256
 
     def run(cands: list[TrialConfig]) -> Prediction:
-        return predict_space(
-            base.capture, cands, measured,
-            max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
-            max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
-            levels=list(concurrency) if concurrency else levels, memo=memo)
+        return predict_space(base.capture, cands, measured, max_model_len=max_model_len,
+                             max_num_seqs=max_num_seqs, memo=memo,
+                             levels=list(concurrency) if concurrency else levels)
 
     t0 = time.monotonic()
-    configs, pred, added = confirm.refine(sp, configs, run(configs), run)
+    configs, pred, added = confirm.refine(sp, configs, run(configs), run,
+                                          limit=confirm.refine_limit(base.capture))
     if added:
         say(f"Searched the sampled grids around the predicted leaders: {added} more configs "
             f"replayed ({len(configs)} in all).")

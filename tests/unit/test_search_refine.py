@@ -99,3 +99,20 @@ def test_refine_needs_a_calibrated_step_cost():
     flat.costs = {1: types.SimpleNamespace(calibrated=False)}
     configs, pred, added = confirm.refine(sp, start, flat, run)
     assert (configs, pred, added) == (start, flat, 0) and len(calls) == 1
+
+
+def test_the_climb_adds_fewer_configs_over_larger_captures():
+    import numpy as np
+
+    from tuner.tokens import RequestTokens, TokenCapture
+
+    def capture(tokens_per_request: int) -> TokenCapture:
+        return TokenCapture(requests=tuple(
+            RequestTokens(concurrency=1, index=i, warmup=False, prompt=np.arange(8),
+                          output=np.arange(tokens_per_request), max_tokens=tokens_per_request)
+            for i in range(64)))
+
+    assert confirm.refine_limit(capture(16)) == confirm.REFINE_MAX  # 1k tokens: the README job
+    big = confirm.refine_limit(capture(450))  # 29k tokens: an H200 capture
+    assert 1 <= big < confirm.REFINE_MAX
+    assert big == confirm.REFINE_TOKENS // (64 * 450)

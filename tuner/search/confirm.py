@@ -35,6 +35,7 @@ from tuner.replay.predict import MeasuredTrial, Prediction, predict
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, SearchSpace
+from tuner.tokens import TokenCapture
 
 GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
 SAMPLED_POINTS = 48  # per method whose space is continuous or larger than GRID_LIMIT
@@ -120,18 +121,29 @@ def neighbours(space: SearchSpace, configs: Iterable[TrialConfig]) -> list[Trial
 
 REFINE_ROUNDS = 6  # hill-climbing rounds around the leaders; each replays a few dozen configs
 REFINE_TOP = 2  # leaders per method and level whose neighbours are replayed
-REFINE_MAX = 64  # configs the climb may add: ~21 s of suffix replay on an H200-size capture
+REFINE_MAX = 64  # configs the climb may add
+# ... and at most this many captured output tokens replayed: a suffix replay costs ~11 us per
+# token, twice where a config follows the calibration's token stream (tuner.replay.streams), so
+# on an H200-size capture (29k tokens) the climb adds 20 configs, ~20 s; on the README's main
+# job (1.3k tokens) REFINE_MAX.
+REFINE_TOKENS = 600_000
+
+
+def refine_limit(capture: TokenCapture) -> int:
+    """How many configs the climb may add over `capture` (REFINE_MAX, fewer on large ones)."""
+    tokens = sum(len(r.output) for r in capture.requests)
+    return max(1, min(REFINE_MAX, REFINE_TOKENS // max(1, tokens)))
 
 
 def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
-           predict_more: Callable[[list[TrialConfig]], Prediction]
+           predict_more: Callable[[list[TrialConfig]], Prediction], *, limit: int = REFINE_MAX
            ) -> tuple[list[TrialConfig], Prediction, int]:
     """Search the sampled grids (suffix: 24 of 1,536 points) around the predicted leaders:
     predict the grid neighbours of the REFINE_TOP best configs of each method at every level
     (`predict_more` predicts the configs it is given, from the same capture and trials), add
     them to the table, and repeat until no leader has an unpredicted neighbour (or
-    REFINE_ROUNDS, or REFINE_MAX configs added). Needs a calibrated step cost (the leaders are
-    by predicted throughput). Returns the configs, the table and how many configs it added.
+    REFINE_ROUNDS, or `limit` configs added: `refine_limit`). Needs a calibrated step cost (the
+    leaders are by predicted throughput). Returns the configs, the table and how many configs it added.
 
     On the stored CPU sets the predicted suffix landscape is flat near its top: over two sets
     and three seeds the sample's best came within 1.5% of the whole grid's, the climb's within
@@ -149,7 +161,7 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
                 leaders += [r for r in ranked if r["method"] == method][:REFINE_TOP]
         fresh = [c for c in neighbours(space, (TrialConfig.model_validate(
             {"speculative_config": _spec(r)}) for r in leaders)) if c.key() not in seen]
-        fresh = fresh[:REFINE_MAX - added]
+        fresh = fresh[:limit - added]
         if not fresh:
             break
         seen |= {c.key() for c in fresh}
@@ -271,7 +283,8 @@ class ReplaySearch:
                 pred = self._predict(capture, configs)
         t0 = time.monotonic()
         configs, pred, added = refine(self.loop.space, configs, pred,
-                                      lambda more: self._predict(capture, more, show=False))
+                                      lambda more: self._predict(capture, more, show=False),
+                                      limit=refine_limit(capture))
         if added:
             self._show(pred)
             self.say(f"Searched the sampled grids around the predicted leaders: {added} more "
