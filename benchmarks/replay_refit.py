@@ -22,8 +22,9 @@ Per set this prints:
    the chunks): per tokens scored n (1 + the draft the step verified, from the replay of the
    launch's own tokens), the median and mean gap between chunks over every speculative launch of the
    set and over the baselines, beside the fitted line at n. It shows what a line in n cannot:
-   on the CPU build a step that verifies one draft token (n = 2) cost 3-6 ms more than one
-   that verifies two or three, in n-gram K=1 and suffix launches alike.
+   on the CPU build a step that verifies one draft token (n = 2) cost 3.0-4.3 ms more (median)
+   than one that verifies two (the stop16 and stop17 sets), 7.7 ms on stop15's and none on
+   stop14's noisier set, in n-gram K=1 and suffix launches alike.
 
 The script only calls `predict()`, so it also runs against another checkout's predictor:
 
