@@ -26,6 +26,11 @@ Per set this prints:
    than one that verifies two (the stop16 and stop17 sets), 7.7 ms on stop15's and none on
    stop14's noisier set, in n-gram K=1 and suffix launches alike.
 
+`--calibration 10` calibrates on suffix k=16 instead (a launch that drafts every length, so
+the step shape of tuner.replay.cost is fitted from its chunk gaps; an n-gram calibration
+drafts 0 or K and leaves the line alone). The stored captures predate the chunk gaps in
+tuner.tokens, so they are read from each launch's requests.jsonl.xz.
+
 The script only calls `predict()`, so it also runs against another checkout's predictor:
 
     .venv/bin/python benchmarks/replay_refit.py [--data benchmarks/data/cpu-replay] [SET ...]
@@ -35,11 +40,14 @@ The script only calls `predict()`, so it also runs against another checkout's pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import lzma
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from tuner.records import BenchResult, TrialConfig
 from tuner.replay.acceptance import replay
@@ -79,23 +87,41 @@ def packing(folder: Path) -> dict[int, float]:
             for lv in result.levels if e2e.get(lv.concurrency)}
 
 
-def refit(root: Path) -> dict:
+def capture(folder: Path) -> TokenCapture:
+    """A launch's token capture with its chunk gaps, which the stored captures predate: they
+    are read from the launch's requests.jsonl.xz (tuner.tokens keeps them in new captures)."""
+    cap = TokenCapture.load(folder / FILE_NAME)
+    path = folder / "requests.jsonl.xz"
+    if not path.exists():
+        return cap
+    gaps = {(r["concurrency"], r["index"], r["warmup"]): r["chunk_gaps_s"]
+            for r in map(json.loads, lzma.open(path, "rt")) if r["error"] is None}
+    return TokenCapture(requests=tuple(
+        dataclasses.replace(r, chunk_ms=1000.0 * np.asarray(
+            gaps.get((r.concurrency, r.index, r.warmup), ()), dtype=np.float32))
+        for r in cap.requests))
+
+
+def refit(root: Path, calibration: list[int] | None = None) -> dict:
     runs = launches(root)
-    base_cap = TokenCapture.load(root / "baseline" / FILE_NAME)
+    base_cap = capture(root / "baseline")
     configs = [TrialConfig(speculative_config=c) for c in CONFIGS]
-    first = predict(base_cap, configs, [], max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
-    top = max(base_cap.levels())
-    calib = max((r for r in first.rows if r["concurrency"] == top and r["method"] != "none"),
-                key=lambda r: r["drafted_per_step"])["key"]
+    if calibration:
+        calib = {configs[i - 1].key() for i in calibration}
+    else:
+        first = predict(base_cap, configs, [], max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
+        top = max(base_cap.levels())
+        calib = {max((r for r in first.rows if r["concurrency"] == top
+                      and r["method"] != "none"), key=lambda r: r["drafted_per_step"])["key"]}
     print("packing (duration / (sum of latencies / c)), per launch:")
     measured = []
     for name, cfg, folder in runs:
         result = BenchResult.model_validate_json((folder / "result.json").read_text())
         role = ("baseline" if not cfg.speculative_config
-                else "calibration" if cfg.key() == calib else "search")
+                else "calibration" if cfg.key() in calib else "search")
         measured.append(MeasuredTrial(len(measured), cfg, role,
                                       {lv.concurrency: lv for lv in result.levels},
-                                      TokenCapture.load(folder / FILE_NAME)))
+                                      capture(folder)))
         pack = packing(folder)
         if pack:
             print(f"  {name:12} {cfg.label()[:44]:44} "
@@ -136,7 +162,12 @@ def refit(root: Path) -> dict:
                "c1_ngram_al_within_3pct": _within(al_errors, "ngram", 3.0),
                "c1_suffix_al_within_10pct": _within(al_errors, "suffix", 10.0),
                "errors_beyond_own_spread": f"{sum(e > sp for e, sp in judged)}/{len(judged)}"
-                                           if judged else "-"}
+                                           if judged else "-",
+               # the noise floor: half the range of a config's runs over their median is how
+               # far an exact predictor would land from the median of two runs
+               "own_spread_median_pct": round(statistics.median(sp for _, sp in judged), 1)
+                                        if judged else None,
+               "own_spread_worst_pct": round(max(sp for _, sp in judged), 1) if judged else None}
     print(f"summary: {json.dumps(summary)}")
     return summary
 
@@ -195,19 +226,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sets", nargs="*", help="set folders under --data (default: all)")
     ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-replay")
+    ap.add_argument("--calibration", default="",
+                    help="calibration configs by number in CONFIGS, e.g. 7,10 (default: the one "
+                         "that drafts the most per step at the top level, as the strategy)")
     args = ap.parse_args()
+    calibration = [int(x) for x in args.calibration.split(",") if x]
     names = args.sets or sorted(p.name for p in args.data.iterdir() if p.is_dir())
     summaries = {}
     for name in names:
         print(f"== {name}")
-        summaries[name] = refit(args.data / name)
+        summaries[name] = refit(args.data / name, calibration)
     print("== all sets")
     for name, s in summaries.items():
         print(f"  {name:28} median |error| {s['median_abs_err_pct']:5.1f}%  worst "
               f"{s['worst_abs_err_pct']:5.1f}%  ({s['out_of_sample_errors']} errors); c=1 mean "
               f"acceptance length: n-gram {s['c1_ngram_al_within_3pct']} within 3%, suffix "
               f"{s['c1_suffix_al_within_10pct']} within 10%; errors beyond the config's own "
-              f"run-to-run spread in that metric: {s['errors_beyond_own_spread']}")
+              f"run-to-run spread in that metric: {s['errors_beyond_own_spread']} (the "
+              f"spreads themselves: median {s['own_spread_median_pct']}%, worst "
+              f"{s['own_spread_worst_pct']}%)")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,14 @@ capture holds every request the engine served, warm-ups included, in the order t
 them (levels in measurement order, each level's warm-up first), because a suffix cache learns
 from every request it sees.
 
+A request also keeps the gaps between its streamed chunks (`chunk_ms`): at concurrency 1
+each chunk after the first is one engine step, so with the replayed drafts they give what a
+step of each size cost (tuner.replay.cost, the step profile).
+
 On disk and over the wire (a Ray worker hands it back with the result) a capture is one
-compressed .npz: the ids of all requests concatenated as int32, and per-request columns.
+compressed .npz: the ids of all requests concatenated as int32, per-request columns, and the
+chunk gaps concatenated as float32 ms with one count per request (captures written before the
+gaps were kept load with none).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +40,9 @@ class RequestTokens:
     prompt: np.ndarray  # int32, the prompt as the engine tokenized it
     output: np.ndarray  # int32, every generated id, the EOS id included when it stopped there
     max_tokens: int  # the request's max_tokens: an output this long stopped on length
+    # ms between its streamed chunks, in order (empty where not recorded); not part of `digest`
+    chunk_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False,
+                                 compare=False)
 
     @property
     def stopped_on_length(self) -> bool:
@@ -76,10 +85,13 @@ class TokenCapture:
         ids = [a for r in self.requests for a in (r.prompt, r.output)]
         table = np.array([[r.concurrency, r.index, int(r.warmup), len(r.prompt), len(r.output),
                            r.max_tokens] for r in self.requests], dtype=np.int64).reshape(-1, 6)
+        gaps = [np.asarray(r.chunk_ms, dtype=np.float32) for r in self.requests]
         buf = io.BytesIO()
         np.savez_compressed(
             buf, ids=np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32),
-            table=table, columns=np.array(_COLUMNS))
+            table=table, columns=np.array(_COLUMNS),
+            gaps=np.concatenate(gaps) if gaps else np.zeros(0, np.float32),
+            gap_counts=np.array([len(g) for g in gaps], dtype=np.int64))
         return buf.getvalue()
 
     @classmethod
@@ -87,14 +99,23 @@ class TokenCapture:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             ids, table = z["ids"], z["table"]
             columns = tuple(str(c) for c in z["columns"])
+            gaps = z["gaps"] if "gaps" in z.files else np.zeros(0, np.float32)
+            counts = (z["gap_counts"].tolist() if "gap_counts" in z.files
+                      else [0] * len(table))
         if columns != _COLUMNS:
             raise ValueError(f"token capture has columns {columns}, expected {_COLUMNS}")
-        out, pos = [], 0
-        for conc, index, warm, plen, olen, max_tokens in table.tolist():
+        if len(counts) != len(table) or sum(counts) != len(gaps):
+            raise ValueError(f"token capture is inconsistent: {len(gaps)} chunk gaps, "
+                             f"{len(counts)} counts for {len(table)} requests")
+        out, pos, at = [], 0, 0
+        for (conc, index, warm, plen, olen, max_tokens), n_gaps in zip(table.tolist(), counts,
+                                                                        strict=True):
             prompt, output = ids[pos:pos + plen], ids[pos + plen:pos + plen + olen]
             pos += plen + olen
             out.append(RequestTokens(concurrency=conc, index=index, warmup=bool(warm),
-                                     prompt=prompt, output=output, max_tokens=max_tokens))
+                                     prompt=prompt, output=output, max_tokens=max_tokens,
+                                     chunk_ms=gaps[at:at + n_gaps]))
+            at += n_gaps
         if pos != len(ids):
             raise ValueError(f"token capture is inconsistent: {len(ids)} ids, table says {pos}")
         return cls(requests=tuple(out))

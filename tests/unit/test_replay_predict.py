@@ -291,3 +291,37 @@ def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_ga
     assert all(r["path_cost"] is None and r["pred_speculation_gain"] is None
                for r in without.rows)
     assert all(c.path == cost.PATH_PLAIN for c in without.costs.values())
+
+
+def _shaped(level: float, bump: float = 3.0) -> list[tuple[int, float]]:
+    """One launch's (n, step ms): a line 30 + n, `level` ms slower, n = 2 `bump` ms dearer."""
+    return [(n, level + 30.0 + n + (bump if n == 2 else 0.0))
+            for n in (1, 2, 3, 4, 6, 9) for _ in range(cost.PROFILE_MIN_STEPS)]
+
+
+def test_the_step_shape_keeps_how_steps_differ_within_a_launch_not_its_level():
+    def residuals(launches):
+        return {n: r for n, r, _ in cost.profile(launches)}
+
+    shape = residuals([_shaped(0.0)])
+    # Another launch 4 ms slower throughout (a busier machine) has the same shape.
+    assert residuals([_shaped(4.0)]) == pytest.approx(shape)
+    assert residuals([_shaped(0.0), _shaped(4.0)]) == pytest.approx(shape)
+    # The bump stands out; the launch's own line through the bump leans a little (1 ms here).
+    assert shape[2] > 2.0 and max(abs(r) for n, r in shape.items() if n != 2) < 1.0
+    # n-gram drafts 0 or K: two n per launch, nothing beyond its line; sparse n are left out.
+    assert cost.profile([[(1, 30.0)] * 50 + [(9, 40.0)] * 50]) == ()
+    sparse = _shaped(0.0) + [(5, 99.0)] * (cost.PROFILE_MIN_STEPS - 1)
+    assert 5 not in {n for n, _, _ in cost.profile([sparse])}
+
+
+def test_speculative_steps_cost_the_line_plus_the_shape_and_the_baseline_the_line():
+    line = cost.StepCost(concurrency=1, a=30.0, b=1.0, points=(), path=cost.PATH_PLAIN,
+                         profile=((1, -0.5, 40), (2, 2.5, 40), (4, -0.5, 40)))
+    assert line.step_ms(2) == pytest.approx(32.0)  # the baseline's steps: the line alone
+    assert line.speculative_step_ms(2) == pytest.approx(34.5)
+    assert line.speculative_step_ms(3) == pytest.approx(33.0 + 1.0)  # between profiled n
+    assert line.speculative_step_ms(9) == pytest.approx(39.0)  # past the profile: the line
+    assert "n=2 2.5 ms [40]" in line.describe()
+    flat = dataclasses.replace(line, profile=())
+    assert flat.speculative_step_ms(2) == flat.step_ms(2)

@@ -7,6 +7,7 @@ exact (an engine without token ids) must not exist at all.
 
 from __future__ import annotations
 
+import io
 import pickle
 
 import numpy as np
@@ -137,3 +138,28 @@ def test_a_warm_up_without_ids_is_left_out_of_an_otherwise_exact_capture() -> No
 def test_token_ids_stay_out_of_requests_jsonl() -> None:
     dumped = _rec(1, 0).model_dump_json()
     assert "token_ids" not in dumped and '"output_tokens":3' in dumped
+
+
+def test_chunk_gaps_travel_with_the_capture_and_older_files_load_without_them() -> None:
+    cap = _capture()
+    gaps = [np.array([31.5, 35.25], np.float32), np.zeros(0, np.float32)] * 3
+    with_gaps = TokenCapture(requests=tuple(
+        RequestTokens(r.concurrency, r.index, r.warmup, r.prompt, r.output, r.max_tokens,
+                      chunk_ms=g) for r, g in zip(cap.requests, gaps, strict=True)))
+    back = TokenCapture.from_bytes(with_gaps.to_bytes())
+    _same(cap, back)
+    assert [r.chunk_ms.tolist() for r in back.requests] == [g.tolist() for g in gaps]
+    assert back.digest == cap.digest  # timings are not tokens
+    # A capture written before gaps were kept: ids, table and columns only.
+    buf = io.BytesIO()
+    with np.load(io.BytesIO(cap.to_bytes())) as z:
+        np.savez_compressed(buf, ids=z["ids"], table=z["table"], columns=z["columns"])
+    old = TokenCapture.from_bytes(buf.getvalue())
+    _same(cap, old)
+    assert all(len(r.chunk_ms) == 0 for r in old.requests)
+
+
+def test_a_trial_keeps_each_requests_chunk_gaps_in_ms() -> None:
+    rec = _rec(1, 0).model_copy(update={"chunk_gaps_s": (0.031, 0.0355)})
+    cap, _ = capture_tokens([([rec], _prompts(1, 8))])
+    assert cap.requests[0].chunk_ms.tolist() == pytest.approx([31.0, 35.5], rel=1e-6)

@@ -97,7 +97,8 @@ def capture_tokens(sent: list[_Sent]) -> tuple[tokens.TokenCapture | None, str]:
                 concurrency=r.concurrency, index=r.index, warmup=r.warmup,
                 prompt=np.asarray(r.prompt_token_ids, dtype=np.int32),
                 output=np.asarray(r.output_token_ids, dtype=np.int32),
-                max_tokens=prompts[r.index].output_len))
+                max_tokens=prompts[r.index].output_len,
+                chunk_ms=np.asarray(r.chunk_gaps_s, dtype=np.float32) * 1000.0))
     if missing and not measured:
         return None, "this vLLM returned no token ids; replay is unavailable for this trial"
     if missing:

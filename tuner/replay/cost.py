@@ -33,6 +33,19 @@ path: the aligned baseline (no speculation on the speculative path) anchors it w
 measured one; otherwise the plain baseline does, and the fit says so (`path`). The fit passes
 through the anchor and spends its freedom on the speculative points.
 
+Where the chunk gaps of measured speculative trials at concurrency 1 are known (tuner.tokens
+keeps them), each gap is one engine step, and its n is 1 + the draft the replay of that
+launch's own tokens puts there (the replayed steps equal the streamed chunks on the CPU build).
+The mean gap per n is the step profile of that level: a speculative step of n tokens costs the
+profile at n (linear between profiled n, the line's slope beyond them), not the line. A line
+in n misses what the engine's kernels do with small n: on the CPU build at c=1 a step that
+verifies one draft token (n = 2) took 35.8 ms where n = 3-6 took 31-33 ms and the line gave
+32.3 (benchmarks/data/cpu-replay/stop16-instructcoder-16p-seed2), which put n-gram K=1 12%
+fast; and a speculative step that drafts nothing costs the proposer's own work on top of the
+baseline's step. A profiled n needs PROFILE_MIN_STEPS steps. Not where the engine splits CUDA
+graphs (there a step's cost depends on whether it is uniform for its config's K, which n alone
+does not say), and not at c > 1, where a request's chunk gap is a step of the whole batch.
+
 A request's first token costs its prefill: `Prefill` holds the engine's cost per prompt token
 and the frontend's latency before the engine sees a request, fitted on the measured TTFTs
 (tuner.replay.predict). Where a prefill runs beside decoding requests it stalls them, which is
@@ -50,6 +63,7 @@ import numpy as np
 
 PATH_ALIGNED = "speculative path (anchored on the aligned baseline)"
 PATH_PLAIN = "plain baseline path (no aligned baseline: path cost and speculation not separated)"
+PROFILE_MIN_STEPS = 20  # a profiled n: at least this many steps (the mean gap's spread ~2%)
 # vLLM's CUDAGraphMode names whose runtime dispatch gives uniform decode batches their own graph
 SPLIT_CUDAGRAPH_MODES = frozenset({"FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"})
 
@@ -91,9 +105,22 @@ class StepCost:
     mixed_term: bool = False  # the engine splits CUDA graphs by batch shape: u matters
     mixed_fitted: bool = False  # the points spanned u, so m was fitted
     prefill: Prefill = Prefill()
+    # the step profile: (n, mean ms, steps) of speculative steps, n ascending (empty: the line)
+    profile: tuple[tuple[int, float, int], ...] = ()
 
     def step_ms(self, scored: float, mixed: float = 0.0) -> float:
         return self.a + self.b * scored + self.m * mixed
+
+    def speculative_step_ms(self, scored: float, mixed: float = 0.0) -> float:
+        """What a step of a speculative engine costs: the line, plus the shape where the
+        profile has one (linear between profiled n, nothing outside them)."""
+        step = self.step_ms(scored, mixed)
+        if not self.profile:
+            return step
+        ns = [n for n, _, _ in self.profile]
+        if scored < ns[0] or scored > ns[-1]:
+            return step
+        return step + float(np.interp(scored, ns, [r for _, r, _ in self.profile]))
 
     @property
     def needs_mixed_point(self) -> bool:
@@ -114,6 +141,9 @@ class StepCost:
             mixed = f" + {self.m:.2f} ms x non-uniform share"
         elif self.mixed_term:
             mixed = " (non-uniform steps not priced yet: no point spans them)"
+        if self.profile:
+            mixed += "; speculative steps by the profile " + ", ".join(
+                f"n={n} {t:.1f} ms [{k}]" for n, t, k in self.profile)
         first = (f"; first token: {self.prefill.ms_per_token:.3f} ms per prompt token + "
                  f"{self.prefill.overhead_ms:.1f} ms")
         return (f"c={self.concurrency}: step = {self.a:.2f} ms + {self.b:.3f} ms x tokens "
@@ -147,6 +177,34 @@ def fit(concurrency: int, points: Sequence[Point], *, path: str,
         return StepCost(a=a, b=b, m=m, mixed_fitted=True, **common)
     a, b = _line(pts, origin[0], t0)
     return StepCost(a=a, b=b, **common)
+
+
+def profile(launches: Sequence[Sequence[tuple[int, float]]]
+            ) -> tuple[tuple[int, float, int], ...]:
+    """The step shape from each launch's (n, step ms) samples: per launch the mean step per n
+    (n with at least PROFILE_MIN_STEPS samples) less that launch's own least-squares line
+    through those means (weighted by steps), so what is kept is how steps of different n differ
+    within one launch, not the launch's level, which moves 10-15% from launch to launch on a
+    shared machine; then per n the residuals' mean over launches, weighted by steps. A launch
+    with fewer than three profiled n has no shape beyond its line and adds nothing."""
+    by_n: dict[int, list[tuple[float, int]]] = {}
+    for samples in launches:
+        groups: dict[int, list[float]] = {}
+        for n, t in samples:
+            if _finite(t):
+                groups.setdefault(int(n), []).append(float(t))
+        means = [(n, statistics.fmean(v), len(v)) for n, v in sorted(groups.items())
+                 if len(v) >= PROFILE_MIN_STEPS]
+        if len(means) < 3:
+            continue
+        x = np.array([n for n, _, _ in means], dtype=float)
+        y = np.array([t for _, t, _ in means])
+        w = np.array([k for _, _, k in means], dtype=float)
+        slope, intercept = np.polyfit(x, y, 1, w=np.sqrt(w))
+        for (n, t, k), fit_t in zip(means, intercept + slope * x, strict=True):
+            by_n.setdefault(n, []).append((t - float(fit_t), k))
+    return tuple((n, sum(r * k for r, k in v) / sum(k for _, k in v), sum(k for _, k in v))
+                 for n, v in sorted(by_n.items()))
 
 
 def _plane(pts: Sequence[Point], origin: np.ndarray, t0: float

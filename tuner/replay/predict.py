@@ -13,7 +13,9 @@ lengths, and each one's draft length at every decode step under X, from the repl
 
     step(n, u) = a_c + b_c * n + m_c * u      (tuner.replay.cost: n the tokens a step scores,
                                                u 1 where a step is not uniform; m_c fitted only
-                                               where the engine splits CUDA graphs)
+                                               where the engine splits CUDA graphs; at c=1 a
+                                               speculative step costs the profile at n where
+                                               the calibration's chunk gaps give one)
     the level played out step by step (tuner.replay.schedule): c requests in flight, each
     joining the batch after its TTFT and leaving after its last replayed step, the next one
     sent at once -> each request's TPOT, and the level's duration
@@ -176,7 +178,37 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
             if (line := cost.fit(c, points, path=path, mixed_term=mixed_term)) is not None:
                 fitted[c] = line
         prefill = _fit_prefill(observed, fitted, slots)
-    return {c: dataclasses.replace(line, prefill=prefill) for c, line in fitted.items()}
+    profiles = {c: _profile(replay, chosen, c) for c in fitted
+                if slots[c] == 1 and not mixed_term}
+    return {c: dataclasses.replace(line, prefill=prefill, profile=profiles.get(c, ()))
+            for c, line in fitted.items()}
+
+
+def _profile(replay: _Replayer, trials: Sequence[MeasuredTrial], c: int
+             ) -> tuple[tuple[int, float, int], ...]:
+    """The step profile at level c (tuner.replay.cost): every chunk gap of the trials' measured
+    requests beside the tokens that step scored, from the replay of each launch's own tokens;
+    a request whose chunks are not one per replayed step (coalesced, or not recorded) is left
+    out."""
+    launches: list[list[tuple[int, float]]] = []
+    for m in trials:
+        if m.capture is None:
+            continue
+        try:
+            acc = replay.acceptance(m.config, capture=m.capture).get(c)
+        except ValueError:
+            continue
+        if acc is None:
+            continue
+        order = acc.request_order
+        samples: list[tuple[int, float]] = []
+        launches.append(samples)
+        for r in m.capture.level(c, warmup=False):
+            i = order.get(r.index)
+            if i is None or len(r.chunk_ms) != len(drafts := acc.request_drafts[i]):
+                continue
+            samples += zip((1 + drafts).tolist(), r.chunk_ms.tolist(), strict=True)
+    return cost.profile(launches)
 
 
 FIT_ROUNDS = 3
@@ -402,7 +434,8 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
 def _play(step: cost.StepCost, drafts: list[np.ndarray], lengths: list[int], k: int,
           replay: _Replayer, c: int, slots: int) -> schedule.Schedule:
     return schedule.simulate(drafts, lengths, concurrency=slots, k=k,
-                             step_ms=step.step_ms, prompts=replay.prompt_lengths(c),
+                             step_ms=step.speculative_step_ms if k else step.step_ms,
+                             prompts=replay.prompt_lengths(c),
                              prefill_ms_per_token=step.prefill.ms_per_token,
                              overhead_ms=step.prefill.overhead_ms)
 
