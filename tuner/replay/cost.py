@@ -33,18 +33,22 @@ path: the aligned baseline (no speculation on the speculative path) anchors it w
 measured one; otherwise the plain baseline does, and the fit says so (`path`). The fit passes
 through the anchor and spends its freedom on the speculative points.
 
-Where the chunk gaps of measured speculative trials at concurrency 1 are known (tuner.tokens
-keeps them), each gap is one engine step, and its n is 1 + the draft the replay of that
-launch's own tokens puts there (the replayed steps equal the streamed chunks on the CPU build).
-The mean gap per n is the step profile of that level: a speculative step of n tokens costs the
-profile at n (linear between profiled n, the line's slope beyond them), not the line. A line
-in n misses what the engine's kernels do with small n: on the CPU build at c=1 a step that
-verifies one draft token (n = 2) took 35.8 ms where n = 3-6 took 31-33 ms and the line gave
-32.3 (benchmarks/data/cpu-replay/stop16-instructcoder-16p-seed2), which put n-gram K=1 12%
-fast; and a speculative step that drafts nothing costs the proposer's own work on top of the
-baseline's step. A profiled n needs PROFILE_MIN_STEPS steps. Not where the engine splits CUDA
-graphs (there a step's cost depends on whether it is uniform for its config's K, which n alone
-does not say), and not at c > 1, where a request's chunk gap is a step of the whole batch.
+The step shape. Where the chunk gaps of the calibration launches at concurrency 1 are known
+(tuner.tokens keeps them), each gap is one engine step, and its n is 1 + the draft the replay
+of that launch's own tokens puts there (the replayed steps equal the streamed chunks on the CPU
+build). A line in n misses what the engine's kernels do with small n: on the CPU build at c=1
+a step that verifies one draft token (n = 2) took 35.8 ms where n = 3-6 took 31-33 ms and the
+line gave 32.3 (benchmarks/data/cpu-replay/stop16-instructcoder-16p-seed2), which put n-gram
+K=1 12% fast. So per launch the mean gap per n (n with PROFILE_MIN_STEPS steps) is set against
+that launch's own line through those means, and the residuals, pooled over launches, are added
+to the line for speculative steps (`speculative_step_ms`; linear between profiled n, nothing
+outside them). Only the shape within a launch is kept, never its level: on this shared machine
+a launch's level moves 10-15% from launch to launch, and a profile taken as is carried its
+launch's level into every prediction (it put the stop12/stop15 sets 10 points worse). A launch
+needs three profiled n: an n-gram launch drafts 0 or K and adds nothing, a suffix launch drafts
+every length. Not where the engine splits CUDA graphs (there a step's cost depends on whether
+it is uniform for its config's K, which n alone does not say), and not at c > 1, where a
+request's chunk gap is a step of the whole batch.
 
 A request's first token costs its prefill: `Prefill` holds the engine's cost per prompt token
 and the frontend's latency before the engine sees a request, fitted on the measured TTFTs
