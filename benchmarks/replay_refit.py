@@ -163,8 +163,8 @@ def refit(root: Path, calibration: list[int] | None = None) -> dict:
                "c1_suffix_al_within_10pct": _within(al_errors, "suffix", 10.0),
                "errors_beyond_own_spread": f"{sum(e > sp for e, sp in judged)}/{len(judged)}"
                                            if judged else "-",
-               # the noise floor: half the range of a config's runs over their median is how
-               # far an exact predictor would land from the median of two runs
+               # the noise floor: half the range of a config's runs over their median is about
+               # how far an exact predictor would land from the median of two runs
                "own_spread_median_pct": round(statistics.median(sp for _, sp in judged), 1)
                                         if judged else None,
                "own_spread_worst_pct": round(max(sp for _, sp in judged), 1) if judged else None}

@@ -8,7 +8,7 @@ from every request it sees.
 
 A request also keeps the gaps between its streamed chunks (`chunk_ms`): at concurrency 1
 each chunk after the first is one engine step, so with the replayed drafts they give what a
-step of each size cost (tuner.replay.cost, the step profile).
+step of each size cost (tuner.replay.cost, the step shape).
 
 On disk and over the wire (a Ray worker hands it back with the result) a capture is one
 compressed .npz: the ids of all requests concatenated as int32, per-request columns, and the

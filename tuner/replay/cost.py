@@ -43,8 +43,9 @@ K=1 12% fast. So per launch the mean gap per n (n with PROFILE_MIN_STEPS steps) 
 that launch's own line through those means, and the residuals, pooled over launches, are added
 to the line for speculative steps (`speculative_step_ms`; linear between profiled n, nothing
 outside them). Only the shape within a launch is kept, never its level: on this shared machine
-a launch's level moves 10-15% from launch to launch, and a profile taken as is carried its
-launch's level into every prediction (it put the stop12/stop15 sets 10 points worse). A launch
+a launch's level moves 10-15% from launch to launch, and per-n means taken as they were carried
+their launch's level into every prediction (stop12-instructcoder's worst error went from 27.4%
+to 37.5%, stop15-sharegpt's median from 2.9% to 4.3%). A launch
 needs three profiled n: an n-gram launch drafts 0 or K and adds nothing, a suffix launch drafts
 every length. Not where the engine splits CUDA graphs (there a step's cost depends on whether
 it is uniform for its config's K, which n alone does not say), and not at c > 1, where a
@@ -109,7 +110,8 @@ class StepCost:
     mixed_term: bool = False  # the engine splits CUDA graphs by batch shape: u matters
     mixed_fitted: bool = False  # the points spanned u, so m was fitted
     prefill: Prefill = Prefill()
-    # the step profile: (n, mean ms, steps) of speculative steps, n ascending (empty: the line)
+    # the step shape: (n, ms a speculative step of n tokens costs over the line, steps it was
+    # measured on), n ascending (empty: the line alone)
     profile: tuple[tuple[int, float, int], ...] = ()
 
     def step_ms(self, scored: float, mixed: float = 0.0) -> float:
@@ -146,7 +148,7 @@ class StepCost:
         elif self.mixed_term:
             mixed = " (non-uniform steps not priced yet: no point spans them)"
         if self.profile:
-            mixed += "; speculative steps by the profile " + ", ".join(
+            mixed += "; speculative steps add the step shape " + ", ".join(
                 f"n={n} {t:.1f} ms [{k}]" for n, t, k in self.profile)
         first = (f"; first token: {self.prefill.ms_per_token:.3f} ms per prompt token + "
                  f"{self.prefill.overhead_ms:.1f} ms")

@@ -14,8 +14,8 @@ lengths, and each one's draft length at every decode step under X, from the repl
     step(n, u) = a_c + b_c * n + m_c * u      (tuner.replay.cost: n the tokens a step scores,
                                                u 1 where a step is not uniform; m_c fitted only
                                                where the engine splits CUDA graphs; at c=1 a
-                                               speculative step costs the profile at n where
-                                               the calibration's chunk gaps give one)
+                                               speculative step adds the step shape at n where
+                                               a calibration's chunk gaps give one)
     the level played out step by step (tuner.replay.schedule): c requests in flight, each
     joining the batch after its TTFT and leaving after its last replayed step, the next one
     sent at once -> each request's TPOT, and the level's duration
@@ -186,7 +186,7 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
 
 def _profile(replay: _Replayer, trials: Sequence[MeasuredTrial], c: int
              ) -> tuple[tuple[int, float, int], ...]:
-    """The step profile at level c (tuner.replay.cost): every chunk gap of the trials' measured
+    """The step shape at level c (tuner.replay.cost): every chunk gap of the trials' measured
     requests beside the tokens that step scored, from the replay of each launch's own tokens;
     a request whose chunks are not one per replayed step (coalesced, or not recorded) is left
     out."""
