@@ -34,7 +34,7 @@ from tuner.tokens import FILE_NAME, TokenCapture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from replay_accuracy import CONFIGS  # noqa: E402
-from replay_refit import MAX_MODEL_LEN, launches  # noqa: E402
+from replay_refit import MAX_MODEL_LEN, launches, open_set  # noqa: E402
 
 CALIBRATION = CONFIGS[6]  # ngram k=8 window 1-4: drafts the most per step in every stored set
 
@@ -105,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.sets:
         print(f"== {name}")
-        check(args.data / name, [int(s) for s in args.seeds.split(",")])
+        check(open_set(args.data, name), [int(s) for s in args.seeds.split(",")])
 
 
 if __name__ == "__main__":
