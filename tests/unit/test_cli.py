@@ -75,6 +75,22 @@ def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, fragments):
         assert f in r.stderr, r.stderr
 
 
+def test_an_error_that_imports_vllm_first_is_still_one_line(tmp_path):
+    """The engine's --max-num-seqs is read through vLLM's own argument parser, so this error
+    path imports vLLM in a fresh process, which logs at import before its logging is set up
+    (the CPU build: "Triton is installed, but doesn't include CPU backend"): that line goes to
+    `tuner -v`, not beside the error."""
+    args = ["bench", "--model", TOK, "--concurrency", "16", "--engine-args=--max-num-seqs 8",
+            "--output-dir", str(tmp_path / "b")]
+    r = run(*args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith("tuner: error: ") and "--max-num-seqs 8" in r.stderr
+    verbose = run(*args, "-v", cwd=tmp_path)
+    assert verbose.returncode == 2
+    assert [x for x in verbose.stderr.splitlines() if not x.startswith("tuner: debug: ")] == [
+        r.stderr.strip()]
+
+
 def test_malformed_space_yaml_exits_2(tmp_path):
     bad = tmp_path / "space.yaml"
     bad.write_text("methods:\n  ngram:\n    num_speculative_tokens: {type: int, low: 9, high: 2}\n")
