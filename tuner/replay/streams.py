@@ -34,6 +34,15 @@ fresh instructcoder (8 of 10 alone; worst 4.6%, alone 5.0%) (benchmarks/replay_r
 So the rule fixes the large partings (a repetition loop left or kept) and is a coin toss on
 the small ones.
 
+Which passes round differently is the machine's: on the box of the stop27 sets (a slower one,
+51 ms per baseline step at c=1 where the stop16-25 boxes took 31) the engines' outputs
+followed whether a pass scored 5 or more tokens, not whether it drafted at all; the rule as
+built picked the emitted stream for 17 of 44 and 10 of 39 parted requests there, counting
+passes from 5 tokens would have picked 39 and 29, and on every earlier set passes from 2
+tokens (as built) fitted best or tied (benchmarks/stream_widths.py). Two recordings cannot
+tell the width, so it is not fitted; a fixed 5 made the stop27 sharegpt predictions worse
+(a suffix config's c=4 TPOT 94% high).
+
 Requests that part only under a config neither recording followed (a third stream) are not
 modeled; warm-up requests keep the baseline's stream (their passes are not replayed).
 """
