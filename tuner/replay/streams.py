@@ -40,8 +40,8 @@ followed whether a pass scored 5 or more tokens, not whether it drafted at all; 
 built picked the emitted stream for 17 of 44 and 10 of 39 parted requests there, counting
 passes from 5 tokens would have picked 39 and 29, and on every earlier set passes from 2
 tokens (as built) fitted best or tied (benchmarks/stream_widths.py). Two recordings cannot
-tell the width, so it is not fitted; a fixed 5 made the stop27 sharegpt predictions worse
-(a suffix config's c=4 TPOT 94% high).
+tell the width, so it is not fitted; a fixed 5 on the stop27 sharegpt set took n-gram
+acceptance within 3% from 5/8 to 6/8 but put a suffix config's c=4 TPOT 94% high.
 
 Requests that part only under a config neither recording followed (a third stream) are not
 modeled; warm-up requests keep the baseline's stream (their passes are not replayed).
