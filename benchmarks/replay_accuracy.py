@@ -20,7 +20,7 @@ from measurement noise, and the summary counts those apart.
 
     .venv/bin/python benchmarks/replay_accuracy.py [--workloads instructcoder,sharegpt]
         [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--passes 2] [--seed 0]
-        [--out outputs/replay-accuracy]
+        [--engine-args '--dtype float32'] [--out outputs/replay-accuracy]
 
 "alt" counts the requests the replay put on the calibration launch's stream where the
 baseline's and the calibration's outputs part (tuner.replay.streams).
@@ -87,9 +87,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0,
                     help="the workload's shuffle seed: another seed draws other prompts")
     ap.add_argument("--model")
+    ap.add_argument("--engine-args", default=None,
+                    help="engine flags for every launch, e.g. '--dtype float32' (bf16 rounding "
+                         "then no longer parts a speculative engine's output from the baseline's)")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
-    engine = settings.resolve_engine(model=args.model)
+    engine = settings.resolve_engine(model=args.model, extra_args=args.engine_args)
     levels = tuple(int(x) for x in args.concurrency.split(","))
     ms = MeasureSettings(concurrencies=levels, requests_per_slot=args.requests_per_slot)
     max_model_len = commands.engine_setting(engine, "max_model_len") or 1 << 30
