@@ -34,15 +34,12 @@ from replay_accuracy import CONFIGS  # noqa: E402  (the configs those launches m
 from replay_refit import MAX_MODEL_LEN, open_set, set_names  # noqa: E402
 
 CALIBRATION = 7  # ngram k=8 window 1-4, the calibration of every stored set (folder 07)
-WIDTHS = range(2, 11)
+WIDTHS = range(streams.DRAFTING_WIDTH, 11)  # from the rule as built
 
 
 def shape(acc: acceptance.Acceptance, index: int, upto: int, width: int) -> np.ndarray:
-    """streams.pass_shape with a pass counted as drafting from `width` tokens scored on."""
     i = acc.request_order[index]
-    drafted = acc.request_drafts[i]
-    return streams.pass_shape(np.where(drafted + 1 >= width, drafted, 0),
-                              acc.request_accepted[i], upto)
+    return streams.pass_shape(acc.request_drafts[i], acc.request_accepted[i], upto, width=width)
 
 
 def check(root: Path, level: int) -> tuple[dict[int, int], int, int]:
@@ -77,8 +74,9 @@ def check(root: Path, level: int) -> tuple[dict[int, int], int, int]:
                 continue
             judged += 1
             for w in WIDTHS:
-                mine, alt = shape(replayed, index, t, w), shape(calib_replay, index, t, w)
-                right[w] += (int((mine != alt).sum()) < int(mine.sum())) == took_alternate
+                right[w] += streams.nearer_alternate(
+                    shape(replayed, index, t, w), shape(calib_replay, index, t, w)
+                ) == took_alternate
     return right, judged, third
 
 

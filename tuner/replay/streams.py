@@ -88,17 +88,21 @@ def parting(a: np.ndarray, b: np.ndarray) -> int | None:
     return None if len(a) == len(b) else n
 
 
-def pass_shape(drafted: np.ndarray, accepted: np.ndarray, upto: int) -> np.ndarray:
+DRAFTING_WIDTH = 2  # a pass counts as drafting from this many tokens scored (it drafted at all)
+
+
+def pass_shape(drafted: np.ndarray, accepted: np.ndarray, upto: int, *,
+               width: int = DRAFTING_WIDTH) -> np.ndarray:
     """For output positions 0..upto-1: True where the token's KV was computed in a pass that
-    drafted. The verify step that starts with p tokens emitted feeds token p-1 and its draft,
-    and keeps the accepted draft tokens p..p+a-1 (PREFILL_HAS_NO_DRAFT: the first step starts
-    at p = 1)."""
+    drafted, i.e. scored at least `width` tokens (1 + its draft). The verify step that starts
+    with p tokens emitted feeds token p-1 and its draft, and keeps the accepted draft tokens
+    p..p+a-1 (PREFILL_HAS_NO_DRAFT: the first step starts at p = 1)."""
     shape = np.zeros(upto, dtype=bool)
     p = 1
     for d, a in zip(drafted.tolist(), accepted.tolist(), strict=True):
         if p - 1 >= upto:
             break
-        shape[p - 1:min(p + a, upto)] = d > 0
+        shape[p - 1:min(p + a, upto)] = d > 0 and 1 + d >= width
         p += a + 1
     return shape
 
@@ -128,6 +132,13 @@ def _follows_alternate(req: RequestTokens, t: int, replayed: dict[int, Acceptanc
     theirs = _shape(alternate.replayed.get(req.concurrency), req, t)
     if mine is None or theirs is None:
         return False
+    return nearer_alternate(mine, theirs)
+
+
+def nearer_alternate(mine: np.ndarray, theirs: np.ndarray) -> bool:
+    """The rule's choice from two pass shapes up to the parting: the config's is nearer the
+    alternate's than the baseline's (all one-token passes) in Hamming distance; ties go to the
+    baseline."""
     return int((mine != theirs).sum()) < int(mine.sum())
 
 
