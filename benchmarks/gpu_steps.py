@@ -1,6 +1,7 @@
 """What one engine step costs on the GPU, read step by step from the streamed chunks (no GPU
 needed here): the launches of `benchmarks/gpu/steps.list` (scripts/gpu_bench.sh with
-CONCURRENCY=1,8), stored in benchmarks/data/h200-steps.
+CONCURRENCY=1,8), stored in benchmarks/data/h200/steps-64p (its SOURCE.md says what they
+showed).
 
 At c=1 every streamed chunk is one engine step (the replayed steps equal the chunks, checked
 per request below), and the replay of the launch's own tokens says what the step verified: d
@@ -8,18 +9,10 @@ draft tokens of the config's K. Per launch this prints the median gap between ch
 that verified no draft (d = 0), a partial draft (0 < d < K) and a full one (d = K: a uniform
 decode batch, which keeps vLLM's full CUDA graph), and the share of each. At c=8 the engine's
 steps are rebuilt from the chunk times of all requests (chunks closer than CLUSTER times the
-level's median gap between a request's chunks came from one step), and the same split is made by whether every request in the step drafted
-K (uniform) or not.
+level's median gap between a request's chunks came from one step), and the same split is made
+by whether every request in the step drafted K (uniform) or not.
 
-What it showed on the H200 (vLLM 0.26.0, SmolLM2-135M, stop 17): at c=1 a full-K step of an
-n-gram engine took 3.3-3.8 ms and a step that drafted nothing 8.3-10.4 ms, where the aligned
-baseline's step took 2.7 ms; at c=8 uniform steps took 3.1-4.5 ms and the others 7.4-12.3 ms.
-This is the plane model's m (tuner.replay.cost). What it cannot predict is the launch: k=8
-window 1-2 and k=8 window 1-5 draft alike (acceptance length 3.03 and 3.00 at c=8, 10% and 8%
-of steps uniform) yet their non-uniform steps took 12.3 and 7.4 ms at c=8, 10.4 and 8.4 ms at
-c=1, in launches 2 and 6 of one session. A calibration launch carries its launch's level.
-
-    .venv/bin/python benchmarks/gpu_steps.py [--data benchmarks/data/h200-steps]
+    .venv/bin/python benchmarks/gpu_steps.py [--data benchmarks/data/h200/steps-64p]
 """
 
 from __future__ import annotations
@@ -115,7 +108,7 @@ def _rebuilt(recs: list[dict], drafts: list[np.ndarray], k: int) -> dict[str, li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path,
-                    default=Path(__file__).parent / "data" / "h200-steps")
+                    default=Path(__file__).parent / "data" / "h200" / "steps-64p")
     args = ap.parse_args()
     for folder in sorted(p for p in args.data.iterdir() if (p / "result.json").exists()):
         raw = json.loads((folder / "result.json").read_text())  # `tuner bench` adds fields

@@ -1,7 +1,7 @@
 """How long `predict()` takes over a whole space, on stored H200 launches (no engine).
 
 Fits on the H200 set's baseline, aligned baseline and two calibration launches
-(benchmarks/data/h200-stop15, read as benchmarks/stepcost_h200.py reads it), then predicts
+(benchmarks/data/h200/stepcost-64p, read as benchmarks/stepcost_h200.py reads it), then predicts
 every config of the space at every level (64 requests at c=1 and c=8, 128 at c=32) three
 times: cold (replays and the numba compile included), then twice with one replay memo, as the
 replay strategy re-predicts after each launch; then the climb over the sampled grids around the
@@ -29,7 +29,8 @@ from stepcost_h200 import GRAPHS, load_launches  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--space", default="ngram")
-    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "h200-stop15")
+    ap.add_argument("--data", type=Path,
+                    default=Path(__file__).parent / "data" / "h200" / "stepcost-64p")
     args = ap.parse_args()
     fitted = [m for m in load_launches(args.data, graphs=GRAPHS)
               if m.role in ("baseline", "aligned_baseline", "calibration")]

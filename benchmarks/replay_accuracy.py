@@ -1,29 +1,22 @@
 """Replay accuracy: predicted acceptance, throughput and TPOT against real launches.
 
-Per workload, on one engine setup (the embedded default unless --model is given): one
-baseline launch (its tokens captured), then one launch per config of CONFIGS, every level in
-each launch. The replay predicts every config from the baseline's tokens alone; the step-cost
-line is fitted on the baseline and ONE calibration config (the one the replay says drafts the
-most per step, as `tuner optimize --strategy replay` picks it), so every other config's error
-is out of sample. Printed: per config and level, predicted and measured mean acceptance length
-(vLLM's counters), output throughput and mean TPOT with their errors; how many requests'
-speculative outputs differ token for token from the baseline's, and the acceptance the replay
-gives over each launch's own tokens (its fidelity to vLLM apart from that drift); the replay
-time of the whole default space. Launch folders are kept under --out, and a rerun reuses finished launches
-(delete the folder to measure again).
+Per workload, on one engine setup (the embedded default unless --model is given): a baseline
+launch (its tokens captured), then one launch per config of CONFIGS, every level in each. The
+replay predicts every config from the baseline's tokens; the step cost is fitted on the
+baseline and ONE calibration config (the one that drafts the most per step, as
+`tuner optimize --strategy replay` picks it), so every other config's error is out of sample.
+With --passes N every launch runs N times, pass after pass, and errors are taken on each
+config's median beside its own spread (half the range of its runs over their median).
 
-With --passes N (default 2) the baseline and every config are measured N times, pass after
-pass (so drift spreads over all of them rather than over the last few); predictions are fitted
-and compared on each config's median, and each error is set beside the config's own spread
-(half the range of its runs, over their median): an error inside that spread cannot be told
-from measurement noise, and the summary counts those apart.
+Printed per config and level: predicted and measured mean acceptance length, throughput and
+mean TPOT with their errors and spread; requests whose output parts from the baseline's
+("diverged"), those the replay put on the calibration's stream ("alt", tuner.replay.streams),
+the replay's acceptance over the launch's own tokens; the baseline's drift over the run.
+Launch folders stay under --out; a rerun reuses finished ones (stored: benchmarks/data/cpu-replay).
 
     .venv/bin/python benchmarks/replay_accuracy.py [--workloads instructcoder,sharegpt]
         [--num-prompts 8] [--output-len 64] [--concurrency 1,4] [--passes 2] [--seed 0]
         [--engine-args '--dtype float32'] [--out outputs/replay-accuracy]
-
-"alt" counts the requests the replay put on the calibration launch's stream where the
-baseline's and the calibration's outputs part (tuner.replay.streams).
 """
 
 from __future__ import annotations
@@ -133,12 +126,12 @@ def main() -> None:
                     own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
                         cap, cfg.speculative_config, max_model_len=max_model_len).items()}
         spread = _spreads(measured)
-        # The baseline again at the end: how far the machine drifted over the session, the
+        # The baseline again at the end: how far the machine drifted over the run, the
         # spread below which no performance error here means anything.
         end_result, _ = launch(engine, TrialConfig(), wl, ms, folder / "baseline-end")
         drift = {lv.concurrency: round(100 * (lv.output_throughput / base.output_throughput - 1), 1)
                  for lv, base in zip(end_result.levels, base_result.levels, strict=True)}
-        print(f"baseline drift over the session (last vs first launch, throughput): "
+        print(f"baseline drift over the run (last vs first launch, throughput): "
               f"{', '.join(f'c={c} {d:+.1f}%' for c, d in drift.items())}")
         pred = predict(base_cap, configs, measured, max_model_len=max_model_len, max_num_seqs=256)
         print(f"calibration: {calib_row['label']}")

@@ -1,38 +1,19 @@
-"""Replay accuracy re-fitted on stored CPU launches (no engine): how far each level's real
-duration sits from its requests' mean latency, and what the predictor of this checkout makes of
-the same launches.
+"""Replay accuracy re-fitted on stored CPU launches (no engine): what this checkout's
+tuner.replay.predict makes of the launches benchmarks/replay_accuracy.py measured.
 
-The data (benchmarks/data/cpu-replay, SOURCE.md says how each set was measured) are folders
-written by `benchmarks/replay_accuracy.py`, stored one archive per set (SET.tar.xz; a folder
-of that name is read as it is): per workload a baseline, ten n-gram and suffix
-configs (CONFIGS there), with every launch's result.json, token ids and per-request timings.
-Per set this prints:
+Reads benchmarks/data/cpu-replay (one SET.tar.xz per set, or a folder SET/; SOURCE.md there
+says how each was measured). The step cost is fitted as the replay strategy fits it (the
+baseline and the config that drafts the most per step at the top level, or --calibration;
+medians over passes). Per set this prints:
 
-1. packing: per launch and level, the measured duration over (sum of request latencies / c).
-   1.00 means the c slots stayed full to the end; above it, the last requests ran in a
-   shrinking batch, or prefills held up requests that were decoding.
-2. the predictions of this checkout's tuner.replay.predict, fitted as the benchmark and the
-   replay strategy fit them (the baseline and the config that drafts the most per step at the
-   top level; medians over passes), against the measured medians: per config and level the
-   throughput, TPOT and TTFT errors, the mean acceptance length's error against vLLM's
-   counters and how many requests the replay put on the calibration launch's stream
-   (tuner.replay.streams), and the median and worst |error| of throughput and TPOT over the
-   configs the fit did not see, and how many of those errors exceed the config's own
-   run-to-run spread in the same metric (sets measured in several passes).
-3. step shapes at c=1, where every streamed chunk is one engine step (the replayed steps equal
-   the chunks): per tokens scored n (1 + the draft the step verified, from the replay of the
-   launch's own tokens), the median and mean gap between chunks over every speculative launch of the
-   set and over the baselines, beside the fitted line at n. It shows what a line in n cannot:
-   on the CPU build a step that verifies one draft token (n = 2) cost 3.0-4.3 ms more (median)
-   than one that verifies two (the stop16 and stop17 sets), 7.7 ms on stop15's and none on
-   stop14's noisier set, in n-gram K=1 and suffix launches alike.
+1. packing: per launch and level, measured duration over (sum of request latencies / c);
+2. the fit, per config and level the predicted and measured throughput, TPOT and TTFT, the
+   acceptance length's error (against vLLM's counters), and a summary: median and worst
+   |error| out of sample, and how many exceed the config's own run-to-run spread;
+3. step shapes at c=1: the median and mean gap between streamed chunks per tokens scored,
+   beside the fitted line.
 
-`--calibration 10` calibrates on suffix k=16 instead (a launch that drafts every length, so
-the step shape of tuner.replay.cost is fitted from its chunk gaps; an n-gram calibration
-drafts 0 or K and leaves the line alone). The stored captures predate the chunk gaps in
-tuner.tokens, so they are read from each launch's requests.jsonl.xz.
-
-The script only calls `predict()`, so it also runs against another checkout's predictor:
+It only calls `predict()`, so it also runs against another checkout's predictor:
 
     .venv/bin/python benchmarks/replay_refit.py [--data benchmarks/data/cpu-replay] [SET ...]
     PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/replay_refit.py

@@ -1,12 +1,12 @@
-"""Search cost: the replay strategy against the TPE study, side by side, then a check session.
+"""Search cost: the replay strategy against the TPE study, side by side, then check launches.
 
 1. `tuner optimize --strategy replay` and `tuner optimize --strategy optuna` (TPE, seed 0) on
    the same workload and settings (the README's main job unless told otherwise), each with
    --n-trials launches; printed: launches, wall time, the c=1 recommendation of each.
-2. A check session on one engine setup, c=1 only: each study's pick, then CHECKS other
+2. Check launches on one engine setup, c=1 only: each study's pick, then CHECKS other
    configs of the space (the replay's next best predictions and seeded random ones, none of
    them a pick), the whole round CHECK_RUNS times. Printed:
-   every config's measured output throughput and its ratio to the best of the session, and
+   every config's measured output throughput and its ratio to the best of the checks, and
    whether each pick is within 3% of that best. A difference below the picks' own run-to-run
    spread (printed) is not a finding.
 
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--n-trials", type=int, default=6)
     ap.add_argument("--checks", type=int, default=10)
     ap.add_argument("--check-runs", type=int, default=2,
-                    help="how many times the check session measures every config")
+                    help="how many times the check launches measure every config")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-search"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def main() -> None:
                         max_model_len=commands.engine_setting(engine, "max_model_len"),
                         say=print)
     # Every config --check-runs times, round after round, so launch-to-launch noise (10-15%
-    # in a config's mean step time on this box) is not read as a ranking.
+    # in a config's mean step time on a 2-core CPU host) is not read as a ranking.
     first = [("replay pick", picks[0]), ("tpe pick", picks[-1])] if picks else []
     sequence = (first + [(f"check {i + 1}", c) for i, c in enumerate(checks)]) * args.check_runs
     measured: dict[str, list[float]] = {}
@@ -109,7 +109,7 @@ def main() -> None:
         labels[name] = config.label()
         print(f"  {name:12} {config.label():50} {thr:6.2f} tok/s", flush=True)
     best = max(statistics.median(v) for v in measured.values())
-    print(f"\ncheck session, c=1, {len(sequence)} launches; ratio = median / best median")
+    print(f"\ncheck launches at c=1: {len(sequence)}; ratio = median / best median")
     for name, values in measured.items():
         spread = (max(values) - min(values)) / 2
         print(f"  {name:12} {labels[name]:50} {statistics.median(values):6.2f} tok/s "
@@ -118,7 +118,7 @@ def main() -> None:
     for name in ("replay pick", "tpe pick"):
         if name in measured:
             ratio = statistics.median(measured[name]) / best
-            print(f"{name}: {ratio:.3f} of the session's best -> "
+            print(f"{name}: {ratio:.3f} of the checks' best -> "
                   f"{'within' if ratio >= 0.97 else 'NOT within'} 3%")
     (args.out / "summary.json").write_text(json.dumps(
         {"studies": results, "check": measured, "labels": labels}, indent=2, default=str))

@@ -1,33 +1,22 @@
-"""Step-cost models side by side on H200 n-gram launches (no GPU needed here).
+"""Step-cost models side by side on stored H200 n-gram launches (no GPU needed here).
 
-Two data sets (each folder's SOURCE.md says how it was measured):
+Reads one folder of benchmarks/data/h200 (its SOURCE.md says how it was measured):
+`stepcost-64p` (the default; `tuner bench` launches of benchmarks/gpu/stepcost.list, one folder
+each beside launches.list) or `ngram-study-32p` (a `tuner optimize --strategy replay` study's
+trials_raw.csv and token ids, and three configs measured after it with `tuner bench`).
 
-- benchmarks/data/h200-stop15 (the default): twelve `tuner bench` launches of
-  `scripts/gpu_bench.sh benchmarks/gpu/stepcost.list` (64 prompts x 128 tokens, c=1,8,32):
-  baseline and aligned baseline at the start and again at the end, the two calibration configs
-  a replay study launches (k=8 window 1-2, the heaviest drafter; k=8 window 6-6, the least
-  uniform), then six configs no fit sees.
-- benchmarks/data/h200-stop14 (`--data`): one `tuner optimize --strategy replay` study
-  (32 prompts x 128 tokens, c=1,8,32; 10 launches: baseline x2, aligned baseline x2, two
-  calibrations, two predicted leaders x2) and three configs measured afterwards with
-  `tuner bench`.
-
-Both are SmolLM2-135M on vLLM 0.26.0, instructcoder, with every launch's token ids. Both
-models are fitted on the launches a replay study fits them on (the aligned baseline and the
-calibration launches, medians of repeats), then predict every other measured config from the
-baseline's tokens:
+Both models are fitted on the launches a replay study fits them on (the aligned baseline and
+the calibration launches, medians of repeats), played out step by step (tuner.replay.schedule),
+then predict every other measured config from the baseline's tokens:
 
 - line:  step = a + b x tokens scored (the engine's CUDA graph mode ignored);
-- plane: step = a + b x tokens scored + m where a step is not uniform (tuner.replay.cost; the
-         engines logged CUDAGraphMode.FULL_AND_PIECEWISE).
+- plane: step = a + b x tokens scored + m where a step is not uniform (tuner.replay.cost).
 
-Both are played out step by step (tuner.replay.schedule) and fitted through the anchor, as
-this checkout's predictor does. Printed: each fit, then per config and level the predicted
-and measured output throughput and their error under both models, then the median and worst
-absolute error per level over the configs no model was fitted on. Acceptance length is
-printed beside vLLM's counter.
+Prints each fit; per config and level the predicted and measured acceptance length and output
+throughput and both models' errors; then per level the median and worst |error| over the
+configs no model was fitted on (docs/accuracy.md tabulates them for every stored set).
 
-    .venv/bin/python benchmarks/stepcost_h200.py [--data benchmarks/data/h200-stop14]
+    .venv/bin/python benchmarks/stepcost_h200.py [--data benchmarks/data/h200/ngram-study-32p]
 """
 
 from __future__ import annotations
@@ -135,20 +124,17 @@ def _bench_configs(data: Path) -> list[TrialConfig]:
             for line in (data / "bench" / "index.txt").read_text().splitlines()]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "h200-stop15")
-    args = ap.parse_args()
-    preds = {name: run(args.data, graphs) for name, graphs in (("line", None), ("plane", GRAPHS))}
-    for name, (pred, _) in preds.items():
-        print(f"{name} model, fitted on the aligned baseline and the calibration launches:")
-        for c in sorted(pred.costs):
-            print("  " + pred.costs[c].describe())
-    print(f"\n{'config':24} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'meas tok/s':>10} "
-          f"{'line':>8} {'err':>7} {'plane':>8} {'err':>7}  fitted on it")
+def compare(data: Path) -> tuple[dict[str, Prediction], list[dict],
+                                 dict[str, dict[int, list[float]]]]:
+    """Both models on the set at `data`: their predictions, one row per speculative config and
+    level (label, c, acceptance length predicted and measured, measured throughput, each
+    model's prediction and error in %, whether the models were fitted on it), and per model and
+    level the errors of the configs neither model was fitted on."""
+    preds = {name: run(data, graphs) for name, graphs in (("line", None), ("plane", GRAPHS))}
     errors: dict[str, dict[int, list[float]]] = {"line": {}, "plane": {}}
     line_rows = {(r["key"], r["concurrency"]): r for r in preds["line"][0].rows}
     bench = preds["plane"][1]
+    rows = []
     for r in preds["plane"][0].rows:
         if r["method"] == "none":
             continue
@@ -157,16 +143,35 @@ def main() -> None:
             r["meas_output_throughput"]
         meas_al = bench.get(key, {}).get(c, {}).get("spec_decode_acceptance_length") or \
             r["meas_acceptance_length"]
-        old = line_rows[(key, c)]
-        cells = []
-        for name, row in (("line", old), ("plane", r)):
-            p = row["pred_output_throughput"]
+        row = {"label": r["label"], "concurrency": c, "al_pred": r["acceptance_length"],
+               "al_meas": meas_al, "measured": measured, "calibration": r["calibration"]}
+        for name, model_row in (("line", line_rows[(key, c)]), ("plane", r)):
+            p = model_row["pred_output_throughput"]
             err = 100.0 * (p / measured - 1) if p and measured else math.nan
-            if not row["calibration"] and not math.isnan(err):
+            if not model_row["calibration"] and not math.isnan(err):
                 errors[name].setdefault(c, []).append(err)
-            cells.append(f"{p:8.1f} {err:+6.1f}%")
-        print(f"{r['label']:24} {c:>2} {r['acceptance_length']:7.2f} {meas_al:7.2f} "
-              f"{measured:10.1f} {cells[0]} {cells[1]}  {'yes' if r['calibration'] else '-'}")
+            row[name], row[f"{name}_err"] = p, err
+        rows.append(row)
+    return {name: pred for name, (pred, _) in preds.items()}, rows, errors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path,
+                    default=Path(__file__).parent / "data" / "h200" / "stepcost-64p")
+    args = ap.parse_args()
+    preds, rows, errors = compare(args.data)
+    for name, pred in preds.items():
+        print(f"{name} model, fitted on the aligned baseline and the calibration launches:")
+        for c in sorted(pred.costs):
+            print("  " + pred.costs[c].describe())
+    print(f"\n{'config':24} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'meas tok/s':>10} "
+          f"{'line':>8} {'err':>7} {'plane':>8} {'err':>7}  fitted on it")
+    for r in rows:
+        cells = [f"{r[name]:8.1f} {r[f'{name}_err']:+6.1f}%" for name in ("line", "plane")]
+        print(f"{r['label']:24} {r['concurrency']:>2} {r['al_pred']:7.2f} {r['al_meas']:7.2f} "
+              f"{r['measured']:10.1f} {cells[0]} {cells[1]}  "
+              f"{'yes' if r['calibration'] else '-'}")
     print("\nout of sample (configs neither model was fitted on), |error| of output throughput:")
     for c in sorted(errors["plane"]):
         parts = []

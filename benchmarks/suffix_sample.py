@@ -13,8 +13,8 @@ drafts the most per step there), then three predictions are made:
 Printed per seed and level: the best predicted suffix throughput of (1) and (2), their share
 of (3)'s best, how many configs the climb added and its wall time; then the whole grid's best,
 10th, 100th and median, which say how flat the landscape is near its top. These are
-predictions only: whether a 0.5% predicted difference is real is beyond what a launch on this
-box resolves (two runs of one config differ by more).
+predictions only: whether a 0.5% predicted difference is real is beyond what a launch on a
+2-core CPU host resolves (two runs of one config differ by more).
 
     .venv/bin/python benchmarks/suffix_sample.py [SET ...] [--seeds 0,1,2]
 """
@@ -98,8 +98,8 @@ def check(root: Path, seeds: list[int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sets", nargs="*", default=["stop16-instructcoder-16p-seed2",
-                                                "stop17-sharegpt-16p-seed3"])
+    ap.add_argument("sets", nargs="*", default=["instructcoder-16p-seed2-bf16",
+                                                "sharegpt-16p-seed3-bf16"])
     ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-replay")
     ap.add_argument("--seeds", default="0,1,2")
     args = ap.parse_args()

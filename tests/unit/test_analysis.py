@@ -269,8 +269,9 @@ def test_a_gain_beside_a_zero_spread_is_no_finding():
 
 
 def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
-    # The H200 study (stop 14, c=1): baseline 536.9/509.5, ngram k=8 window 1-6 594.4/467.6,
-    # k=8 window 1-5 534.5/521.7, and the calibration k=8 window 1-2 once at 562.5 (+7.5%).
+    # The H200 study (benchmarks/data/h200/ngram-study-32p, c=1): baseline 536.9/509.5, ngram
+    # k=8 window 1-6 594.4/467.6, k=8 window 1-5 534.5/521.7, and the calibration k=8 window 1-2
+    # once at 562.5 (+7.5%).
     study = fake_study()
     _twice(study, None, 1, 536.9, 509.5, role="baseline")  # MAD 13.7 of 523.2: 2.6%
     _twice(study, ngram(8, 1, 6), 1, 594.4, 467.6)  # MAD 63.4 of 531.0: 11.9%

@@ -29,8 +29,9 @@ def test_parting_is_the_first_position_where_two_streams_differ():
 
 
 def test_pass_shape_marks_tokens_whose_kv_came_from_a_drafting_pass():
-    # The calibration launch of stop15-sharegpt, request 6 at c=1, steps as its replay gives
-    # them (drafted/accepted): 8/0 at p=1, 8/0 at p=2, 0/0 at p=3, 8/8 at p=4.
+    # The calibration launch of cpu-replay/sharegpt-8p-seed0-bf16-2pass, request 6 at c=1,
+    # steps as its replay gives them (drafted/accepted): 8/0 at p=1, 8/0 at p=2, 0/0 at p=3,
+    # 8/8 at p=4.
     shape = streams.pass_shape(np.array([8, 8, 0, 8]), np.array([0, 0, 0, 8]), 6)
     # token 0 fed at p=1 (drafting), 1 at p=2 (drafting), 2 at p=3 (one-token pass), 3 fed at
     # p=4 and 4, 5 accepted from that drafting pass
