@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# On an offline GPU host after the bundle is installed (scripts/gpu_bundle.sh, install.sh):
+# On an air-gapped GPU host, once the bundle is installed (scripts/gpu_bundle.sh, install.sh):
 # measure a fixed list of configs with `tuner bench`, one engine launch each, in order, so the
 # replay's predictions can be checked against configs no fit has seen (benchmarks/).
 #
-#   scripts/gpu_bench.sh LIST [BUDGET_S]     (default 540)
+#   scripts/gpu_bench.sh LIST [BUDGET_S]     (default 540 seconds)
 #
 # LIST: one launch per line, `NAME|SPEC_JSON|ENGINE_ARGS|ENGINE_ENV` (SPEC_JSON `none` for a
 # baseline; ENGINE_ENV space-separated NAME=VALUE; # starts a comment). Resumable: results live
-# in WORK/NAME (default WORK=/root/gpu-bench, outside the checkout and $OUT) and a launch with a
-# result.json is not run again, so the same command continues where the last call stopped. A
-# launch starts only when TRIAL_S (default 150) is left; everything measured so far comes back
-# as $OUT/gpu-bench.tar.gz (result.json, tokens.npz, requests.jsonl and the engine-path lines of
-# each launch).
-# env: SITE (/root/site), WORK, OUT (./gpu-results), WORKLOAD (instructcoder), NUM_PROMPTS (64),
-#      OUTPUT_LEN (128), CONCURRENCY (1,8,32), TRIAL_S (150).
+# in WORK/NAME (default WORK=~/spec-tuner-gpu/bench, outside the checkout and OUT) and a launch
+# with a result.json is not run again, so the same command continues where the last run stopped.
+# A launch starts only when TRIAL_S (default 150) is left; everything measured so far is packed
+# into one file to bring back, OUT/gpu-bench.tar.gz (result.json, tokens.npz, requests.jsonl and
+# the engine-path lines of each launch).
+# env: SITE (~/spec-tuner-gpu/site), WORK, OUT (./gpu-results), WORKLOAD, NUM_PROMPTS,
+#      OUTPUT_LEN, CONCURRENCY (as gpu_demo.sh: instructcoder, 64, 128, 1,8,32), TRIAL_S (150).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIST=${1:?usage: scripts/gpu_bench.sh LIST [BUDGET_S]}
-BUDGET_S=${2:-540}; WORK=${WORK:-/root/gpu-bench}
+BUDGET_S=${2:-540}; WORK=${WORK:-$HOME/spec-tuner-gpu/bench}
 . scripts/gpu_host.sh
 TRIAL_S=${TRIAL_S:-150}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$WORK/gpu.txt"
@@ -27,9 +27,8 @@ while IFS='|' read -r name spec args envs; do
   if [ "$(left)" -lt "$TRIAL_S" ]; then
     echo "gpu_bench: $(left) s left, less than TRIAL_S=$TRIAL_S: stopping before $name"; break
   fi
-  cmd=(python3 -m tuner bench --workload "${WORKLOAD:-instructcoder}"
-       --num-prompts "${NUM_PROMPTS:-64}" --output-len "${OUTPUT_LEN:-128}"
-       --concurrency "${CONCURRENCY:-1,8,32}" --speculative-config "$spec"
+  cmd=(python3 -m tuner bench --workload "$WORKLOAD" --num-prompts "$NUM_PROMPTS"
+       --output-len "$OUTPUT_LEN" --concurrency "$CONCURRENCY" --speculative-config "$spec"
        --output-dir "$WORK/$name.part")
   [ -n "$args" ] && cmd+=(--engine-args "$args")
   for e in $envs; do cmd+=(--engine-env "$e"); done

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # Build an offline bundle that brings spec-tuner and vLLM's GPU build to an NVIDIA host with no
-# network, in as few transfers of limited size as its bytes allow.
+# network (air-gapped): run it on a machine with network, move DEST to the host, install there.
 #
 #   scripts/gpu_bundle.sh DEST [--with-ray] [--with-rdb] [--python 3.12] [--vllm 0.26.0]
-#                              [--model-shape llama3-8b[,SHAPE...]] [--transfer-mib 64]
-#                              [--spare-mib 0.5] [--checkout-mib MEASURED] [--keep-moe]
-#                              [--extra-wheel FILE]... [--work DIR]
+#                              [--model-shape llama3-8b[,SHAPE...]] [--part-mib N]
+#                              [--with-checkout] [--checkout-mib M] [--spare-mib 0.5]
+#                              [--keep-moe] [--extra-wheel FILE]... [--work DIR]
 #
-# DEST belongs inside this checkout (e.g. .gpu/bundle, ignored by git): a transfer carries paths
-# relative to the checkout, and the transfers printed at the end list such paths (a `carry` list
-# each). Every transfer also carries the checkout itself, which is spec-tuner on the host (run it
-# from there, PYTHONPATH=.), so the bundle holds no spec-tuner wheel.
+# DEST is best kept inside this checkout (e.g. .gpu/bundle, ignored by git): the bundle holds no
+# spec-tuner wheel, because the checkout itself is spec-tuner on the host (run it from there,
+# `python3 -m tuner`, with the checkout on PYTHONPATH). Move the checkout and DEST to the host.
 #
-# The target image is the one spec-tuner was brought up on: python 3.12, torch 2.11.0+cu130,
-# triton 3.6, transformers 5.x, numba, pandas, seaborn, aiohttp and httpx installed; no pydantic,
-# optuna, ray or vLLM; no network. vLLM 0.26.0 is the release built against torch 2.11 and CUDA 13.
+# The target is a python 3.12 image with torch 2.11.0+cu130, triton 3.6, transformers 5.x,
+# numba, pandas, seaborn, aiohttp and httpx installed, and no pydantic, optuna, ray or vLLM.
+# vLLM 0.26.0 is the release built against torch 2.11 and CUDA 13. Other images: see the pins.
 #
 # The bundle is a few blobs, each a tar.xz unpacked into SITE on the host (no pip needed there):
 #   vLLM, slimmed (see VLLM_DROP); ray, slimmed (no Java jar, no dashboard), with --with-ray only
@@ -25,56 +24,60 @@
 #   importlib.metadata finds their versions; no console scripts), those the image may already
 #   have kept apart under .if-missing/ and added only where the host lacks them. Plus the model
 #   shapes (config + tokenizer, no weights, for `--load-format dummy`; scripts/make_model_shape.py).
-# Optuna's RDB storage (sqlalchemy, alembic, mako) travels only with --with-rdb: spec-tuner's
+# Optuna's RDB storage (sqlalchemy, alembic, mako) comes only with --with-rdb: spec-tuner's
 # default storage is a journal file, and optuna 5.1 imports and runs a JournalStorage study
 # without them (checked: a 3-trial study in a venv that lacks all three); only `--storage URL`
 # needs them. --extra-wheel FILE adds a wheel built elsewhere to the small tree (installed
 # always), e.g. arctic-inference for the suffix method (PyPI has only its source package, whose
 # build needs torch).
 #
-# Packing: a transfer holds at most BUDGET = --transfer-mib less the checkout (its tracked and
-# untracked, not ignored, files as measured now, or --checkout-mib) less --spare-mib (room for
-# install.sh, MANIFEST and a checkout that grows), in whole MiB; so the bundle needs
-# N = ceil(total / BUDGET) transfers. The blobs are laid end to end in a fixed order (the ones
-# that change least first) and cut every CUT bytes, CUT = ceil(total / N) in whole MiB (<= BUDGET):
-# the room left over is shared by all N transfers rather than all landing in the last one, and
-# the cuts move only when N or CUT does, so a rebuild after a small pin change alters only the
-# last transfer (pieces already stashed on the host stay valid). The old --chunk-mib is gone:
-# the transfer size (--transfer-mib, --spare-mib) sets the cuts.
+# Parts: by default DEST holds one part, part-1/. Where the route to the host limits how much
+# moves at once (or how large a file may be), --part-mib N splits the bundle into parts of at
+# most N MiB each: its pieces in whole MiB, plus install.sh and MANIFEST, which --spare-mib
+# (default 0.5) leaves room for. With --with-checkout each part also counts the checkout (its
+# tracked and untracked, not ignored, files as measured now, or --checkout-mib M), for routes
+# that move the checkout again with every part. The blobs are laid end to end in a fixed order
+# (the ones that change least first) and cut evenly over the fewest parts, every
+# CUT = ceil(total / parts) MiB: the room left over is shared by all parts rather than all
+# landing in the last one, and the cuts move only when the number of parts or CUT does, so a
+# rebuild after a small pin change alters only the last part (pieces already staged on the host
+# stay valid). --transfer-mib N, the old spelling, is --part-mib N --with-checkout.
 #
 # DEST gets:
 #   install.sh, MANIFEST   the installer, and the list of every piece with its sha256, every blob
 #                          with its kind, every small wheel with its version and original sha256,
-#                          and the transfer groups; both travel with every transfer
-#   transfer-N/            what transfer N carries: whole blobs under their own names, a blob cut
-#                          at a transfer's end as NAME.partNN (joined in order on the host)
+#                          and the folder of each part; move both with every part
+#   part-N/                part N: whole blobs under their own names, a blob cut at a part's end
+#                          as NAME.partNN (joined in order on the host)
 #
-# On the host, after every transfer:  bash DEST/install.sh DEST SITE [STASH]
-# It stashes what arrived (STASH, default /root/stash; it must survive between transfers),
-# installs into SITE once every piece is there, and otherwise prints what is still missing.
-# Then: . SITE/spec-tuner-env.sh
+# On the host, after each part arrives:  bash DEST/install.sh DEST SITE [STAGE]
+# It keeps the verified pieces in STAGE (default ~/spec-tuner-gpu/stage; it must persist until
+# every part is there), installs into SITE once every piece is there, and otherwise prints what
+# is still missing. Then: . SITE/spec-tuner-env.sh
 #
 # Needs here: network to PyPI, python3 with pip, git, xz, tar, unzip, sha256sum. Downloads and
 # the packed trees are cached in --work (default /tmp/spec-tuner-gpu-bundle) by content, so a
-# rebuild makes the same bytes: unchanged pieces keep their checksums, and pieces already stashed
+# rebuild makes the same bytes: unchanged pieces keep their checksums, and pieces already staged
 # on the host stay valid.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
-DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; TRANSFER_MIB=64; SPARE_MIB=0.5; CHECKOUT_MIB=""
-KEEP_MOE=0; EXTRA_WHEELS=(); WITH_RAY=0; WITH_RDB=0
+DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; PART_MIB=0; SPARE_MIB=0.5; CHECKOUT_MIB=""
+WITH_CHECKOUT=0; KEEP_MOE=0; EXTRA_WHEELS=(); WITH_RAY=0; WITH_RDB=0
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PYVER=${2:?}; shift 2 ;;
     --vllm) VLLM=${2:?}; shift 2 ;;
     --model-shape|--model-shapes) SHAPES=${2:?}; shift 2 ;;
-    --chunk-mib) echo "gpu_bundle: --chunk-mib is gone: the pieces are cut evenly over the fewest transfers;" \
-                      "set the transfer size with --transfer-mib and the room left with --spare-mib" >&2; exit 2 ;;
-    --transfer-mib) TRANSFER_MIB=${2:?}; shift 2 ;;
+    --chunk-mib) echo "gpu_bundle: --chunk-mib is gone: the pieces are cut evenly over the fewest parts;" \
+                      "set the part size with --part-mib and the room left with --spare-mib" >&2; exit 2 ;;
+    --part-mib) PART_MIB=${2:?}; shift 2 ;;
+    --transfer-mib) PART_MIB=${2:?}; WITH_CHECKOUT=1; shift 2 ;;  # the old spelling
+    --with-checkout) WITH_CHECKOUT=1; shift ;;
     --spare-mib) SPARE_MIB=${2:?}; shift 2 ;;
-    --checkout-mib) CHECKOUT_MIB=${2:?}; shift 2 ;;
+    --checkout-mib) CHECKOUT_MIB=${2:?}; WITH_CHECKOUT=1; shift 2 ;;
     --keep-moe) KEEP_MOE=1; shift ;;
     --with-ray) WITH_RAY=1; shift ;;
     --with-rdb) WITH_RDB=1; shift ;;
@@ -198,11 +201,11 @@ if [ -e "$DEST" ] && [ -n "$(ls -A "$DEST" 2>/dev/null)" ] && ! head -1 "$DEST/M
   log "$DEST exists and is not a bundle made by this script; choose another DEST"; exit 1
 fi
 mkdir -p "$DEST"; DEST_ABS=$(cd "$DEST" && pwd)
-# Transfers name paths relative to the checkout: print those, whatever form DEST was given in.
+# The summary names DEST relative to the checkout where it lies inside it, else in full.
 DEST_REL=$(realpath --relative-to="$REPO" "$DEST_ABS")
 case "$DEST_REL" in
-  ..*) log "note: $DEST_ABS is outside the checkout $REPO; a transfer carries only paths inside it"
-       log "(use e.g. $REPO/.gpu/bundle)"; DEST_REL=$DEST_ABS ;;
+  ..*) log "note: $DEST_ABS is outside the checkout $REPO: move the checkout to the host too"
+       DEST_REL=$DEST_ABS ;;
 esac
 PLAN="$WORK/plan.tsv"; : > "$PLAN"
 plan() { local IFS=$'\t'; echo "$*" >> "$PLAN"; }
@@ -220,8 +223,8 @@ for l in "${TUNER_IF_MISSING[@]}"; do
   set -- $l; printf '%s\t%s\t%s\n' "$(wheel_of "$WORK/dl" "$1")" "$2" "$3" >> "$SMALL"
 done
 
-# 2. spec-tuner itself travels as the checkout, with every transfer: no wheel of it here, so a
-#    code change rebuilds no piece. The bundle records the commit it was built at.
+# 2. spec-tuner itself is the checkout, moved to the host beside the bundle: no wheel of it here,
+#    so a code change rebuilds no piece. The bundle records the commit it was built at.
 COMMIT=$(cd "$REPO" && git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(cd "$REPO" && git status --porcelain 2>/dev/null | head -1)" ] || COMMIT="$COMMIT+local-changes"
 
@@ -304,7 +307,7 @@ for line in listing.read_text().splitlines():
 PY
   pack_tree "$x" "$out"; mv "$out.wheels.tmp" "$out.wheels"; echo "$key" > "$out.key"
 }
-# The order is the order of the bytes in the transfers: what changes least comes first.
+# The order is the order of the bytes in the parts: what changes least comes first.
 SMOLLM_WHEEL=$(wheel_of "$WORK/dl" "$SMOLLM")
 SMOLLM_TREE="$WORK/trees/$(basename "$SMOLLM_WHEEL" | cut -d- -f1-2).tar.xz"
 slim_tree "$SMOLLM_WHEEL" "$SMOLLM_TREE"
@@ -328,17 +331,21 @@ find "$WORK/models" -exec touch -d @946684800 {} +
 (cd "$WORK/models" && tar --sort=name --owner=0 --group=0 --numeric-owner -cf - . ) | xz -9 -T1 -c > "$WORK/model-shapes.tar.xz"
 plan models "$WORK/model-shapes.tar.xz"
 
-# 5. Lay out DEST: cut the blobs into transfers, write MANIFEST ---------------------------------
-CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
-                 | awk '{s+=$1} END {print s+0}')
-PLANNED_CHECKOUT=$CHECKOUT_BYTES
-if [ -n "$CHECKOUT_MIB" ]; then
-  PLANNED_CHECKOUT=$(awk -v m="$CHECKOUT_MIB" 'BEGIN {printf "%d", m * 1048576}')
-  [ "$PLANNED_CHECKOUT" -ge "$CHECKOUT_BYTES" ] || log "note: planned for a checkout of $CHECKOUT_MIB MiB," \
-    "but it is $(awk -v b="$CHECKOUT_BYTES" 'BEGIN {printf "%.1f", b / 1048576}') MiB now: shrink it before the transfers"
+# 5. Lay out DEST: cut the blobs into parts, write MANIFEST -------------------------------------
+# The checkout counts against each part only with --with-checkout (or --checkout-mib).
+CHECKOUT_BYTES=0; PLANNED_CHECKOUT=0
+if [ "$WITH_CHECKOUT" = 1 ]; then
+  CHECKOUT_BYTES=$( (cd "$REPO" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null || true) \
+                   | awk '{s+=$1} END {print s+0}')
+  PLANNED_CHECKOUT=$CHECKOUT_BYTES
+  if [ -n "$CHECKOUT_MIB" ]; then
+    PLANNED_CHECKOUT=$(awk -v m="$CHECKOUT_MIB" 'BEGIN {printf "%d", m * 1048576}')
+    [ "$PLANNED_CHECKOUT" -ge "$CHECKOUT_BYTES" ] || log "note: planned for a checkout of $CHECKOUT_MIB MiB," \
+      "but it is $(awk -v b="$CHECKOUT_BYTES" 'BEGIN {printf "%.1f", b / 1048576}') MiB now: shrink it before moving the parts"
+  fi
 fi
 find "$DEST_ABS" -mindepth 1 -delete
-"$PY" - "$PLAN" "$DEST_ABS" "$TRANSFER_MIB" "$PLANNED_CHECKOUT" "$SPARE_MIB" \
+"$PY" - "$PLAN" "$DEST_ABS" "$PART_MIB" "$PLANNED_CHECKOUT" "$SPARE_MIB" \
   "python $PYVER" "vllm $VLLM" "ray $([ "$WITH_RAY" = 1 ] && echo "${RAY#ray==}" || echo none)" \
   "rdb $([ "$WITH_RDB" = 1 ] && echo yes || echo none)" \
   "spec_tuner the checkout (bundle built at commit $COMMIT)" \
@@ -348,28 +355,31 @@ from pathlib import Path
 
 MiB = 2**20
 plan, dest = Path(sys.argv[1]), Path(sys.argv[2])
-transfer, checkout, spare = int(float(sys.argv[3]) * MiB), int(sys.argv[4]), int(float(sys.argv[5]) * MiB)
-# Whole MiB, so that the even cut below (whole MiB too) never exceeds it.
-budget = (transfer - checkout - spare) // MiB * MiB
-if budget <= 0:
-    sys.exit(f"gpu_bundle: a transfer of {sys.argv[3]} MiB leaves no room beside the checkout "
-             f"({checkout / MiB:.1f} MiB) and {sys.argv[5]} MiB spare: shrink the checkout or "
-             "raise --transfer-mib")
+part, checkout, spare = int(float(sys.argv[3]) * MiB), int(sys.argv[4]), int(float(sys.argv[5]) * MiB)
 
 blobs = []  # (kind, path, lines for MANIFEST)
 for line in plan.read_text().splitlines():
     kind, src, *extra = line.split("\t")
     blobs.append((kind, Path(src), Path(extra[0]).read_text().splitlines() if extra else []))
 total = sum(src.stat().st_size for _, src, _ in blobs)
-# As few transfers as the budget allows, cut evenly (whole MiB, the last one shorter): the room
-# left over is shared by every transfer instead of all landing in the last one, so a checkout
-# that grows a little after the build still fits each of them.
-n_transfers = -(-total // budget)
-cut = -(-total // n_transfers // MiB) * MiB
-meta = [*sys.argv[6:], f"transfer_bytes {transfer}", f"checkout_bytes {checkout}",
+if part <= 0:  # no --part-mib: one part, every blob whole
+    budget = max(-(-total // MiB), 1) * MiB
+else:
+    # Whole MiB, so that the even cut below (whole MiB too) never exceeds it.
+    budget = (part - checkout - spare) // MiB * MiB
+    if budget <= 0:
+        sys.exit(f"gpu_bundle: a part of {sys.argv[3]} MiB leaves no room beside the checkout "
+                 f"({checkout / MiB:.1f} MiB) and {sys.argv[5]} MiB spare: raise --part-mib "
+                 "(or shrink the checkout)")
+# As few parts as the budget allows, cut evenly (whole MiB, the last one shorter): the room
+# left over is shared by every part instead of all landing in the last one, so a MANIFEST or a
+# checkout that grows a little after the build still fits each of them.
+n_parts = -(-total // budget)
+cut = -(-total // n_parts // MiB) * MiB
+meta = [*sys.argv[6:], f"part_bytes {part}", f"checkout_bytes {checkout}",
         f"budget_bytes {budget}", f"cut_bytes {cut}"]
 
-# The blobs end to end, cut every `cut` bytes: transfer N holds bytes [(N-1)*cut, N*cut).
+# The blobs end to end, cut every `cut` bytes: part N holds bytes [(N-1)*cut, N*cut).
 pieces, wholes, groups = [], [], {}
 pos = 0
 for kind, src, _ in blobs:
@@ -383,7 +393,7 @@ for kind, src, _ in blobs:
     h_whole = hashlib.sha256()
     with open(src, "rb") as f:
         for i, (n, off, length) in enumerate(cuts):
-            rel = f"transfer-{n}/{src.name if len(cuts) == 1 else f'{src.name}.part{i:02d}'}"
+            rel = f"part-{n}/{src.name if len(cuts) == 1 else f'{src.name}.part{i:02d}'}"
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             h, left = hashlib.sha256(), length
             with open(dest / rel, "wb") as out:
@@ -398,13 +408,13 @@ for kind, src, _ in blobs:
 
 with open(dest / "MANIFEST", "w") as m:
     m.write("format spec-tuner-gpu-bundle 2\n")
-    m.write("# piece FOLDER/FILE BYTES SHA256  (every file to transfer, besides install.sh and MANIFEST)\n")
+    m.write("# piece FOLDER/FILE BYTES SHA256  (every file to move, besides install.sh and MANIFEST)\n")
     m.write("# whole NAME BYTES SHA256 KIND  (NAME is one piece, or the pieces NAME.partNN joined in order)\n")
-    m.write("#   KIND: tree (tar.xz unpacked into SITE), models (tar.xz unpacked into STASH/models)\n")
+    m.write("#   KIND: tree (tar.xz unpacked into SITE), models (tar.xz unpacked into SITE/model-shapes)\n")
     m.write("# wheel TREE NAME VERSION SHA256 FILE [DIST MIN]  (a wheel unpacked into TREE as pip --no-deps\n")
     m.write("#   --target lays it out; SHA256 is the original wheel's. With DIST MIN it is in TREE's\n")
     m.write("#   .if-missing/NAME/, added to SITE only where the host's python lacks DIST >= MIN)\n")
-    m.write("# group N FOLDER...  (folders that travel together in transfer N)\n")
+    m.write("# group N FOLDER...  (the folders of part N)\n")
     for item in meta:
         m.write(f"meta {item}\n")
     for rel, size, digest in pieces:
@@ -420,18 +430,19 @@ PY
 # 6. The installer ----------------------------------------------------------------------------
 cat > "$DEST_ABS/install.sh" <<'INSTALL'
 #!/usr/bin/env bash
-# spec-tuner offline GPU bundle: the installer. Run it on the GPU host after every transfer.
+# spec-tuner offline GPU bundle: the installer. Run it on the GPU host after each part arrives.
 #
-#   bash BUNDLE/install.sh BUNDLE SITE [STASH]   stash the pieces that arrived; once all are
-#                                                there, install into SITE
-#   bash BUNDLE/install.sh --check BUNDLE [STASH]   verify and report only; changes nothing
+#   bash BUNDLE/install.sh BUNDLE SITE [STAGE]   keep the pieces that arrived in STAGE; once all
+#                                                are there, install into SITE
+#   bash BUNDLE/install.sh --check BUNDLE [STAGE]   verify and report only; changes nothing
 #   options: --force (reinstall even if SITE already holds this bundle), --no-verify (skip the
 #            import check at the end); env PYTHON (default python3)
 #
-# STASH (default /root/stash) keeps verified pieces between transfers: it lives outside the
-# transferred tree, so it must survive on the host while the transfers come in.
-# SITE is made from scratch (a folder for PYTHONPATH); an existing SITE is replaced only if this
-# installer made it. Then: . SITE/spec-tuner-env.sh
+# STAGE (default $SPEC_TUNER_STAGE, else ~/spec-tuner-gpu/stage) keeps verified pieces until
+# every part is there: keep it outside BUNDLE, so that BUNDLE may be replaced by the next part.
+# SITE is made from scratch (a folder for PYTHONPATH, with the model shapes in
+# SITE/model-shapes); an existing SITE is replaced only if this installer made it.
+# Then: . SITE/spec-tuner-env.sh
 # Needs on the host: bash, the bundle's python (no pip), xz, tar, sha256sum; no network.
 # Exit status: 0 installed (or already installed; for --check: complete), 3 pieces still
 # missing, 1 error (corrupt piece, failed install or import check).
@@ -446,14 +457,15 @@ for a in "$@"; do
   esac
 done
 PY=${PYTHON:-python3}
-if [ $CHECK = 1 ]; then B=${ARGS[0]:-}; SITE=""; S=${ARGS[1]:-/root/stash}
-else B=${ARGS[0]:-}; SITE=${ARGS[1]:-}; S=${ARGS[2]:-/root/stash}; fi
-[ -n "$B" ] && { [ $CHECK = 1 ] || [ -n "$SITE" ]; } || { echo "usage: bash install.sh BUNDLE SITE [STASH] | --check BUNDLE [STASH]" >&2; exit 1; }
+STAGE_DEFAULT=${SPEC_TUNER_STAGE:-$HOME/spec-tuner-gpu/stage}
+if [ $CHECK = 1 ]; then B=${ARGS[0]:-}; SITE=""; S=${ARGS[1]:-$STAGE_DEFAULT}
+else B=${ARGS[0]:-}; SITE=${ARGS[1]:-}; S=${ARGS[2]:-$STAGE_DEFAULT}; fi
+[ -n "$B" ] && { [ $CHECK = 1 ] || [ -n "$SITE" ]; } || { echo "usage: bash install.sh BUNDLE SITE [STAGE] | --check BUNDLE [STAGE]" >&2; exit 1; }
 say() { printf '%s\n' "$*"; }
 
-# The newest MANIFEST wins: the one that came with this transfer, else the stashed one.
+# The newest MANIFEST wins: the one that came with this part, else the staged one.
 if [ -f "$B/MANIFEST" ]; then MAN="$B/MANIFEST"; elif [ -f "$S/MANIFEST" ]; then MAN="$S/MANIFEST"
-else say "no MANIFEST in $B or $S: transfer $B/MANIFEST with the pieces"; exit 1; fi
+else say "no MANIFEST in $B or $S: bring $B/MANIFEST with the pieces"; exit 1; fi
 head -1 "$MAN" | grep -q '^format spec-tuner-gpu-bundle 2$' || { say "$MAN: not a spec-tuner bundle manifest of format 2 (this installer's)"; exit 1; }
 if [ $CHECK = 0 ]; then
   mkdir -p "$S/pieces" || exit 1
@@ -465,7 +477,7 @@ if [ $CHECK = 0 ]; then
 fi
 meta() { awk -v k="$1" '$1=="meta" && $2==k {$1=$2=""; sub(/^  /,""); print; exit}' "$MAN"; }
 
-# 1. Stash: every piece that arrived and matches its checksum is kept as STASH/pieces/SHA256
+# 1. Stage: every piece that arrived and matches its checksum is kept as STAGE/pieces/SHA256
 #    (by content, so a rebuilt bundle reuses what is already here whatever folder it is in).
 declare -A GROUP_OF MISSING_IN
 while read -r _ n rest; do for f in $rest; do GROUP_OF[$f]=$n; done; done < <(grep '^group ' "$MAN")
@@ -480,7 +492,7 @@ while read -r _ rel size sum; do
       if [ $CHECK = 0 ]; then cp -f "$B/$rel" "$st.tmp" && mv -f "$st.tmp" "$st" || exit 1; fi
       continue
     fi
-    say "CORRUPT: $rel (sha256 $got, expected $sum): transfer it again"; corrupt=$((corrupt+1))
+    say "CORRUPT: $rel (sha256 $got, expected $sum): copy it again"; corrupt=$((corrupt+1))
   fi
   missing=$((missing+1)); missing_bytes=$((missing_bytes+size))
   f=${rel%%/*}; MISSING_IN[$f]=$(( ${MISSING_IN[$f]:-0} + 1 ))
@@ -490,12 +502,12 @@ say "$have of $((have+missing)) pieces present ($new new from $B)"
 if [ $missing -gt 0 ]; then
   say "still missing: $missing piece(s), $((missing_bytes/1048576)) MiB, in these folders:"
   for f in $(printf '%s\n' "${!MISSING_IN[@]}" | sort); do
-    say "  $f/  (${MISSING_IN[$f]} file(s); transfer ${GROUP_OF[$f]:-?})"
+    say "  $f/  (${MISSING_IN[$f]} file(s); part ${GROUP_OF[$f]:-?})"
   done
   todo=$(for f in "${!MISSING_IN[@]}"; do echo "${GROUP_OF[$f]:-?}"; done | sort -un | tr '\n' ' ')
-  say "transfers still to send: ${todo% }"
-  [ $CHECK = 1 ] && say "(check only: nothing was stashed)"
-  say "INCOMPLETE: waiting for more pieces (stash: $S)"; exit 3
+  say "parts still to bring: ${todo% }"
+  [ $CHECK = 1 ] && say "(check only: nothing was staged)"
+  say "INCOMPLETE: waiting for more pieces (staged in $S)"; exit 3
 fi
 [ $corrupt = 0 ] || exit 1
 if [ $CHECK = 1 ]; then say "COMPLETE: every piece is present and its checksum matches"; exit 0; fi
@@ -513,7 +525,7 @@ if [ -e "$SITE" ] && [ ! -f "$SITE/.spec-tuner-bundle" ] && [ -n "$(ls -A "$SITE
 fi
 SITE_ABS=$SITE
 NEW="$SITE_ABS.new.$$"; J="$S/joined"
-rm -rf "$NEW" "$J"; mkdir -p "$NEW" "$J" "$S/models" || exit 1
+rm -rf "$NEW" "$J"; mkdir -p "$NEW" "$J" "$NEW/model-shapes" || exit 1
 trap 'rm -rf "$NEW" "$J"' EXIT
 t0=$(date +%s)
 source_of() {  # source_of NAME SHA: the whole file under its own name, joined if it came in parts
@@ -533,8 +545,7 @@ while read -r _ name size sum kind; do
   src=$(source_of "$name" "$sum") || exit 1
   case "$kind" in
     tree) xz -dc "$src" | tar -xf - -C "$NEW" || { say "unpacking $name failed"; exit 1; } ;;
-    models) tmpm="$S/models.new.$$"; rm -rf "$tmpm"; mkdir -p "$tmpm" && xz -dc "$src" | tar -xf - -C "$tmpm" || exit 1
-            for m in "$tmpm"/*; do rm -rf "$S/models/$(basename "$m")"; mv "$m" "$S/models/"; done; rm -rf "$tmpm" ;;
+    models) xz -dc "$src" | tar -xf - -C "$NEW/model-shapes" || { say "unpacking $name failed"; exit 1; } ;;
     *) say "unknown kind $kind for $name"; exit 1 ;;
   esac
   rm -f "$src"  # the joined copy: the trees are large
@@ -570,17 +581,17 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # flashinfer is not in the bundle: vLLM's sampler must not ask for it.
 export VLLM_USE_FLASHINFER_SAMPLER=0
 # Model folders for --load-format dummy (no weights: real cost, random tokens):
-export SPEC_TUNER_SHAPES="$(cd "$S/models" && pwd)"
+export SPEC_TUNER_SHAPES="$SITE_ABS/model-shapes"
 ENV
 echo "$stamp" > "$NEW/.spec-tuner-bundle"
 if [ -e "$SITE_ABS" ]; then mv "$SITE_ABS" "$SITE_ABS.old.$$" && rm -rf "$SITE_ABS.old.$$"; fi
 mv "$NEW" "$SITE_ABS" || exit 1
 rm -rf "$J"; trap - EXIT
-# Drop stashed pieces that this bundle no longer lists (left from an older build).
+# Drop staged pieces that this bundle no longer lists (left from an older build).
 for p in "$S"/pieces/*; do [ -f "$p" ] && ! grep -q " ${p##*/}\$" "$MAN" && rm -f "$p"; done
 say "installed into $SITE_ABS in $(( $(date +%s) - t0 )) s: $(awk '$1=="whole" && $5=="tree" {print $2}' "$MAN" | tr '\n' ' ')" \
     "($(echo $added | wc -w) of $(awk '$1=="wheel" && NF==8' "$MAN" | wc -l) if-missing wheels added)"
-# spec-tuner is the checkout the bundle came in (every transfer carries it): check it from there.
+# spec-tuner is the checkout the bundle lies in (if it does): check it from there.
 REPO_DIR=$(d=$(cd "$B" && pwd); while [ "$d" != / ] && [ ! -f "$d/tuner/__init__.py" ]; do d=$(dirname "$d"); done
            [ -f "$d/tuner/__init__.py" ] && echo "$d")
 [ -n "$REPO_DIR" ] || say "note: no spec-tuner checkout above $B; run the tuner from a checkout (PYTHONPATH=CHECKOUT)"
@@ -628,23 +639,24 @@ CHECK
   [ "${PIPESTATUS[0]}" = 0 ] || { say "import check FAILED (see above): a package the bundle assumed on the host may be missing"; exit 1; }
 fi
 say "INSTALLED. Use:  . $SITE_ABS/spec-tuner-env.sh, then run the tuner from the checkout${REPO_DIR:+ ($REPO_DIR)}"
-say "  model shapes: $(ls "$S/models" | sed "s|^|$S/models/|" | tr '\n' ' ')"
-say "  e.g. python3 -m tuner bench --model $S/models/$(ls "$S/models" | head -1) --engine-args '--load-format dummy --dtype bfloat16 --max-model-len 4096' --concurrency 1,8"
+say "  model shapes: $(ls "$SITE_ABS/model-shapes" | sed "s|^|$SITE_ABS/model-shapes/|" | tr '\n' ' ')"
+say "  e.g. python3 -m tuner bench --model $SITE_ABS/model-shapes/$(ls "$SITE_ABS/model-shapes" | head -1) --engine-args '--load-format dummy --dtype bfloat16 --max-model-len 4096' --concurrency 1,8"
+say "  staged pieces: $S (a rebuilt bundle reuses the unchanged ones; remove it if none will come)"
 INSTALL
 chmod +x "$DEST_ABS/install.sh"
 bash -n "$DEST_ABS/install.sh"
 
-# 7. What to transfer: read back from MANIFEST, the installer's own truth ----------------------
+# 7. What to move: read back from MANIFEST, the installer's own truth ---------------------------
 "$PY" - "$DEST_ABS" "$DEST_REL" "$CHECKOUT_BYTES" <<'PY'
-import json, sys
+import sys
 from pathlib import Path
 
 MiB = 2**20
 dest, shown, measured = Path(sys.argv[1]), sys.argv[2].rstrip("/"), int(sys.argv[3])
 rows = [line.split() for line in (dest / "MANIFEST").read_text().splitlines()]
 meta = {r[1]: " ".join(r[2:]) for r in rows if r[0] == "meta"}
-transfer, checkout, budget, cut = (int(meta[k]) for k in ("transfer_bytes", "checkout_bytes",
-                                                            "budget_bytes", "cut_bytes"))
+part, checkout, budget, cut = (int(meta[k]) for k in ("part_bytes", "checkout_bytes",
+                                                        "budget_bytes", "cut_bytes"))
 pieces = [(r[1], int(r[2])) for r in rows if r[0] == "piece"]
 wholes = [(r[1], int(r[2]), r[4]) for r in rows if r[0] == "whole"]
 wheels = [r for r in rows if r[0] == "wheel"]
@@ -654,29 +666,38 @@ mib = lambda b: f"{b / MiB:.2f} MiB"
 
 total = sum(size for _, size, _ in wholes)
 print(f"\nBundle {shown}: {mib(total)} in {len(wholes)} blobs, cut into {len(pieces)} pieces "
-      f"for {len(groups)} transfer(s)")
+      f"in {len(groups)} part(s)")
 for name, size, kind in wholes:
     note = ""
     if name.startswith("small-wheels"):
         optional = sum(len(w) == 8 for w in wheels)
         note = f"  ({len(wheels)} wheels: {len(wheels) - optional} always, {optional} only if missing)"
     print(f"  {name:<36} {mib(size):>10}  {kind}{note}")
-planned = "" if checkout == measured else f", planned with --checkout-mib; {mib(measured)} now"
-print(f"A transfer holds at most {mib(budget)} of pieces: {transfer / MiB:g} MiB less the checkout "
-      f"({mib(checkout)}{planned}) and the spare, in whole MiB. Cut evenly every {mib(cut)}; "
-      f"each transfer also carries install.sh and MANIFEST ({fixed / 1024:.0f} KiB).")
-print(f"\n{len(groups)} transfer(s); for each, carry (paths relative to the checkout) and run "
-      f"`bash {shown}/install.sh {shown} /root/site`:")
+if part:
+    with_checkout = ""
+    if checkout:
+        planned = "" if checkout == measured else f", planned with --checkout-mib; {mib(measured)} now"
+        with_checkout = f" less the checkout ({mib(checkout)}{planned})"
+    print(f"A part holds at most {mib(budget)} of pieces: {part / MiB:g} MiB{with_checkout} and the "
+          f"spare, in whole MiB. Cut evenly every {mib(cut)}; each part also needs install.sh "
+          f"and MANIFEST ({fixed / 1024:.0f} KiB).")
+print(f"\n{len(groups)} part(s). Move the checkout to the host{' with every part' if checkout else ''}; "
+      f"for each part, bring these files (paths relative to the checkout) and run, in the "
+      f"checkout there, `bash {shown}/install.sh {shown} SITE` (SITE: the install folder, "
+      f"e.g. ~/spec-tuner-gpu/site):")
 for n, folders in sorted(groups.items()):
     mine = [(rel, size) for rel, size in pieces if rel.split("/")[0] in folders]
     size = sum(s for _, s in mine)
     used = size + fixed + checkout
-    print(f"  transfer {n}: {mib(size)} of pieces + {mib(fixed + checkout)} install.sh, MANIFEST and "
-          f"checkout = {mib(used)}; {mib(transfer - used)} to spare")
+    room = f"; {mib(part - used)} to spare" if part else ""
+    extra = " and checkout" if checkout else ""
+    print(f"  part {n}: {mib(size)} of pieces + {mib(fixed + checkout)} install.sh, MANIFEST"
+          f"{extra} = {mib(used)}{room}")
     for rel, s in mine:
         print(f"      {rel}  ({mib(s)})")
-    carry = [f"{shown}/install.sh", f"{shown}/MANIFEST", *(f"{shown}/{f}" for f in folders)]
-    print(f"      carry: {json.dumps(carry)}")
-print("The last call prints INSTALLED; then: . /root/site/spec-tuner-env.sh (stash: /root/stash)")
+    files = [f"{shown}/install.sh", f"{shown}/MANIFEST", *(f"{shown}/{f}/" for f in folders)]
+    print(f"      files: {' '.join(files)}")
+print("Each run keeps what arrived in STAGE (default ~/spec-tuner-gpu/stage) and says which parts "
+      "are still missing; the last prints INSTALLED. Then: . SITE/spec-tuner-env.sh")
 PY
 log "done: $DEST"

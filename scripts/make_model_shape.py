@@ -4,19 +4,16 @@
     python3 scripts/make_model_shape.py OUTDIR [--shape llama3-8b] [--tokenizer FILE]
 
 vLLM then serves OUTDIR with random weights of the right size: the real memory traffic, kernels,
-KV-cache size and CUDA graphs of that model, without downloading a checkpoint (acceptance rates
-are meaningless with random weights; see README "GPU hosts without network").
-
-OUTDIR gets config.json, generation_config.json, tokenizer.json and tokenizer_config.json.
+KV-cache size and CUDA graphs of that model, with no checkpoint to download (acceptance rates
+are meaningless with random weights; see docs/gpu.md). OUTDIR gets config.json,
+generation_config.json, tokenizer.json and tokenizer_config.json.
 
 The tokenizer has the Llama-3 id layout (128,000 ordinary ids, then 256 special ids from 128000:
-<|begin_of_text|>, <|end_of_text|>, <|start_header_id|>, <|end_header_id|>, <|eot_id|>, ...) and
-the Llama-3 chat template, so prompts, chat formatting and stop ids look like the real model's.
-It is built offline from the SmolLM2 byte-level BPE that ships in this package
-(tuner/data/tokenizers/smollm2-135m-instruct, 49,152 ids trained on English text and code, so
-prompt token counts stay close to a real tokenizer's), padded with plain filler tokens up to id
-127999. Every id decodes. Only the standard library is needed; `tokenizers` and `transformers`,
-where importable, are used to check the result.
+<|begin_of_text|>, <|end_of_text|>, <|eot_id|>, ...) and chat template, so prompts, chat
+formatting and stop ids look like the real model's. It is built offline from the SmolLM2
+byte-level BPE in tuner/data/tokenizers (49,152 ids of English text and code, so prompt token
+counts stay close to a real tokenizer's), padded with filler tokens up to id 127999; every id
+decodes. Only the standard library is needed (`tokenizers`/`transformers` check it if present).
 
 Shapes (all share the tokenizer, so any of them can serve as a draft model for another):
   llama3-8b     Llama-3-8B: 32 layers, hidden 4096, 32 heads / 8 KV heads, MLP 14336 (about 16 GB bf16)

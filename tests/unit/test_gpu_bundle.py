@@ -1,7 +1,7 @@
 """scripts/gpu_bundle.sh: the bundle's layout and its installer, on small stand-in blobs.
 
 The script's own run needs PyPI and minutes of xz, so these tests run the programs it embeds
-(the small-wheel merger, the cutter that writes MANIFEST, the transfer summary and install.sh),
+(the small-wheel merger, the cutter that writes MANIFEST, the parts summary and install.sh),
 read from the script's text: what is tested is what ships.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
 import random
@@ -105,14 +104,15 @@ def test_two_wheels_bringing_one_file_are_refused(tmp_path: Path) -> None:
     assert f"shared/x.py is in both {one.name} and {two.name}" in done.stderr
 
 
-def _install(bundle: Path, site: Path, stash: Path) -> subprocess.CompletedProcess[str]:
+def _install(bundle: Path, site: Path, stage: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(bundle / "install.sh"), "--no-verify", str(bundle),
-                           str(site), str(stash)], capture_output=True, text=True, timeout=120,
+                           str(site), str(stage)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHON": sys.executable})
 
 
-def test_bundle_is_cut_evenly_into_fewest_transfers_and_installs_after_the_last(
-        tmp_path: Path) -> None:
+def _blobs(tmp_path: Path) -> tuple[Path, Path, list[Path], Path, bytes, bytes]:
+    """Stand-in blobs (two incompressible trees, the small tree and the model shapes) and their
+    plan: (work folder, plan.tsv, blobs, the small tree's wheel lines, big_a, big_b)."""
     rng = random.Random(15)
     big_a, big_b = rng.randbytes(5 * MiB), rng.randbytes(33 * MiB // 10)  # incompressible
     w = tmp_path / "work"
@@ -130,13 +130,19 @@ def test_bundle_is_cut_evenly_into_fewest_transfers_and_installs_after_the_last(
     plan = w / "plan.tsv"
     plan.write_text(f"tree\t{blobs[0]}\ntree\t{blobs[1]}\ntree\t{blobs[2]}\t{members}\n"
                     f"models\t{blobs[3]}\n")
+    return w, plan, blobs, members, big_a, big_b
+
+
+def test_bundle_is_cut_evenly_into_fewest_parts_and_installs_after_the_last(
+        tmp_path: Path) -> None:
+    _, plan, blobs, members, big_a, big_b = _blobs(tmp_path)
     dest = tmp_path / "checkout/.gpu/bundle"
     dest.mkdir(parents=True)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     checkout = MiB // 4
 
-    # 4.75 MiB transfers less a 0.25 MiB checkout and 0.5 MiB spare: at most 4 MiB of pieces
-    # each, so 3 transfers for ~8.3 MiB, cut evenly every 3 MiB rather than 4 + 4 + 0.3.
+    # 4.75 MiB parts less a 0.25 MiB checkout (--with-checkout) and 0.5 MiB spare: at most
+    # 4 MiB of pieces each, so 3 parts for ~8.3 MiB, cut evenly every 3 MiB rather than 4 + 4 + 0.3.
     laid = _python(_heredoc('"$PY" - "$PLAN" "$DEST_ABS"'), str(plan), str(dest), "4.75",
                    str(checkout), "0.5", f"python {version}", "vllm 0.26.0", "ray none")
     assert laid.returncode == 0, laid.stderr
@@ -150,47 +156,68 @@ def test_bundle_is_cut_evenly_into_fewest_transfers_and_installs_after_the_last(
     total = sum(b.stat().st_size for b in blobs)
     n = math.ceil(total / int(meta["budget_bytes"]))
     assert int(meta["budget_bytes"]) == 4 * MiB and n == 3
-    per_transfer = [sum(int(r[2]) for r in rows if r[0] == "piece"
-                        and r[1].startswith(f"transfer-{i}/")) for i in range(1, n + 1)]
+    per_part = [sum(int(r[2]) for r in rows if r[0] == "piece"
+                    and r[1].startswith(f"part-{i}/")) for i in range(1, n + 1)]
     cut = int(meta["cut_bytes"])
     assert cut == math.ceil(total / n / MiB) * MiB == 3 * MiB
-    assert per_transfer[:-1] == [cut] * (n - 1) and 0 < per_transfer[-1] <= cut
+    assert per_part[:-1] == [cut] * (n - 1) and 0 < per_part[-1] <= cut
     assert sorted(p.name for p in dest.iterdir()) == [
-        "MANIFEST", "install.sh", "transfer-1", "transfer-2", "transfer-3"]
-    assert (dest / "transfer-1/a.tar.xz.part00").is_file()  # cut blobs are NAME.partNN
-    assert (dest / "transfer-3/shapes.tar.xz").is_file()  # whole ones keep their name
+        "MANIFEST", "install.sh", "part-1", "part-2", "part-3"]
+    assert (dest / "part-1/a.tar.xz.part00").is_file()  # cut blobs are NAME.partNN
+    assert (dest / "part-3/shapes.tar.xz").is_file()  # whole ones keep their name
     assert [r for r in rows if r[0] == "wheel"] == [line.split() for line in
                                                      members.read_text().splitlines()]
-    assert f"{n} transfer(s)" in shown.stdout
-    carry = [".gpu/bundle/install.sh", ".gpu/bundle/MANIFEST", ".gpu/bundle/transfer-2"]
-    assert f"carry: {json.dumps(carry)}" in shown.stdout
+    assert f"{n} part(s)" in shown.stdout
+    assert "files: .gpu/bundle/install.sh .gpu/bundle/MANIFEST .gpu/bundle/part-2/" in shown.stdout
 
-    # On the host: each call brings install.sh, MANIFEST and one transfer's folder.
-    site, stash = tmp_path / "site", tmp_path / "stash"
+    # On the host: each run brings install.sh, MANIFEST and one part's folder.
+    site, stage = tmp_path / "site", tmp_path / "stage"
     calls = []
     for i in range(1, n + 1):
-        bundle = tmp_path / f"call-{i}/bundle"
+        bundle = tmp_path / f"arrival-{i}/bundle"
         bundle.mkdir(parents=True)
         for name in ("install.sh", "MANIFEST"):
             shutil.copy(dest / name, bundle)
-        shutil.copytree(dest / f"transfer-{i}", bundle / f"transfer-{i}")
-        if i == 1:  # a damaged piece is named and not stashed; the same transfer again mends it
-            damaged = next((bundle / "transfer-1").iterdir())
+        shutil.copytree(dest / f"part-{i}", bundle / f"part-{i}")
+        if i == 1:  # a damaged piece is named and not staged; the same part again mends it
+            damaged = next((bundle / "part-1").iterdir())
             data = bytearray(damaged.read_bytes())
             data[0] ^= 1
             damaged.write_bytes(bytes(data))
-            first = _install(bundle, site, stash)
-            assert first.returncode == 3 and f"CORRUPT: transfer-1/{damaged.name}" in first.stdout
-            shutil.copy(dest / "transfer-1" / damaged.name, damaged)
-        calls.append(_install(bundle, site, stash))
+            first = _install(bundle, site, stage)
+            assert first.returncode == 3 and f"CORRUPT: part-1/{damaged.name}" in first.stdout
+            shutil.copy(dest / "part-1" / damaged.name, damaged)
+        calls.append(_install(bundle, site, stage))
 
     assert [c.returncode for c in calls] == [3, 3, 0], [c.stdout + c.stderr for c in calls]
-    assert "transfers still to send: 2 3" in calls[0].stdout
-    assert "transfers still to send: 3" in calls[1].stdout
+    assert "parts still to bring: 2 3" in calls[0].stdout
+    assert "parts still to bring: 3" in calls[1].stdout
     assert "installed into" in calls[2].stdout and "(1 of 2 if-missing wheels added)" in calls[2].stdout
     assert (site / "a/data.bin").read_bytes() == big_a  # joined across transfers 1 and 2
     assert (site / "b/data.bin").read_bytes() == big_b
     assert (site / "small/__init__.py").is_file() and (site / "needed/__init__.py").is_file()
     assert not (site / "present").exists() and not (site / ".if-missing").exists()
     assert (site / "spec-tuner-env.sh").is_file()
-    assert (stash / "models/shape-x/config.json").is_file()
+    assert (site / "model-shapes/shape-x/config.json").is_file()
+    assert f'SPEC_TUNER_SHAPES="{site}/model-shapes"' in (site / "spec-tuner-env.sh").read_text()
+
+
+def test_without_a_part_size_the_bundle_is_one_part_of_whole_blobs(tmp_path: Path) -> None:
+    _, plan, blobs, _, big_a, _ = _blobs(tmp_path)
+    dest = tmp_path / "checkout/.gpu/bundle"
+    dest.mkdir(parents=True)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+    laid = _python(_heredoc('"$PY" - "$PLAN" "$DEST_ABS"'), str(plan), str(dest), "0", "0",
+                   "0.5", f"python {version}", "vllm 0.26.0", "ray none")
+    assert laid.returncode == 0, laid.stderr
+    (dest / "install.sh").write_text(_heredoc("<<'INSTALL'", "INSTALL"))
+    shown = _python(_heredoc('"$PY" - "$DEST_ABS" "$DEST_REL"'), str(dest), ".gpu/bundle", "0")
+    assert shown.returncode == 0, shown.stderr
+
+    assert sorted(p.name for p in dest.iterdir()) == ["MANIFEST", "install.sh", "part-1"]
+    assert sorted(p.name for p in (dest / "part-1").iterdir()) == sorted(b.name for b in blobs)
+    assert "1 part(s)" in shown.stdout and "to spare" not in shown.stdout
+    done = _install(dest, tmp_path / "site", tmp_path / "stage")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site/a/data.bin").read_bytes() == big_a

@@ -254,8 +254,19 @@ def _check_keys(keys: Sequence[Any], where: str, schema: VllmSchema, *,
 
 # --- loading -------------------------------------------------------------------------------
 def builtin_dir() -> Path:
-    """Built-in spaces ship inside the package (tuner/search_spaces), mirrored at the top level."""
-    return Path(str(resources.files("tuner") / "search_spaces"))
+    """The built-in spaces: the checkout's root folder search_spaces/, which a wheel installs
+    as tuner/search_spaces (pyproject.toml maps it into the package)."""
+    return spaces_dir(Path(str(resources.files("tuner"))))
+
+
+def spaces_dir(package: Path) -> Path:
+    """Where the built-in spaces are for the `tuner` package folder `package`: inside it when
+    installed from a wheel, else beside it, in the checkout it runs from (an editable install,
+    or `python3 -m tuner` with the checkout on sys.path)."""
+    for d in (package / "search_spaces", package.parent / "search_spaces"):
+        if d.is_dir():
+            return d
+    return package / "search_spaces"
 
 
 def available() -> list[str]:
@@ -267,6 +278,11 @@ def load(name_or_path: str) -> SearchSpace:
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
         path = builtin_dir() / f"{name_or_path}.yaml"
+        if not builtin_dir().is_dir():
+            raise ConfigError(
+                f"The built-in search spaces are missing (no folder {builtin_dir()}, nor "
+                f"search_spaces/ beside the tuner package): reinstall spec-tuner, or pass the "
+                f"path of a YAML file.")
         if not path.exists():
             raise ConfigError(
                 f"Unknown search space '{name_or_path}'. Available: {', '.join(available())}. "
