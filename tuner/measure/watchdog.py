@@ -1,26 +1,21 @@
 """Engine stage: one watchdog process per engine, so that no engine process outlives its driver.
 
-Why it exists: PR_SET_PDEATHSIG reaches only the direct child (and fires when the *thread*
-that started it exits, not the process). vLLM's API server starts EngineCore and other workers;
-when a killed driver (`kill -9`, a crash, the OOM killer, a dead Ray worker) took the API server
-along, they were orphaned to PID 1 and kept their memory: 685 MB on the CPU, the whole card on
-a GPU, where every following trial then fails at engine start.
+PR_SET_PDEATHSIG reaches only the direct child, and vLLM's API server starts EngineCore and
+workers that a killed driver would orphan to PID 1, holding their memory (the whole card on a
+GPU). So:
 
     driver --pipe--> watchdog (child subreaper, own session) --> engine (own session) --> ...
 
-- The watchdog is a child subreaper (PR_SET_CHILD_SUBREAPER): every orphaned process of the
-  engine's tree reparents to it instead of PID 1, so its descendants are the whole tree.
+- The watchdog is a child subreaper: every orphan of the engine's tree reparents to it.
 - It learns of its driver's death from EOF on its stdin, a pipe whose only write end the driver
-  holds: the kernel closes it however the driver dies, and no pid is polled that could be reused.
-- On EOF (or SIGTERM) it stops the tree: SIGTERM to the engine's process group and to every
-  descendant, SIGKILL after a short grace, until it has no child left; then it exits.
-- When the engine exits on its own (or by the driver's reap_group), it reports the exit status,
-  SIGKILLs whatever the engine left behind, as reap_group does, and exits.
+  holds: the kernel closes it however the driver dies, and no pid is polled.
+- On EOF (or SIGTERM) it stops the tree (SIGTERM to the group and every descendant, SIGKILL
+  after a grace) and exits; when the engine exits on its own it reports the status, kills what
+  the engine left behind, and exits.
 
-The driver side is `spawn`, whose `Watched` the driver uses as the engine's subprocess.Popen:
-pid, poll(), wait() and returncode are the engine's, reported by the watchdog on its stdout; the
-engine writes to the same log file as before. Stdlib only, run as `python -I -S <this file>`:
-it starts in tens of milliseconds and imports nothing of the package.
+The driver side is `spawn`, whose `Watched` stands in for subprocess.Popen (pid, poll(), wait(),
+returncode are the engine's). Stdlib only, run as `python -I -S <this file>`: it starts in tens
+of milliseconds and imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from typing import IO
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PF_EXITING = 0x4  # /proc/PID/stat flags: the process has begun to exit
-START_TIMEOUT_S = 60.0  # the watchdog's own start-up; seconds even on a loaded 2-core machine
+START_TIMEOUT_S = 60.0  # the watchdog's own start-up; seconds even on a loaded 2-core host
 KILL_WAIT_S = 10.0  # after SIGKILL: a dying process still frees its memory before it is gone
 
 

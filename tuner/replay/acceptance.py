@@ -1,66 +1,18 @@
 """Replay stage, acceptance: vLLM's own n-gram and suffix proposers stepped over recorded tokens.
 
-At temperature 0 speculative decoding is lossless: under any n-gram or suffix config the engine
-emits the tokens the baseline emitted. So a recorded baseline (tuner.tokens) fixes what every
-step of such a config drafts and accepts. This module steps the proposer code of the installed
-vLLM over those tokens (it imports it; nothing here re-implements a proposer):
+At temperature 0 speculative decoding is lossless, so a recorded baseline (tuner.tokens) fixes
+what every step of an n-gram or suffix config drafts and accepts. This module steps the
+installed vLLM's proposer code over those tokens (imported, never re-implemented): for n-gram
+the function `NgramProposer.propose` calls per request, for suffix vLLM's
+`SuffixDecodingProposer` fed one engine step at a time, as the model runner feeds it.
 
-- n-gram: `vllm.v1.spec_decode.ngram_proposer._find_longest_matched_ngram_and_propose_tokens`,
-  the function `NgramProposer.propose` calls per request;
-- suffix: vLLM's `SuffixDecodingProposer` itself (arctic-inference's cache), fed one engine
-  step at a time, every running request in batch order, as the GPU model runner feeds it.
-
-Engine rules modeled, each where the code below names it (vLLM 0.26 and 0.32 alike):
-
-1. PREFILL_HAS_NO_DRAFT: a request's prefill step samples its first output token with no
-   draft; the first draft is proposed from prompt + that token and verified one step later.
-2. ADVANCE: a verify step accepts the longest matching prefix of the draft and adds one bonus
-   token; the next draft is proposed from prompt + every token so far.
-3. MAX_MODEL_LEN: the n-gram proposer clamps K to max_model_len - L and proposes nothing once
-   L >= max_model_len; the scheduler then trims drafts to max_model_len - L - 1 tokens (the
-   suffix proposer asks for that directly).
-4. NO_MAX_TOKENS_TRIM: nothing shortens a draft near max_tokens on this (synchronous) path,
-   and vLLM counts acceptance before it cuts the output at the stop: a last step whose draft
-   matched every remaining token goes on accepting draft tokens past the end as long as they
-   match the model's continuation, which no recording holds. The replay advances as if those
-   were rejected (they produce no output) and adds their expected number to the acceptance
-   counters: sum_j rho^j over the m draft tokens past the end, where rho is this config's own
-   rate of accepting position i+1 once position i was accepted (PAST_END).
-5. COUNTING: as vLLM's spec-decode counters, a step counts as a draft only if it drafted at
-   least one token; acceptance rate = accepted / drafted tokens; mean acceptance length =
-   1 + accepted / drafts; per-position rate = drafts whose position i was accepted / drafts.
-6. BATCH_SCHEDULE: with `num_speculative_tokens_per_batch_size`, the K a step drafts is looked
-   up (vLLM's own `build_dynamic_sd_schedule_lookup`) from the number of requests scheduled
-   in the step that proposed it, prefills included.
-7. SYNC_PATH: n-gram and suffix turn async scheduling off on the GPU build, and the CPU build
-   never has it, so the replay models the synchronous path only (no async rule applies).
-8. CLOSED_LOOP: requests run as the load generator ran them: per level, warm-ups first then
-   the measured requests, `concurrency` at a time, a freed slot taking the next request at
-   the next step. n-gram is stateless per request, so only a batch schedule needs the
-   interleaving; the suffix cache learns from every request, warm-ups and earlier levels
-   included, so a suffix replay walks the whole capture in order.
-9. SUFFIX_LAST_STEP: the engine proposes once more in the step that finishes a request (it
-   learns of the stop only in the scheduler), which feeds that request's last tokens to the
-   suffix cache; a finished request is stopped at the next propose call.
-
-10. UNIFORM_DECODE: vLLM runs a decode step on a full CUDA graph only when every request in it
-   scores the same 1 + num_speculative_tokens tokens (`GPUModelRunner._is_uniform_decode`;
-   the CUDA graph dispatcher's FULL_AND_PIECEWISE and FULL_DECODE_ONLY modes); a step where
-   some request drafted fewer tokens, or none, runs piecewise. The replay counts the verify
-   steps whose draft was exactly K long (`full_drafts`), and keeps each request's draft
-   lengths (`request_drafts`): the schedule (tuner.replay.schedule) plays a level out step by
-   step from them and knows which steps were uniform; `uniform_share` here is the estimate
-   without the play, (full_drafts / steps) ** concurrency, as if requests drafted
-   independently of each other.
-
-11. STREAMS: in bf16 a drafting engine's greedy output can part from the baseline's (a token
-   computed in a verify pass rounds differently than in a one-token pass). Given a speculative
-   launch's own tokens, tuner.replay.streams puts each request where the two part on the
-   stream whose drafting passes the config shares, and the config is replayed over that
-   (tuner.replay.predict does this; `replay` here steps over whatever capture it is given).
-
-Not modeled: chunked prefill of prompts longer than the step's token budget (a partial
-prefill drafts nothing; it matters only for prompts longer than max_num_batched_tokens).
+`replay(capture, config, ...)` returns per config the drafted and accepted counts as vLLM's
+spec-decode counters count them, per-position rates, and each request's draft lengths (which
+tuner.replay.schedule plays out). The engine rules it models are named in the code where they
+apply: PREFILL_HAS_NO_DRAFT, ADVANCE, MAX_MODEL_LEN, NO_MAX_TOKENS_TRIM (with PAST_END),
+COUNTING, BATCH_SCHEDULE, SYNC_PATH, CLOSED_LOOP, SUFFIX_LAST_STEP, UNIFORM_DECODE and STREAMS
+(tuner.replay.streams); docs/method.md describes each. Not modeled: chunked prefill of prompts
+longer than the step's token budget.
 """
 
 from __future__ import annotations

@@ -1,60 +1,18 @@
 """Replay stage, step cost: what one engine step costs as a function of the tokens it scores.
 
-Per concurrency level c, one decode step of the running batch scores c x (1 + d) tokens,
-where d is the mean number of draft tokens a request adds to a step (0 without speculation).
-The model per level is t(n, u) = a + b n + m u, fitted by least squares on measured trials of
-one engine:
+Per level, t(n, u) = a + b n + m u: n the tokens a decode step scores (each request 1 + the
+draft it verifies), u 1 where the step is not uniform (some request drafted fewer than K tokens,
+which leaves the full CUDA graph; m is fitted only where the engine splits CUDA graphs). `fit`
+solves by least squares through an anchor, the aligned baseline where the study measured one
+(the speculative engine path), else the plain baseline (`path` says which), over the
+calibration launches; each trial's step time is its decode time per token
+(sum(e2e - TTFT) / sum(N - 1)) over its replayed steps per token, prefill stalls subtracted.
 
-- a baseline (no speculation): n = c, and its step time is its decode time per token (one
-  token per step);
-- a speculative trial: n = c (1 + d) with d from the replay of its own config, and its step
-  time is its decode time per token divided by the replayed steps per output token.
-
-The decode time per token is sum(e2e - TTFT) / sum(N - 1) over the level's requests, not their
-mean TPOT, which weighs a request of two tokens as much as one of 64: on sharegpt at c=4 one
-such request whose single gap held another request's prefill moved the baseline's mean TPOT
-from 57 to 145 ms between two passes, and a fit on it priced the baseline's step at 71 ms, not 51
-(benchmarks/data/cpu-replay/stop17-sharegpt-16p-seed3). Prefill stalls are subtracted as the
-play gives them (tuner.replay.schedule).
-
-u is the share of the engine's decode steps that are not uniform (tuner.replay.acceptance,
-UNIFORM_DECODE): where vLLM splits CUDA graphs by batch shape (FULL_AND_PIECEWISE,
-FULL_DECODE_ONLY), a step in which some request drafted fewer than K tokens, or none, leaves
-the full graph. On the H200 (vLLM 0.26, SmolLM2-135M, c=1) such steps of an n-gram engine
-took 6-8 ms where the aligned baseline's took 2.4 ms and drafted steps of K=8 took 3.5 ms
-(median inter-token latencies), so a line in n alone ranked rare drafters first. The m term
-is fitted only there (`mixed_term`), and needs a speculative point with another u besides the
-anchor: the replay strategy launches a second calibration config for it. Without CUDA graphs
-(the CPU build) every step runs the same eager code and the model is the line a + b n.
-
-A speculative engine can run another engine path than the plain baseline (on the GPU build,
-n-gram forces the V1 runner without async scheduling). The line is therefore fitted on one
-path: the aligned baseline (no speculation on the speculative path) anchors it where the study
-measured one; otherwise the plain baseline does, and the fit says so (`path`). The fit passes
-through the anchor and spends its freedom on the speculative points.
-
-The step shape. Where the chunk gaps of the calibration launches at concurrency 1 are known
-(tuner.tokens keeps them), each gap is one engine step, and its n is 1 + the draft the replay
-of that launch's own tokens puts there (the replayed steps equal the streamed chunks on the CPU
-build). A line in n misses what the engine's kernels do with small n: on the CPU build at c=1
-a step that verifies one draft token (n = 2) took 35.8 ms where n = 3-6 took 31-33 ms and the
-line gave 32.3 (benchmarks/data/cpu-replay/stop16-instructcoder-16p-seed2), which put n-gram
-K=1 12% fast. So per launch the mean gap per n (n with PROFILE_MIN_STEPS steps) is set against
-that launch's own line through those means, and the residuals, pooled over launches, are added
-to the line for speculative steps (`speculative_step_ms`; linear between profiled n, nothing
-outside them). Only the shape within a launch is kept, never its level: on this shared machine
-a launch's level moves 10-15% from launch to launch, and per-n means taken as they were carried
-their launch's level into every prediction (stop12-instructcoder's worst error went from 27.4%
-to 37.5%, stop15-sharegpt's median from 2.9% to 4.3%). A launch
-needs three profiled n: an n-gram launch drafts 0 or K and adds nothing, a suffix launch drafts
-every length. Not where the engine splits CUDA graphs (there a step's cost depends on whether
-it is uniform for its config's K, which n alone does not say), and not at c > 1, where a
-request's chunk gap is a step of the whole batch.
-
-A request's first token costs its prefill: `Prefill` holds the engine's cost per prompt token
-and the frontend's latency before the engine sees a request, fitted on the measured TTFTs
-(tuner.replay.predict). Where a prefill runs beside decoding requests it stalls them, which is
-why TTFT and TPOT are played out together (tuner.replay.schedule) rather than priced apart.
+At c=1 on an engine that does not split CUDA graphs, a calibration launch that drafts every
+length (suffix) adds the step shape: how a step of n tokens differs from its own launch's line,
+added to speculative steps (`speculative_step_ms`). `Prefill` holds the cost per prompt token
+and the frontend's latency, fitted on measured TTFTs. docs/method.md explains the model;
+docs/accuracy.md gives its measured errors.
 """
 
 from __future__ import annotations

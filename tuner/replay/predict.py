@@ -1,28 +1,13 @@
 """Replay stage, predictions: every replayable config of a space at every level, no engine.
 
-acceptance (tuner.replay.acceptance, over the plain baseline's tokens, or where a speculative
-launch's bf16 output parted from them, over the stream the config follows: tuner.replay.streams)
-x step cost (tuner.replay.cost, fitted on the study's measured trials) -> per config and level:
-mean TPOT, output throughput and TTFT, with the measured figures beside them where the config
-was measured, and the prediction's error there. Where the study measured an aligned baseline (no
-speculation on the speculative engine path), each speculative row also splits its predicted
-speedup over the plain baseline into path_cost (measured) x pred_speculation_gain.
-
-The model, per level c and config X, over the baseline's measured requests (their output
-lengths, and each one's draft length at every decode step under X, from the replay):
-
-    step(n, u) = a_c + b_c * n + m_c * u      (tuner.replay.cost: n the tokens a step scores,
-                                               u 1 where a step is not uniform; m_c fitted only
-                                               where the engine splits CUDA graphs; at c=1 a
-                                               speculative step adds the step shape at n where
-                                               a calibration's chunk gaps give one)
-    the level played out step by step (tuner.replay.schedule): c requests in flight, each
-    joining the batch after its TTFT and leaving after its last replayed step, the next one
-    sent at once -> each request's TPOT, and the level's duration
-    TPOT_X     = the mean of those TPOTs
-    thr_X      = thr_baseline * duration_baseline / duration_X   (both played out on the same
-                                                                  fitted cost: what the play
-                                                                  leaves out cancels)
+acceptance (tuner.replay.acceptance, over the baseline's tokens or, where bf16 parted the
+outputs, over the stream the config follows: tuner.replay.streams) x step cost
+(tuner.replay.cost) played out per level (tuner.replay.schedule) -> per config and level:
+mean TPOT, output throughput and TTFT, with the measured figures and the error beside them
+where the config was measured. Predicted throughput is the baseline's measured throughput times
+the ratio of the two played durations, so what the play leaves out cancels. Where the study
+measured an aligned baseline, each speculative row also splits its predicted speedup into
+path_cost (measured) x pred_speculation_gain.
 
 Recommendations never come from here: a predicted point only decides what to launch.
 """
@@ -154,7 +139,7 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     trial's steps scored, and how long prefills of other requests stalled them, comes from
     playing its level out (tuner.replay.schedule), which depends on the costs being fitted:
     fit and play are iterated (FIT_ROUNDS; 3, 6 and 10 rounds gave the same predictions on the
-    stored H200 launches of benchmarks/data/h200-stop15)."""
+    stored H200 launches of benchmarks/data/h200/stepcost-64p)."""
     spec = [m for m in measured if m.speculative and acceptance.replayable(
         m.config.speculative_config)]
     chosen = [m for m in spec if m.role == "calibration"] or spec

@@ -1,35 +1,21 @@
 """Replay stage, schedule: one level's closed loop played out over the engine's steps.
 
-The load generator keeps `concurrency` requests in flight and sends the next measured request
-the moment one finishes; the engine runs every request that has its first token in one decode
-step, and a step costs t(n, u): n the tokens it scores (each request 1 + the draft it
-verifies), u whether it is non-uniform (some request's draft is not K tokens long, which
-leaves the full CUDA graph; tuner.replay.cost). This module plays that loop forward, step by
-step, with each request's drafts from the replay (tuner.replay.acceptance):
+The load generator keeps `concurrency` requests in flight and sends the next one the moment one
+finishes; the engine runs every request that has its first token in one decode step, costing
+t(n, u) (tuner.replay.cost). This module plays that loop forward, step by step, with each
+request's drafts from the replay (tuner.replay.acceptance):
 
-- a request sent at time s reaches the engine `overhead_ms` later (the frontend's share of
-  TTFT), is prefilled in the next step, which takes `prefill_ms_per_token` more per prompt
-  token, for every request in it (a prefill stalls the running requests), and has its first
-  token when that step ends;
-- each of its decode steps is one entry of its replayed draft lengths (N - 1 steps of no
-  draft without speculation); it finishes with its last step, and its slot takes the next
-  request at once;
-- the level's duration runs from the first send to the last finish, as `vllm bench serve`
-  measures it.
+- a request sent at time s reaches the engine `overhead_ms` later, is prefilled in the next
+  step (`prefill_ms_per_token` per prompt token, which stalls every running request), and has
+  its first token when that step ends;
+- each decode step consumes one entry of its replayed draft lengths; its slot takes the next
+  request when it finishes;
+- the level runs from the first send to the last finish, as `vllm bench serve` measures it.
 
-Why not the mean: with speculation, requests finish after very different numbers of steps (one
-copies its prompt and needs 12, the next needs 60), so the last requests of a level run in a
-shrinking batch and the level lasts longer than its requests' mean latency suggests. On the CPU
-build at c=4 (8 requests of 64 tokens) the measured duration exceeded the sum of the request
-latencies over c by 3-10% for n-gram and suffix configs and by 0.1-0.3% for the baseline,
-whose requests all had the same length (benchmarks/replay_refit.py prints it per launch); a
-prediction from means alone read that as speculation paying about 7% more than it did. Prefills matter for the same reason: there a prefill of one
-prompt took 0.2-0.5 s, 3-7 decode steps, and the requests already running got no token
-meanwhile. The baseline's equal-length requests finish together and the next ones are
-prefilled while nothing decodes; a speculative config's requests finish one by one, so nearly
-every prefill stalls the others. The same loop tells the cost fit how many tokens the steps of
-a measured trial really scored and how long prefills stalled them (`Schedule.coef_*`,
-`stall_ms`).
+Means miss why this matters: speculative requests finish after very different numbers of steps,
+so the last ones run in a shrinking batch, and nearly every later prefill stalls running
+requests (docs/method.md). The same play tells the cost fit how many tokens a measured trial's
+steps scored and how long prefills stalled them (`Schedule.coef_*`, `stall_ms`).
 """
 
 from __future__ import annotations

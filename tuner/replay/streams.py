@@ -1,50 +1,19 @@
-"""Replay stage, token streams: which recorded output a config's engine emits where rounding parts
-the recordings.
+"""Replay stage, token streams: which recorded output a config's engine emits where bf16 rounding
+parts the recordings.
 
-Speculative decoding is lossless in exact arithmetic only. In bf16 a token's logits, and the
-KV entries of the tokens before it, come out slightly different when the engine computes them
-in a verify pass of 1 + d tokens than in a one-token decode pass, so now and then a greedy
-request takes another token and goes on from there. On the embedded default (CPU build, bf16)
-1 of 8 requests did so per level at c=1 on instructcoder and on sharegpt
-(benchmarks/data/cpu-replay): every config's output was one of two streams, the baseline's or
-the one the calibration config (the launch that drafts the most) emitted, identical in every
-repeat. On sharegpt the calibration's stream left a repetition loop that the baseline's
-stayed in, so a replay over the baseline's tokens alone put the acceptance length of 8 of 10
-configs 6-29% above vLLM's counters at c=1.
+In bf16 a token computed in a verify pass of 1 + d tokens can round differently than in a
+one-token pass, so a greedy request under speculation can leave the baseline's stream. Given the
+baseline's capture and one speculative launch's (the alternate, the calibration launch), per
+request whose two outputs part at output position t, a config follows the stream whose pass
+shape it shares: for each position before t, whether that token was computed in a pass that
+scored at least `width` tokens (1 + its draft; `pass_shape`) or in a one-token pass. The config
+follows the alternate when its shape differs from the alternate's in fewer positions than from
+the baseline's, else the baseline (ties included; `nearer_alternate`).
 
-Rule 11 of the replay (tuner.replay.acceptance), STREAMS: given the baseline's capture and
-one speculative launch's (the alternate), per request whose two outputs part at output
-position t, a config follows the stream whose passes it shares: for every output position
-before t, whether the engine computed that token's KV in a pass that drafted (the verify step
-that fed it, or drafted and accepted it) or in a one-token pass; the baseline's are all
-one-token passes, the alternate's and the config's come from their replays (identical tokens
-up to t, so the config's replay over the baseline is its replay there). The config follows
-the alternate when its shape differs from the alternate's in fewer positions than from the
-baseline's, else the baseline (ties included).
-
-Measured (the engine's outputs against the rule, per config and parted request): 17 of 20
-right on the stored instructcoder and sharegpt draws (seed 0), 6 of 10 on a fresh sharegpt
-draw (seed 1), 10 of 20 on a fresh instructcoder draw (16 prompts, seed 2). Of the 24 cases
-whose shape up to t equalled the alternate's, 21 emitted its stream and 3 a third one; every
-other miss was a config whose shape matched neither recording, where bf16 rounding does not
-follow from pass shapes and the nearest shape is a guess. Acceptance lengths at c=1 against
-vLLM's counters, n-gram and suffix: 20 of 20 within 3% on the seed-0 draws (14 of 20 over the
-baseline's tokens alone, worst 28.9%), 10 of 10 on fresh sharegpt either way, 9 of 10 on
-fresh instructcoder (8 of 10 alone; worst 4.6%, alone 5.0%) (benchmarks/replay_refit.py).
-So the rule fixes the large partings (a repetition loop left or kept) and is a coin toss on
-the small ones.
-
-Which passes round differently is the machine's: on the box of the stop27 sets (a slower one,
-51 ms per baseline step at c=1 where the stop16-25 boxes took 31) the engines' outputs
-followed whether a pass scored 5 or more tokens, not whether it drafted at all; the rule as
-built picked the emitted stream for 17 of 44 and 10 of 39 parted requests there, counting
-passes from 5 tokens would have picked 39 and 29, and on every earlier set passes from 2
-tokens (as built) fitted best or tied (benchmarks/stream_widths.py). Two recordings cannot
-tell the width, so it is not fitted; a fixed 5 on the stop27 sharegpt set took n-gram
-acceptance within 3% from 5/8 to 6/8 but put a suffix config's c=4 TPOT 94% high.
-
-Requests that part only under a config neither recording followed (a third stream) are not
-modeled; warm-up requests keep the baseline's stream (their passes are not replayed).
+Which pass width parts the outputs depends on the machine, and two recordings cannot tell it,
+so it is fixed (DRAFTING_WIDTH = 2: any drafting pass); benchmarks/stream_widths.py counts
+how often each width would have picked the emitted stream on the stored sets. A third stream is not
+modeled; warm-up requests keep the baseline's stream. docs/method.md describes the rule.
 """
 
 from __future__ import annotations
