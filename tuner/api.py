@@ -112,7 +112,7 @@ def optimize(
     gpus_per_trial: float | None = None, logical_gpus: int | None = None,
     acceptance_rates: list[float] | None = None, aligned_baseline: AlignedBaseline = "auto",
     strategy: str = "auto", confirm_leaders: int = 2, show_bar: bool = False, say: Say = print,
-    metadata: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None, detail: Say | None = None,
 ):
     """Search the space; every trial is one engine launch measured at all levels. Returns the
     study (its storage holds every trial). `show_bar`: a bar over the trials (launches under
@@ -125,10 +125,15 @@ def optimize(
     aligned_baseline "auto" compares the first speculative trial's engine path with the plain
     baseline's and, where they differ, measures a baseline on the speculative path once
     (repeated beside the plain one); "off" never does; a TrialConfig is that baseline as given
-    (tuner.search.loop SearchLoop.align)."""
+    (tuner.search.loop SearchLoop.align).
+
+    `say` prints what a user must know (the study, each finished trial, the decisions that
+    change what is launched); `detail` (the CLI's -v) also the search's working: each trial's
+    engine start and levels, the step-cost fit, the token streams, the grid climb. Those facts
+    are also kept in the study folder (decisions.json) for the report's "How it was decided"."""
     from tuner import settings as checks
     from tuner.measure import model
-    from tuner.outputs import console
+    from tuner.outputs import console, decisions
     from tuner.search import confirm, executors, loop
     from tuner.search import space as spaces
     from tuner.search import study as st
@@ -181,11 +186,13 @@ def optimize(
                                 desc="launches" if use_replay else "trials",
                                 unit="launch" if use_replay else "trial")
     say = bar.say  # lines print above the bar
+    detail = functools.partial(bar.write, detail) if detail else None
     search = loop.SearchLoop(
         study=study, space=sp, engine=engine, workload=wl, settings=settings, out_dir=out_dir,
         objectives=objectives, target=target_concurrency, constraints=constraints,
         executor=executor, gpus=gpus, say=say, line=console.trial_line, rates=acceptance_rates,
-        tick=bar.update, show_bar=show_bar, aligned=aligned_baseline)
+        tick=bar.update, show_bar=show_bar, aligned=aligned_baseline, detail=detail,
+        note=decisions.Decisions(out_dir).record)
     try:
         replayed = False
         if use_replay:

@@ -6,7 +6,8 @@ one line with the most common reason), 130 interrupted. Anything else is a bug a
 traceback.
 
 Habits users bring from `vllm bench serve` and other CLIs: `-V/--version`; `-q`/`-v` before or
-after the command (-v: tuner's DEBUG lines, such as each engine's start command and log path);
+after the command (-v: each engine's start command and log path, and how the search decided:
+the replay, the step-cost fit, token streams, the grid climb, the ranking's figures);
 `--help` shows every default and the valid names; vLLM's flag names where they mean the same
 (`--num-warmups`, `--metadata`, `--disable-tqdm`); an option whose value is itself a vLLM
 command line (`--engine-args '--enforce-eager'`) takes it in either form, with or without "=".
@@ -112,8 +113,10 @@ def _add_verbosity(p: argparse.ArgumentParser, *, sub: bool) -> None:
     p.add_argument("-q", "--quiet", action="store_true", default=unset,
                    help="results only: no progress lines, bars or debug lines")
     p.add_argument("-v", "--verbose", action="store_true", default=unset,
-                   help="also tuner's debug lines: each engine's start command (paste-able) "
-                   "and log path, the resolved engine settings")
+                   help="also how the search works it out (optimize: each trial's engine "
+                   "start and levels, the step-cost fit, token streams, grid climb; the report's "
+                   "'How it was decided' keeps them too) and tuner's debug lines: each engine's "
+                   "start command (paste-able) and log path, the resolved engine settings")
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
@@ -469,7 +472,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
         storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
         repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
-        logical_gpus=args.logical_gpus, say=say,
+        logical_gpus=args.logical_gpus, say=say, detail=say if args.verbose else None,
         show_bar=_show_bar(args),
         acceptance_rates=rates, aligned_baseline=aligned, metadata=metadata,
         strategy=strategy, confirm_leaders=args.confirm_leaders,

@@ -5,6 +5,7 @@ the baseline, every launch an ordinary trial, predicted.csv written; `tuner pred
 from __future__ import annotations
 
 import json
+import sys
 
 import optuna
 import pandas as pd
@@ -13,6 +14,7 @@ from conftest import fake_engine_spec
 
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.outputs import decisions
 from tuner.records import MeasureSettings, WorkloadSpec
 from tuner.search import confirm
 from tuner.search import study as st
@@ -23,7 +25,7 @@ WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24)
 
 
 def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str = "ngram",
-              say=None):
+              say=None, detail=None):
     lines: list[str] = []
     study = api.optimize(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
@@ -32,12 +34,13 @@ def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str =
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
         constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy,
-        say=say or lines.append)
+        say=say or lines.append, detail=detail)
     return study, lines
 
 
 def test_replay_launches_baseline_calibration_then_confirms(tmp_path):
-    study, lines = _optimize(tmp_path, n_trials=6)
+    detail: list[str] = []
+    study, lines = _optimize(tmp_path, n_trials=6, detail=detail.append)
     trials = sorted(study.trials, key=lambda t: t.number)
     roles = [t.user_attrs["role"] for t in trials]
     assert roles[:2] == ["baseline", "calibration"]
@@ -47,7 +50,8 @@ def test_replay_launches_baseline_calibration_then_confirms(tmp_path):
     # interleaved with the baseline: a baseline repeat comes before any leader's repeat
     repeats = [t for t in trials if t.user_attrs["role"] == "repeat"]
     assert repeats and repeats[0].user_attrs["repeat_of"] == trials[0].number
-    assert any(line.startswith("Replayed ") for line in lines)
+    assert any(line.startswith("Replaying 160 configs") for line in lines)
+    assert any(line.startswith("Replayed 160 configs") for line in detail)  # -v
     assert any("Predicted leaders at c=1" in line for line in lines)
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     assert set(pred["concurrency"]) == {1, 2}
@@ -138,7 +142,7 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
 
 
 def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
-          cudagraph_mode: str | None = None):
+          cudagraph_mode: str | None = None, detail: list[str] | None = None):
     return api.optimize(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
                                              tpot_ms=2, speculative_path_differs=differs,
@@ -146,7 +150,7 @@ def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
-        strategy="replay", say=lines.append)
+        strategy="replay", say=lines.append, detail=None if detail is None else detail.append)
 
 
 def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_path):
@@ -166,8 +170,12 @@ def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_p
     # Repeated beside the plain baseline, so the path's cost has a spread as well.
     repeated = [roles[t.user_attrs["repeat_of"]] for t in trials if "repeat_of" in t.user_attrs]
     assert "aligned_baseline" in repeated and "baseline" in repeated
-    assert any("engine path" in ln and "speculation alone" in ln for ln in lines
-               if ln.startswith("Ranking"))
+    # The split is in the full verdict: with -v, and in the report's "How it was decided".
+    ranking = [e["text"] for e in decisions.load_decisions(tmp_path / "study")
+               if e["topic"] == "confirmation"]
+    assert any("engine path" in t and "speculation alone" in t for t in ranking), ranking
+    short = [ln for ln in lines if ln.startswith("Ranking")]
+    assert len(short) == 1 and "speculation alone" not in short[0]
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     spec = pred[pred["method"] == "ngram"]
     assert spec["path"].str.contains("aligned baseline").all()
@@ -184,8 +192,9 @@ def test_split_cuda_graphs_get_a_second_calibration_that_drafts_rarely(tmp_path)
     # vLLM 0.26 on the GPU: FULL_AND_PIECEWISE, so a step where a request drafted fewer than
     # K tokens leaves the full graph; the step cost needs a point where most steps do.
     lines: list[str] = []
+    detail: list[str] = []
     study = _auto(tmp_path, n_trials=5, differs=True, lines=lines,
-                  cudagraph_mode="FULL_AND_PIECEWISE")
+                  cudagraph_mode="FULL_AND_PIECEWISE", detail=detail)
     trials = sorted(study.trials, key=lambda t: t.number)
     roles = [t.user_attrs["role"] for t in trials]
     assert roles[:4] == ["baseline", "calibration", "aligned_baseline", "calibration"]
@@ -193,7 +202,9 @@ def test_split_cuda_graphs_get_a_second_calibration_that_drafts_rarely(tmp_path)
                      for i in (1, 3))
     assert first != second
     assert sum(ln.startswith("Second calibration launch") for ln in lines) == 1
-    assert any("non-uniform share" in ln for ln in lines if "step cost" in ln)
+    assert sum(ln.startswith("Second calibration launch") and "drafts a full K" in ln
+               for ln in detail) == 1  # why, with -v
+    assert any("non-uniform share" in ln for ln in detail if "step cost" in ln)
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     rows = pred[pred["speculative_config"].fillna("").str.contains('"prompt_lookup_min"')]
     uniform = {json.dumps(json.loads(s), sort_keys=True): u
@@ -208,7 +219,7 @@ def test_split_cuda_graphs_get_a_second_calibration_that_drafts_rarely(tmp_path)
 def test_auto_alignment_adds_no_launch_where_the_path_is_the_same(tmp_path):
     # The CPU build: n-gram keeps the baseline's path, so nothing is aligned.
     lines: list[str] = []
-    study = _auto(tmp_path, n_trials=3, differs=False, lines=lines)
+    study = _auto(tmp_path, n_trials=3, differs=False, lines=[], detail=lines)
     roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert roles[:2] == ["baseline", "calibration"] and "aligned_baseline" not in roles
     assert sum("no aligned baseline to measure" in ln for ln in lines) == 1
@@ -216,10 +227,67 @@ def test_auto_alignment_adds_no_launch_where_the_path_is_the_same(tmp_path):
 
 def test_the_suffix_sample_is_climbed_around_the_predicted_leaders(tmp_path):
     pytest.importorskip("arctic_inference")
-    _, lines = _optimize(tmp_path, n_trials=3, space="suffix")
-    climbed = [line for line in lines if line.startswith("Searched the sampled grids")]
+    detail: list[str] = []
+    _, lines = _optimize(tmp_path, n_trials=3, space="suffix", detail=detail.append)
+    climbed = [line for line in detail if line.startswith("Searched the sampled grids")]
     assert len(climbed) == 1
+    assert not any(line.startswith("Searched the sampled grids") for line in lines)  # -v only
+    assert [e["text"] for e in decisions.load_decisions(tmp_path / "study")
+            if e["topic"] == "climb"] == climbed
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     keys = pred[pred["method"] == "suffix"]["key"].unique()
     assert len(keys) > confirm.SUFFIX_POINTS + 1  # the sample, its start point, the climb
     assert len(keys) <= confirm.SUFFIX_POINTS + 1 + confirm.REFINE_MAX
+
+
+def _cli_optimize(out, *flags: str) -> None:
+    script = json.dumps({"ttft_ms": 5, "tpot_ms": 2, "startup_s": 0})
+    rc = cli.main([*flags, "optimize", "--strategy", "replay", "--model",
+                   str(EMBEDDED_TOKENIZER), "--vllm-cmd",
+                   f"{sys.executable} -m tuner.testing.fake_engine",
+                   f"--engine-args=--fake-script '{script}'", "--space", "ngram",
+                   "--n-trials", "3", "--num-prompts", "3", "--output-len", "24",
+                   "--concurrency", "1,2", "--output-dir", str(out)])
+    assert rc == 0
+
+
+WORKING = ("step cost c=", "Replayed 160 configs", "engine starting", "engine ready",
+           "no aligned baseline to measure")
+
+
+def test_without_v_optimize_prints_a_line_per_trial_and_the_decisions_only(tmp_path, capsys):
+    out = tmp_path / "study"
+    _cli_optimize(out)
+    printed = capsys.readouterr()
+    lines = printed.err.splitlines()
+    assert [ln.split(" ", 1)[0] for ln in lines if ln.startswith("[")] == [
+        "[1/3]", "[2/3]", "[3/3]"]
+    assert not [ln for ln in lines if any(w in ln for w in WORKING)], printed.err
+    assert any(ln.startswith("Calibration launch: ") for ln in lines)
+    assert any(ln.startswith("Predicted leaders at c=1: ") for ln in lines)
+    assert "--n-trials 3: every engine launch of the budget is spent." in lines
+    assert printed.out.startswith("Concurrency 1: ")  # then the recommendation
+    # The working is in the report instead, and `tuner report` renders it from the folder.
+    for name in ("report.md", "report.html"):
+        (out / name).unlink()
+    assert cli.main(["report", str(out)]) == 0
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    section = md.split("## How it was decided", 1)[1].split("\n## ", 1)[0]
+    for fact in ("**Replay of the space:** Replayed 160 configs of space 'ngram'",
+                 "**Calibration launches:** ngram k=", "**Engine path:** Trial 1 (ngram k=",
+                 "  - c=1: step = ", "  - c=2: step = ",
+                 "**Predicted leaders:** At c=1, launched to confirm them: ngram k=",
+                 "**Why the search stopped:** --n-trials 3: every engine launch"):
+        assert fact in section, section
+    assert "<h2>How it was decided</h2>" in page and "c=2: step = " in page
+    assert md.index("## How it was decided") < md.index("## Predicted by replay")
+
+
+def test_with_v_optimize_also_prints_the_searchs_working(tmp_path, capsys):
+    _cli_optimize(tmp_path / "study", "-v")
+    lines = capsys.readouterr().err.splitlines()
+    for w in WORKING:
+        assert any(w in ln for ln in lines), (w, lines)
+    assert sum(ln.startswith("  step cost c=") for ln in lines) == 2  # one per level
+    assert [ln.split(" ", 1)[0] for ln in lines if ln.startswith("[")] == [
+        "[1/3]", "[2/3]", "[3/3]"]

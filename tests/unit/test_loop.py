@@ -178,7 +178,9 @@ ALIGNED = TrialConfig(engine_args={"no_async_scheduling": True},
                       engine_env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
 
 
-def _search(study, executor, lines: list[str], *, aligned) -> loop.SearchLoop:
+def _search(study, executor, lines: list[str], *, aligned,
+            detail: list[str] | None = None, notes: list[tuple] | None = None
+            ) -> loop.SearchLoop:
     sp = spaces.parse({"methods": {"ngram": {"num_speculative_tokens": {
         "type": "choice", "values": [1, 2, 3, 4]}, "prompt_lookup_max": 3,
         "prompt_lookup_min": 2}}})
@@ -188,7 +190,9 @@ def _search(study, executor, lines: list[str], *, aligned) -> loop.SearchLoop:
         workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
         settings=MeasureSettings(), out_dir=Path("unused"), objectives=["output_throughput"],
         target=1, constraints={}, executor=executor, gpus=0.0, say=lines.append,
-        line=lambda result, _base: result.config.label(), aligned=aligned)
+        line=lambda result, _base: result.config.label(), aligned=aligned,
+        detail=None if detail is None else detail.append,
+        note=None if notes is None else lambda *fact: notes.append(fact))
 
 
 def _study() -> optuna.Study:
@@ -203,22 +207,32 @@ def _roles(study) -> list[str]:
 
 
 def test_auto_alignment_measures_the_speculative_path_once_right_after_it_is_seen():
-    study, executor, lines = _study(), _PathExecutor(differs=True), []
-    _search(study, executor, lines, aligned="auto").run(n_trials=4, timeout_s=None)
+    study, executor, lines, detail, notes = _study(), _PathExecutor(differs=True), [], [], []
+    _search(study, executor, lines, aligned="auto", detail=detail,
+            notes=notes).run(n_trials=4, timeout_s=None)
     assert _roles(study) == ["baseline", "search", "aligned_baseline", "search"]
     assert executor.configs[2] == ALIGNED
-    said = [ln for ln in lines if ln.startswith("Engine path:")]
+    # One short line by default; the paths and the knobs with -v and in the report.
+    assert [ln for ln in lines if "engine path" in ln.lower()] == [
+        "Aligned baseline: trial 1 (ngram k=1 window 2-3) left the plain baseline's engine "
+        "path; measuring a baseline on that path once."]
+    said = [ln for ln in detail if ln.startswith("Engine path:")]
     assert len(said) == 1 and "model_runner: V2 without speculation, V1 with it" in said[0]
     assert "--no-async-scheduling VLLM_USE_V2_MODEL_RUNNER=0" in said[0]
+    assert [(topic, key) for topic, _, key in notes] == [("engine_path", "decision")]
+    assert notes[0][1] == said[0].removeprefix("Engine path: ")
     assert loop.aligned_config(study) == ALIGNED
 
 
 def test_auto_alignment_adds_no_launch_where_speculation_keeps_the_path():
-    study, executor, lines = _study(), _PathExecutor(differs=False), []
-    _search(study, executor, lines, aligned="auto").run(n_trials=4, timeout_s=None)
+    study, executor, lines, detail = _study(), _PathExecutor(differs=False), [], []
+    _search(study, executor, lines, aligned="auto", detail=detail).run(n_trials=4,
+                                                                       timeout_s=None)
     assert _roles(study) == ["baseline", "search", "search", "search"]
     assert all(c.method != "none" or c == TrialConfig() for c in executor.configs)
-    assert sum("no aligned baseline to measure" in ln for ln in lines) == 1
+    # Nothing to decide: said with -v only.
+    assert sum("no aligned baseline to measure" in ln for ln in detail) == 1
+    assert not any("engine path" in ln.lower() for ln in lines)
     assert loop.aligned_config(study) is None
 
 

@@ -76,7 +76,8 @@ class _Inline(_Remote):
         super().submit(key, *args, progress=progress, show_bar=show_bar, **kw)
 
 
-def _loop(tmp_path, executor, lines, ticks, *, show_bar=False) -> loop.SearchLoop:
+def _loop(tmp_path, executor, lines, ticks, *, show_bar=False, detail=None
+          ) -> loop.SearchLoop:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "minimize"],
                                 sampler=optuna.samplers.RandomSampler(seed=0))
@@ -88,7 +89,8 @@ def _loop(tmp_path, executor, lines, ticks, *, show_bar=False) -> loop.SearchLoo
         settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path,
         objectives=["output_throughput", "mean_tpot_ms"], target=1, constraints={},
         executor=executor, gpus=0.0, say=lines.append, line=console.trial_line,
-        tick=lambda done, total: ticks.append((done, total)), show_bar=show_bar)
+        tick=lambda done, total: ticks.append((done, total)), show_bar=show_bar,
+        detail=None if detail is None else detail.append)
 
 
 def test_each_finished_trial_has_one_line_with_done_of_total_its_figures_and_wall_time(
@@ -110,9 +112,10 @@ def test_each_finished_trial_has_one_line_with_done_of_total_its_figures_and_wal
 
 
 def test_the_driver_says_when_it_hands_a_trial_to_a_worker_and_where_its_log_is(tmp_path):
+    # With -v (`detail`): by default each trial has its one line when it ends.
     lines: list[str] = []
     executor = _Remote()
-    _loop(tmp_path, executor, lines, []).run(n_trials=2, timeout_s=None)
+    _loop(tmp_path, executor, lines, [], detail=lines).run(n_trials=2, timeout_s=None)
     starts = [ln for ln in lines if "engine starting" in ln]
     assert starts[0] == (f"  trial 0: engine starting for baseline (no speculation) (log: "
                          f"{tmp_path / 'trials' / '0' / 'engine.log'}); its figures come back "
@@ -126,7 +129,7 @@ def test_an_inline_trial_reports_its_own_start_and_ready_lines_prefixed_by_its_n
         tmp_path):
     lines: list[str] = []
     executor = _Inline(sleep_s=0.3)
-    search = _loop(tmp_path, executor, lines, [], show_bar=True)
+    search = _loop(tmp_path, executor, lines, [], show_bar=True, detail=lines)
     search.run(n_trials=1, timeout_s=None)
     assert lines[:2] == ["  trial 0: engine starting for trial 0 (log: x)",
                          "  trial 0: engine ready in 3 s"]
@@ -135,6 +138,14 @@ def test_an_inline_trial_reports_its_own_start_and_ready_lines_prefixed_by_its_n
     # The wall time covers the whole trial, though an inline executor runs it inside submit.
     trial = search.study.get_trials()[0]
     assert trial.user_attrs[TrialAttr.WALL_S] >= 0.3
+
+
+@pytest.mark.parametrize("executor", [_Remote, _Inline])
+def test_without_v_a_trial_says_one_line_when_it_ends(tmp_path, executor):
+    lines: list[str] = []
+    _loop(tmp_path, executor(fail={1}), lines, []).run(n_trials=2, timeout_s=None)
+    assert [ln.split(" ", 1)[0] for ln in lines] == ["[1/2]", "[2/2]"]
+    assert "FAIL" in lines[1] and "engine.log" in lines[1]  # the log is named where it matters
 
 
 def test_repeats_extend_the_total_and_keep_counting(tmp_path):

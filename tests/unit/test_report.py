@@ -144,6 +144,43 @@ def test_a_study_with_nothing_measured_yet(tmp_path):
     assert not any(k.startswith("plot_") for k in paths)
 
 
+def test_how_it_was_decided_shows_the_recorded_facts_latest_first_kept_escaped(tmp_path):
+    from tuner.outputs import decisions
+
+    study = realistic_study()
+    out = tmp_path / "out"
+    notes = decisions.Decisions(out)
+    notes.record("step_cost", "c=1: step = 9.00 ms + 1.000 ms x tokens scored", "c=1")
+    notes.record("replay", "Replayed 185 configs of space 'default' in 8.9 s (no engine).")
+    notes.record("streams", f"token streams: 3 of 8 measured requests part {EVIL}")
+    notes.record("climb", "Searched the sampled grids around the predicted leaders: 37 more")
+    notes.record("step_cost", "c=4: step = 20.00 ms + 2.000 ms x tokens scored", "c=4")
+    # A later fit replaces the earlier one at its level; a resumed search reads what is kept.
+    decisions.Decisions(out).record("step_cost", "c=1: step = 10.50 ms + 1.250 ms x tokens "
+                                    "scored", "c=1")
+    paths = write_outputs(study, out)
+    md, page = paths["report_md"].read_text(), paths["report_html"].read_text()
+    section = md.split("## How it was decided\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith(("-", "  -"))]
+    assert lines == [
+        "- **Replay of the space:** Replayed 185 configs of space 'default' in 8.9 s (no "
+        "engine).",
+        "- **Grid climb:** Searched the sampled grids around the "
+        "predicted leaders: 37 more",
+        "- **Step-cost fit (the latest, which priced predicted.csv):**",
+        "  - c=1: step = 10.50 ms + 1.250 ms x tokens scored",
+        "  - c=4: step = 20.00 ms + 2.000 ms x tokens scored",
+        "- **Token streams:** token streams: 3 of 8 measured requests part "
+        "&lt;script&gt;alert('x')&lt;/script&gt;"]
+    assert "<h2>How it was decided</h2>" in page and EVIL not in page
+    assert "c=1: step = 10.50 ms" in page and "c=1: step = 9.00 ms" not in page
+    # A folder without a readable file (an older tuner's study) has no such section.
+    (out / decisions.DECISIONS_JSON).write_text("{not json")
+    again = write_outputs(study, out)
+    assert "How it was decided" not in again["report_md"].read_text()
+    assert "How it was decided" not in again["report_html"].read_text()
+
+
 def test_rewriting_replaces_the_outputs(outputs, tmp_path):
     study = realistic_study()
     first = write_outputs(study, tmp_path)

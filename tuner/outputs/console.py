@@ -77,11 +77,15 @@ class TrialProgress:
 
     def say(self, message: str) -> None:
         """A line above the bar (tqdm clears it, the line is written, the bar redrawn)."""
+        self.write(self._say, message)
+
+    def write(self, say: Callable[[str], None], message: str) -> None:
+        """`say(message)` above the bar: for a writer other than the default one (-v's)."""
         if self.bar is None:
-            self._say(message)
+            say(message)
             return
         with self.bar.external_write_mode(file=sys.stderr):
-            self._say(message)
+            say(message)
 
     def update(self, done: int, total: int) -> None:
         if not self.show_bar:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.outputs import decomposition, files
+from tuner.outputs import decisions, decomposition, files
 from tuner.outputs.console import HEADLINES, break_even_text, num, policy_rows
 from tuner.outputs.predictions import (  # noqa: F401  (api writes predictions through here)
     PREDICTED_CSV,
@@ -71,6 +71,7 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
     doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
     doc.policy, doc.predictions = policy, predictions
+    doc.decisions = decisions.decision_rows(decisions.load_decisions(out_dir))
     doc.config_files = write_serve_configs(recs, out_dir, meta=meta)
     paths = {
         # Each config once, repeats pooled; every trial (copies answered from storage too)
@@ -162,6 +163,7 @@ class _Doc:
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
         self.policy: dict[str, Any] | None = None
         self.predictions: pd.DataFrame | None = None
+        self.decisions: list[tuple[str, list[str]]] = []  # "How it was decided"
         self.config_files: dict[int, Path] = {}
 
     # --- shared content -------------------------------------------------------------------
@@ -303,6 +305,14 @@ class _Doc:
                 out.append("")
         if self.notes:
             out += ["Plots left out:", ""] + [f"- {e(n)}" for n in self.notes] + [""]
+        if self.decisions:
+            out += ["## How it was decided", "", e(decisions.INTRO), ""]
+            for title, texts in self.decisions:
+                if len(texts) == 1:
+                    out += [f"- **{e(title)}:** {e(texts[0])}"]
+                else:
+                    out += [f"- **{e(title)}:**"] + [f"  - {e(t)}" for t in texts]
+            out.append("")
         intro, tables = prediction_tables(self.predictions)
         if intro:
             out += ["## Predicted by replay", ""]
@@ -358,6 +368,12 @@ class _Doc:
         if self.notes:
             body.append("<p class='sub'>Plots left out: " + "; ".join(map(e, self.notes))
                         + "</p>")
+        if self.decisions:
+            body.append("<h2>How it was decided</h2>"
+                        f"<p class='sub'>{e(decisions.INTRO)}</p><table class='kv decided'>"
+                        + "".join(f"<tr><th>{e(title)}</th><td>" + "".join(
+                            f"<p>{e(t)}</p>" for t in texts) + "</td></tr>"
+                            for title, texts in self.decisions) + "</table>")
         intro, tables = prediction_tables(self.predictions)
         if intro:
             body.append("<h2>Predicted by replay</h2>" + "".join(f"<p>{e(t)}</p>" for t in intro))
@@ -452,6 +468,7 @@ text-align:left;font-size:.92em}.trials td{white-space:nowrap}
 tr.fail td{background:#fdecec}tr.run td{background:#fff8e1}
 img{max-width:100%;display:block;margin:1em 0}details{margin:.5em 0}
 summary{cursor:pointer}.kv th{background:#fafafa;width:14em}
+.decided td p{margin:.15em 0}
 """
 
 

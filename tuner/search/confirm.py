@@ -216,7 +216,7 @@ class ReplaySearch:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.leaders, self.seed = leaders, seed
-        self.say = loop.say
+        self.say, self.detail, self.note = loop.say, loop.detail, loop.note
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
@@ -239,6 +239,7 @@ class ReplaySearch:
                 why = f"--n-trials {n_trials}: every engine launch of the budget is spent."
             if why and not self._said_stop:
                 self.say(why)
+                self.note("stop", why)
                 self._said_stop = True
             return why is None
 
@@ -252,22 +253,28 @@ class ReplaySearch:
         self._align(room)  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
-            self.say("The baseline trial holds no token ids (this vLLM did not return them), "
-                     "so replay cannot predict; using the Optuna search instead.")
+            text = ("The baseline trial holds no token ids (this vLLM did not return them), "
+                    "so replay cannot predict; using the Optuna search instead.")
+            self.say(text)
+            self.note("strategy", text)
             return False
         configs = candidates(self.loop.space, seed=self.seed)
         self.say(f"Replaying {len(configs)} configs of space '{self.loop.space.name}' over the "
                  "baseline's tokens (no engine) ...")
         pred = self._predict(capture, configs)
-        self.say(f"Replayed {pred.configs} configs of space '{self.loop.space.name}' over the "
-                 f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
-                 f"per level in {pred.seconds:.1f} s (no engine).")
+        text = (f"Replayed {pred.configs} configs of space '{self.loop.space.name}' over the "
+                f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
+                f"per level in {pred.seconds:.1f} s (no engine).")
+        self.detail(text)
+        self.note("replay", text)
         if not any(c.calibrated for c in pred.costs.values()) and room():
             calib = self._calibration_config(pred)
             if calib is not None:
-                self.say(f"Calibration launch: {calib.label()} drafts the most per step "
-                         f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
-                         "spans the space.")
+                text = (f"{calib.label()} drafts the most per step "
+                        f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
+                        "spans the space.")
+                self.say(f"Calibration launch: {text}")
+                self.note("calibration", text, "first")
                 self._launch(calib, Role.CALIBRATION)
                 self._align(room)  # "auto": the calibration is the first speculative trial
                 pred = self._predict(capture, configs)
@@ -275,10 +282,14 @@ class ReplaySearch:
             row = self._mixed_calibration_row(pred)
             if row is not None:
                 calib = TrialConfig.model_validate({"speculative_config": _spec(row)})
-                self.say(f"Second calibration launch: {calib.label()} drafts a full K on "
-                         f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
-                         "this engine splits CUDA graphs by batch shape, so the step cost "
-                         "needs a point where most steps are not uniform.")
+                self.say(f"Second calibration launch: {calib.label()} (this engine splits "
+                         "CUDA graphs by batch shape).")
+                text = (f"{calib.label()} drafts a full K on "
+                        f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
+                        "this engine splits CUDA graphs by batch shape, so the step cost "
+                        "needs a point where most steps are not uniform.")
+                self.detail(f"Second calibration launch: {text}")
+                self.note("calibration", f"Then {text}", "second")
                 self._launch(calib, Role.CALIBRATION)
                 pred = self._predict(capture, configs)
         t0 = time.monotonic()
@@ -287,22 +298,26 @@ class ReplaySearch:
                                       limit=refine_limit(capture))
         if added:
             self._show(pred)
-            self.say(f"Searched the sampled grids around the predicted leaders: {added} more "
-                     f"configs replayed ({len(configs)} in all, {time.monotonic() - t0:.1f} s).")
+            text = (f"Searched the sampled grids around the predicted leaders: {added} more "
+                    f"configs replayed ({len(configs)} in all, {time.monotonic() - t0:.1f} s).")
+            self.detail(text)
+            self.note("climb", text)
         self._print_costs(pred)
         target = self.loop.target
         top = _diverse(pred.leaders(target, 10_000), self.leaders)
         leaders = [TrialConfig.model_validate({"speculative_config": _spec(r)}) for r in top]
         if not leaders:
             self.say("No predicted leader to confirm.")
+            self.note("leaders", "No predicted leader to confirm.")
             return True
         named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f} tok/s "
                           f"({r['pred_speedup']:.2f}x)" for r in top)
         self.say(f"Predicted leaders at c={target}: {named}")
+        self.note("leaders", f"At c={target}, launched to confirm them: {named}.")
         while room():
             verdict = self._verdict(leaders)
             if verdict.startswith("decided"):
-                self.say("Ranking " + verdict)
+                self._say_verdict(verdict)
                 break
             pick = self._next(leaders)
             launched = self._launch(pick, None)
@@ -311,17 +326,33 @@ class ReplaySearch:
                 # A failed launch is recorded as a FAIL trial; launching the same config again
                 # would spend the budget on it, so it leaves the ranking (a baseline ends it).
                 if pick not in leaders:
-                    self.say(f"{pick.label()} failed to re-measure; stopping the confirmation.")
+                    text = f"{pick.label()} failed to re-measure; stopping the confirmation."
+                    self.say(text)
+                    self.note("confirmation", text, f"failed {pick.key()}")
                     break
                 leaders.remove(pick)
-                self.say(f"{pick.label()} failed; it leaves the confirmation.")
+                text = f"{pick.label()} failed; it leaves the confirmation."
+                self.say(text)
+                self.note("confirmation", text, f"failed {pick.key()}")
                 if not leaders:
                     break
                 continue
             self.prediction = pred = self._predict(capture, configs)
         else:
-            self.say("Ranking " + self._verdict(leaders))
+            self._say_verdict(self._verdict(leaders))
         return True
+
+    def _say_verdict(self, verdict: str) -> None:
+        """The ranking's verdict in one line by default ("decided at c=4: first X 1.12x +- 0.01
+        (2 runs)"), every config's median and spread with -v and in the report."""
+        head, _, figures = verdict.partition(": ")
+        if head == "undecided" or ";" not in figures:  # "undecided: X has fewer than 2 runs"
+            self.say(f"Ranking {verdict}.")
+        else:
+            best = f": first {figures.split('; ')[0]}" if head.startswith("decided") else ""
+            self.say(f"Ranking {head}{best}; every figure: -v or the report.")
+            self.detail(f"Ranking {verdict}")
+        self.note("confirmation", f"Ranking {verdict}.", "ranking")
 
     # -- launching --------------------------------------------------------------------------
     def launches(self) -> int:
@@ -373,9 +404,14 @@ class ReplaySearch:
         return pred
 
     def _show(self, pred: Prediction) -> None:
-        """The table the study keeps (predicted.csv, plots, report)."""
+        """The table the study keeps (predicted.csv, plots, report), and the step cost and
+        token streams it was priced with (the report's "How it was decided")."""
         self.prediction = pred
         self.on_prediction(pred)
+        for c in sorted(pred.costs):
+            self.note("step_cost", pred.costs[c].describe(), f"c={c}")
+        if pred.streams:
+            self.note("streams", pred.streams)
 
     def _calibration_config(self, pred: Prediction) -> TrialConfig | None:
         top = max(self.loop.settings.concurrencies)
@@ -404,9 +440,9 @@ class ReplaySearch:
 
     def _print_costs(self, pred: Prediction) -> None:
         for c in sorted(pred.costs):
-            self.say("  step cost " + pred.costs[c].describe())
+            self.detail("  step cost " + pred.costs[c].describe())
         if pred.streams:
-            self.say("  " + pred.streams)
+            self.detail("  " + pred.streams)
 
     # -- confirming -------------------------------------------------------------------------
     def _samples(self, cfg: TrialConfig) -> list[float]:

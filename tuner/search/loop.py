@@ -145,12 +145,18 @@ class SearchLoop:
                  say: Callable[[str], None], line: Callable[[BenchResult, dict | None], str],
                  rates: list[float] | None = None,
                  tick: Callable[[int, int], None] | None = None, show_bar: bool = False,
-                 aligned: AlignedBaseline = "off") -> None:
+                 aligned: AlignedBaseline = "off", detail: Callable[[str], None] | None = None,
+                 note: Callable[..., None] | None = None) -> None:
         self.study, self.space, self.engine, self.workload = study, space, engine, workload
         self.settings, self.out_dir, self.objectives, self.target = settings, out_dir, \
             objectives, target
         self.constraints, self.executor, self.gpus, self.rates = constraints, executor, gpus, rates
         self.say, self.line = say, line
+        # `detail`: the lines -v adds (each trial's engine start and levels, the search's
+        # working); `note(topic, text, key="")`: a fact for the report's "How it was decided"
+        # (tuner.outputs.decisions, through tuner.api).
+        self.detail = detail or (lambda _m: None)
+        self.note = note or (lambda _topic, _text, _key="": None)
         self.tick = tick or (lambda _done, _total: None)
         self.show_bar = show_bar  # a bar over each level's requests, for an inline trial
         self.launched = 0
@@ -188,9 +194,11 @@ class SearchLoop:
             self._check_landed = False  # the one this driver launched has ended
             gap = _aligned_gap(self.study)
             if gap is not None:
-                self.say(f"Engine path: the aligned baseline (trial {gap[0].number}) still "
-                         f"differs from trial {gap[1].number}'s path ({gap[2].describe()}); "
-                         "its split into path cost and speculation gain is approximate.")
+                text = (f"the aligned baseline (trial {gap[0].number}) still differs from "
+                        f"trial {gap[1].number}'s path ({gap[2].describe()}); its split into "
+                        "path cost and speculation gain is approximate.")
+                self.say(f"Engine path: {text}")
+                self.note("engine_path", text[0].upper() + text[1:], "check")
         if self._aligned_decided:
             return None
         if has_aligned_baseline(self.study):
@@ -208,16 +216,22 @@ class SearchLoop:
         spec, alignment = found
         label = spec.user_attrs.get(TrialAttr.LABEL) or f"trial {spec.number}"
         if alignment is None:
-            self.say(f"Engine path: trial {spec.number} ({label}) ran the plain baseline's "
-                     "path, or one its log does not tell apart; no aligned baseline to measure.")
+            text = (f"Trial {spec.number} ({label}) ran the plain baseline's path, or one its "
+                    "log does not tell apart; no aligned baseline to measure.")
+            self.detail(f"Engine path: {text}")
+            self.note("engine_path", text, "decision")
             return None
         config = alignment.trial_config()
         self._check_landed = True
         knobs = " ".join([*alignment.engine_args,
                           *(f"{k}={v}" for k, v in sorted(alignment.engine_env.items()))])
-        self.say(f"Engine path: trial {spec.number} ({label}) left the plain baseline's path "
-                 f"({alignment.describe()}); measuring an aligned baseline once (no speculation, "
-                 f"{knobs}) beside the plain one, to split path cost from speculation gain.")
+        self.say(f"Aligned baseline: trial {spec.number} ({label}) left the plain baseline's "
+                 "engine path; measuring a baseline on that path once.")
+        text = (f"Trial {spec.number} ({label}) left the plain baseline's path "
+                f"({alignment.describe()}); measuring an aligned baseline once (no speculation, "
+                f"{knobs}) beside the plain one, to split path cost from speculation gain.")
+        self.detail(f"Engine path: {text}")
+        self.note("engine_path", text, "decision")
         return config
 
     def suggest(self, trial) -> TrialConfig:
@@ -248,9 +262,9 @@ class SearchLoop:
                 aligned = self.align()
                 if aligned is None and not self.study.get_trials(
                         deepcopy=False, states=(TrialState.WAITING,)) and self._exhausted():
-                    self.say(f"Every config of search space '{self.space.name}' "
-                             f"({len(self._space_keys or ())}) is measured or refused; "
-                             f"stopping the search.")
+                    self._stop(f"Every config of search space '{self.space.name}' "
+                               f"({len(self._space_keys or ())}) is measured or refused; "
+                               f"stopping the search.")
                     break
                 # The aligned baseline runs next, not behind the queued grid points: the ratios
                 # it splits are measured under the same conditions as the trials around it.
@@ -264,8 +278,8 @@ class SearchLoop:
                 if self._answer_known(trial, config):
                     duplicates_in_row += 1
                     if duplicates_in_row > 25:
-                        self.say("The sampler keeps proposing configs already measured or "
-                                 "refused: the space looks exhausted; stopping the search.")
+                        self._stop("The sampler keeps proposing configs already measured or "
+                                   "refused: the space looks exhausted; stopping the search.")
                         budget = 0
                     continue
                 duplicates_in_row = 0
@@ -278,11 +292,15 @@ class SearchLoop:
                     break
             if not in_flight:
                 if timed_out:
-                    self.say(f"--timeout {timeout_s:.0f} s reached; stopping the search.")
+                    self._stop(f"--timeout {timeout_s:.0f} s reached; stopping the search.")
                 return
             number, outcome = self.executor.wait_one()
             trial, config, started = in_flight.pop(number)
             self._tell(trial, config, outcome, time.monotonic() - started)
+
+    def _stop(self, why: str) -> None:
+        self.say(why)
+        self.note("stop", why)
 
     def _exhausted(self) -> bool:
         """A finite space whose every config is measured or refused: the sampler could only
@@ -304,12 +322,12 @@ class SearchLoop:
         options: dict[str, Any] = {}
         if getattr(self.executor, "reports_progress", False):
             # Inline, the trial itself says when its engine starts, is ready, and each level.
-            options = {"progress": lambda m: self.say(f"  trial {trial.number}: {m}"),
+            options = {"progress": lambda m: self.detail(f"  trial {trial.number}: {m}"),
                        "show_bar": self.show_bar}
         else:
             # A Ray worker's lines never reach this terminal: say here what it is doing.
-            self.say(f"  trial {trial.number}: engine starting for {config.label()} (log: "
-                     f"{trial_dir / 'engine.log'}); its figures come back when it ends")
+            self.detail(f"  trial {trial.number}: engine starting for {config.label()} (log: "
+                        f"{trial_dir / 'engine.log'}); its figures come back when it ends")
         self.executor.submit(trial.number, self.engine, config, self.workload, self.settings,
                              str(trial_dir), num_gpus=self.gpus, **options)
 
