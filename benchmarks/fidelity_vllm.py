@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tuner import settings
+from tuner import checks
 from tuner.measure import loadgen, metrics, workloads
 from tuner.measure.engine import Engine
 from tuner.records import TrialConfig, WorkloadSpec
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--speculative-config", default=json.dumps(NGRAM))
     args = ap.parse_args()
-    engine = settings.resolve_engine(model=args.model)
+    engine = checks.resolve_engine(model=args.model)
     spec = json.loads(args.speculative_config) if args.speculative_config != "none" else None
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=engine.tokenizer or engine.model)

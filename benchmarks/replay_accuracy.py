@@ -27,12 +27,12 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner import commands, settings
+from tuner import checks, engine_cmdline
 from tuner.measure import trial, workloads
 from tuner.records import BenchResult, MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, predict
-from tuner.search import confirm
+from tuner.search import replay_strategy
 from tuner.search import space as spaces
 from tuner.tokens import FILE_NAME, TokenCapture
 
@@ -85,10 +85,10 @@ def main() -> None:
                          "then no longer parts a speculative engine's output from the baseline's)")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
-    engine = settings.resolve_engine(model=args.model, extra_args=args.engine_args)
+    engine = checks.resolve_engine(model=args.model, extra_args=args.engine_args)
     levels = tuple(int(x) for x in args.concurrency.split(","))
     ms = MeasureSettings(concurrencies=levels, requests_per_slot=args.requests_per_slot)
-    max_model_len = commands.engine_setting(engine, "max_model_len") or 1 << 30
+    max_model_len = engine_cmdline.engine_setting(engine, "max_model_len") or 1 << 30
     summary = {}
     for name in args.workloads.split(","):
         print(f"== {name}: {args.num_prompts} prompts x {args.output_len} tokens, "
@@ -161,7 +161,7 @@ def main() -> None:
         print(f"summary {name}: {json.dumps(summary[name])}")
     t0 = time.monotonic()
     sp = spaces.load("default")
-    cands = confirm.candidates(sp)
+    cands = replay_strategy.candidates(sp)
     base_cap = TokenCapture.load(args.out / args.workloads.split(",")[0] / "baseline" / FILE_NAME)
     for cfg in cands:
         acceptance.replay(base_cap, cfg.speculative_config, max_model_len=max_model_len)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import commands, settings
+from tuner import engine_cmdline
 from tuner.measure import trial, workloads
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
@@ -89,11 +89,11 @@ def main() -> None:
     picks = [r["pick"].get("speculative_config") for r in results.values()]
     picks = [p for p in picks if p]
     checks = check_configs(Path(results["replay"]["folder"]), picks, args.checks)
-    engine = settings.resolve_engine(model=None)
+    engine = checks.resolve_engine(model=None)
     spec = WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64)
     ms = MeasureSettings(concurrencies=(1,), requests_per_slot=2)
     wl = workloads.load(spec, tokenizer=engine.tokenizer or engine.model, pool=ms.pool_size(4),
-                        max_model_len=commands.engine_setting(engine, "max_model_len"),
+                        max_model_len=engine_cmdline.engine_setting(engine, "max_model_len"),
                         say=print)
     # Every config --check-runs times, round after round, so launch-to-launch noise (10-15%
     # in a config's mean step time on a 2-core CPU host) is not read as a ranking.

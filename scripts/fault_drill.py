@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tuner
-from tuner import api, settings
+from tuner import api, checks
 from tuner.measure import trial as runner
 from tuner.measure.engine import TEARDOWN_GRACE_S
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
@@ -130,7 +130,7 @@ class Drill:
 
     @staticmethod
     def real(fault: str, **spec_fields) -> EngineSpec:
-        spec = settings.resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0,
+        spec = checks.resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0,
                                   env={MARK: f"{RUN}:{fault}"})
         return spec.model_copy(update=spec_fields)
 
@@ -814,7 +814,7 @@ _FULL_DISK = ("import errno, os, sys\ndef full(fd):\n    raise OSError(errno.ENO
 
 
 def bad_inputs(d: Drill, real: bool) -> Outcome:
-    """Each input tuner.settings refuses, typed against an existing study as a user would: exit
+    """Each input tuner.checks refuses, typed against an existing study as a user would: exit
     2, one line, no traceback, no engine started, and the study's trials exactly as they were."""
     name = "bad-inputs"
     out = d.dir(name)

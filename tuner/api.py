@@ -2,7 +2,7 @@
 
 workload -> search space -> trial config -> engine -> load -> metrics -> storage -> analysis
 -> outputs. The stages (measure, search, analysis, outputs) never call each other's steps in
-sequence; only this module does. Inputs arrive checked (tuner.settings); what each function
+sequence; only this module does. Inputs arrive checked (tuner.checks); what each function
 returns is a record or a path the CLI prints.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner import commands
+from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.records import (
     AlignedBaseline,
@@ -51,7 +51,7 @@ def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: Measure
 
     return workloads.load(workload, tokenizer=engine.tokenizer or engine.model,
                           pool=settings.pool_size(workload.num_prompts),
-                          max_model_len=commands.engine_setting(engine, "max_model_len"),
+                          max_model_len=engine_cmdline.engine_setting(engine, "max_model_len"),
                           say=say)
 
 
@@ -119,7 +119,7 @@ def optimize(
     replay) with elapsed time and ETA, for a TTY.
 
     strategy "replay" predicts every config from the baseline's tokens and launches only the
-    calibration and the predicted leaders (tuner.search.confirm); "optuna" samples configs
+    calibration and the predicted leaders (tuner.search.replay_strategy); "optuna" samples configs
     with Optuna; "auto" replays when every method of the space can be replayed.
 
     aligned_baseline "auto" compares the first speculative trial's engine path with the plain
@@ -131,10 +131,10 @@ def optimize(
     change what is launched); `detail` (the CLI's -v) also the search's working: each trial's
     engine start and levels, the step-cost fit, the token streams, the grid climb. Those facts
     are also kept in the study folder (decisions.json) for the report's "How it was decided"."""
-    from tuner import settings as checks
+    from tuner import checks
     from tuner.measure import model
     from tuner.outputs import console, decisions
-    from tuner.search import confirm, executors, loop
+    from tuner.search import executors, loop, replay_strategy
     from tuner.search import space as spaces
     from tuner.search import study as st
 
@@ -143,7 +143,7 @@ def optimize(
                           f"config, so it cannot use a server that is already running. Measure "
                           f"that server with `tuner bench --base-url`, or drop --base-url.")
     sp = spaces.load(space_name)
-    replay_refused = confirm.why_not_replayable(sp, rates=acceptance_rates)
+    replay_refused = replay_strategy.why_not_replayable(sp, rates=acceptance_rates)
     if strategy == "replay" and replay_refused:
         raise ConfigError(f"--strategy replay: {replay_refused}. Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
@@ -175,7 +175,7 @@ def optimize(
     executor = executors.choose(engine, ray_address=ray_address, parallel=parallel,
                                 logical_gpus=logical_gpus)
     gpus = gpus_per_trial if gpus_per_trial is not None else (
-        float(commands.gpus_per_engine(engine)) if engine.device == "cuda" or logical_gpus
+        float(engine_cmdline.gpus_per_engine(engine)) if engine.device == "cuda" or logical_gpus
         else 0.0)
     # What --n-trials counts: engine launches under replay (repeats included), trials else.
     done_before = st.counted_trials(study, repeats=use_replay)
@@ -197,10 +197,10 @@ def optimize(
         replayed = False
         if use_replay:
             say(f"Strategy replay: --n-trials {n_trials} engine launches at most.")
-            replay = confirm.ReplaySearch(
+            replay = replay_strategy.ReplaySearch(
                 search, study_dir=out_dir, leaders=confirm_leaders, seed=seed or 0,
-                max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
-                max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256,
+                max_model_len=engine_cmdline.engine_setting(engine, "max_model_len") or 1 << 30,
+                max_num_seqs=engine_cmdline.engine_setting(engine, "max_num_seqs") or 256,
                 on_prediction=lambda pred: _write_predictions(pred, out_dir))
             replayed = replay.run(n_trials=n_trials, timeout_s=timeout_s)
             if not replayed:
@@ -252,11 +252,12 @@ def policy(
     """Measure the study's leading configs on a concurrency ladder, find where speculation
     stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder.
     Returns the policy document (also written to policy.json)."""
-    from tuner import settings as checks
+    from tuner import checks
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
     from tuner.outputs import files
-    from tuner.search import campaign, confirm, loop
+    from tuner.search import ladder as ladder_runs
+    from tuner.search import loop, replay_strategy
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name, setup=True, write=True)
@@ -273,28 +274,28 @@ def policy(
                              study=study.study_name, aligned=loop.aligned_config(study))
     say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, ladder))}, "
         f"{repeats} repeat(s), {len(runs)} configs ({', '.join(c.label() for _, c in runs)})")
-    measure = functools.partial(campaign.measure, study=study, engine=engine, workload=wl,
+    measure = functools.partial(ladder_runs.measure, study=study, engine=engine, workload=wl,
                                 ladder=ladder, repeats=repeats, out_dir=study_dir,
                                 requests_per_slot=requests_per_slot, say=say)
     measured = measure(runs=runs, phase="ladder")
     chosen = next(c for role, c in runs if role == "leader")
     # The replay's curves add every K of the chosen config the ladder did not measure.
-    predicted = confirm.ladder_predictions(
+    predicted = replay_strategy.ladder_predictions(
         measured, chosen, study_dir=study_dir,
-        max_model_len=commands.engine_setting(engine, "max_model_len") or 1 << 30,
-        max_num_seqs=commands.engine_setting(engine, "max_num_seqs") or 256)
+        max_model_len=engine_cmdline.engine_setting(engine, "max_model_len") or 1 << 30,
+        max_num_seqs=engine_cmdline.engine_setting(engine, "max_num_seqs") or 256)
     if predicted:
         say(f"Replay predicted K 1-{max(predicted)} of {chosen.label()} on the ladder; the "
             "schedule may use a K the ladder did not measure, and is verified either way.")
     doc = rules.draft_policy(
         measured, runs, where=f"{study_dir}/policy", predicted=predicted,
-        max_batch=max_batch or commands.engine_setting(engine, "max_num_seqs") or rules.MAX_BATCH,
+        max_batch=max_batch or engine_cmdline.engine_setting(engine, "max_num_seqs") or rules.MAX_BATCH,
         context={"study": study.study_name, "ladder": list(ladder), "repeats": repeats,
                  "workload": wspec.name, "num_prompts": wspec.num_prompts,
                  "output_len": wspec.output_len, "requests_per_slot": requests_per_slot})
     if doc["speculative_config"] is not None:
         policy_cfg, static = rules.policy_configs(doc, runs)
-        doc["serve_command"] = commands.serve_command(engine, policy_cfg)
+        doc["serve_command"] = engine_cmdline.serve_command(engine, policy_cfg)
         # The policy is measured on the same ladder; baseline and static come from the ladder
         # phase unless side_by_side asks to re-measure them interleaved with the policy.
         verify_runs = [("policy", policy_cfg)]
@@ -370,7 +371,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     Returns a tuner.replay.predict.Prediction."""
     from tuner.replay.predict import Prediction
     from tuner.replay.predict import predict as predict_space
-    from tuner.search import confirm
+    from tuner.search import replay_strategy
     from tuner.search import space as spaces
     from tuner.search import study as st
 
@@ -378,7 +379,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     meta = study.user_attrs.get(st.ATTR) or {}
     engine = EngineSpec.model_validate(meta["engine_spec"])
     sp = spaces.load(space_name or meta.get("space") or "default")
-    base = next((t for t in confirm.measured_trials(study, study_dir)
+    base = next((t for t in replay_strategy.measured_trials(study, study_dir)
                  if t.role == "baseline" and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
@@ -390,13 +391,13 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
         raise ConfigError(f"--concurrency {','.join(map(str, concurrency))}: the baseline's "
                           f"tokens were captured at {','.join(map(str, levels))}. Pick among "
                           "those.")
-    configs = confirm.candidates(sp)
+    configs = replay_strategy.candidates(sp)
     say(f"Replaying {len(configs)} configs of space '{sp.name}' over trial {base.number}'s "
         f"tokens ...")
-    measured = confirm.measured_trials(study, study_dir)
+    measured = replay_strategy.measured_trials(study, study_dir)
     memo: dict = {}
-    max_model_len = commands.engine_setting(engine, "max_model_len") or 1 << 30
-    max_num_seqs = commands.engine_setting(engine, "max_num_seqs") or 256
+    max_model_len = engine_cmdline.engine_setting(engine, "max_model_len") or 1 << 30
+    max_num_seqs = engine_cmdline.engine_setting(engine, "max_num_seqs") or 256
 
     def run(cands: list[TrialConfig]) -> Prediction:
         return predict_space(base.capture, cands, measured, max_model_len=max_model_len,
@@ -404,8 +405,8 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
                              levels=list(concurrency) if concurrency else levels)
 
     t0 = time.monotonic()
-    configs, pred, added = confirm.refine(sp, configs, run(configs), run,
-                                          limit=confirm.refine_limit(base.capture))
+    configs, pred, added = replay_strategy.refine(sp, configs, run(configs), run,
+                                          limit=replay_strategy.refine_limit(base.capture))
     if added:
         say(f"Searched the sampled grids around the predicted leaders: {added} more configs "
             f"replayed ({len(configs)} in all).")

@@ -26,14 +26,13 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from tuner import api
-from tuner import settings as checks
+from tuner import api, checks
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import metrics
 from tuner.outputs import console
 from tuner.records import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 
-_opt = checks.option  # argparse `type=`: converts and checks against tuner.settings.BOUNDS
+_opt = checks.option  # argparse `type=`: converts and checks against tuner.checks.BOUNDS
 _log = logging.getLogger(__name__)
 # Options whose value is a command line of its own. Such a value often starts with "--", which
 # argparse takes for one more option ("unrecognized arguments") unless it is attached with "=".
@@ -407,7 +406,7 @@ def _records(args: argparse.Namespace) -> tuple[WorkloadSpec, MeasureSettings, E
 
 
 def _policy_options(args: argparse.Namespace) -> dict:
-    # Single numbers were checked as argparse parsed them (tuner.settings); lists are here.
+    # Single numbers were checked as argparse parsed them (tuner.checks); lists are here.
     ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
     ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
     return dict(ladder=ladder, max_concurrency=args.ladder_max,

@@ -80,6 +80,22 @@ class EngineSpec(Frozen):
     base_url: str | None = None
 
 
+# vLLM's num_speculative_tokens where a config leaves it out, per method: (the config key it
+# defaults to, that key's own default). n-gram and draft-model configs must name K; EAGLE and
+# MTP take it from the draft model's config (vllm/config/speculative.py).
+DEFAULT_K: dict[str, tuple[str, int]] = {"suffix": ("suffix_decoding_max_tree_depth", 24)}
+
+
+class EngineLimits(Frozen):
+    """The engine's limits that bound a replay and a K schedule, as the engine runs with them:
+    its flags' values where set, vLLM's defaults for the device otherwise
+    (tuner.engine_cmdline.engine_limits builds it; every reader goes through that)."""
+
+    max_model_len: int | None = None  # None: the model's own context length (unknown here)
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
 class TrialConfig(Frozen):
     """One candidate: the exact `--speculative-config` (None = no speculation) and engine knobs."""
 
@@ -90,6 +106,26 @@ class TrialConfig(Frozen):
     @property
     def method(self) -> str:
         return "none" if not self.speculative_config else str(self.speculative_config["method"])
+
+    @property
+    def k(self) -> int | None:
+        """`num_speculative_tokens` as vLLM resolves it: the config's own, else the method's
+        default (DEFAULT_K); None without speculation, or where vLLM takes K from the draft
+        model's own config (EAGLE, MTP), which is not known here."""
+        spec = self.speculative_config
+        if not spec:
+            return None
+        if spec.get("num_speculative_tokens") is not None:
+            return int(spec["num_speculative_tokens"])
+        default = DEFAULT_K.get(str(spec.get("method")))
+        return int(spec.get(default[0], default[1])) if default else None
+
+    def with_k(self, k: int) -> TrialConfig:
+        """The same config drafting `k` tokens a step, with no K schedule."""
+        if not self.speculative_config:
+            raise ValueError("a config without speculation has no K")
+        spec = {**self.speculative_config_without_k(), "num_speculative_tokens": int(k)}
+        return self.model_copy(update={"speculative_config": spec})
 
     def speculative_config_without_k(self) -> dict[str, Any]:
         """The config minus K and any K schedule: configs equal here differ only in K."""
@@ -102,7 +138,7 @@ class TrialConfig(Frozen):
         beyond the profile repeat its last rate; vLLM wants the rates non-increasing."""
         if not rates or not self.speculative_config:
             return self
-        k = int(self.speculative_config.get("num_speculative_tokens", len(rates)))
+        k = self.k or len(rates)
         profile = [min(rates[: i + 1]) for i in range(len(rates))]
         profile = (profile + [profile[-1]] * k)[:k]
         spec = {**self.speculative_config, "rejection_sample_method": "synthetic",
@@ -154,7 +190,7 @@ class TrialConfig(Frozen):
 
 
 # `--aligned-baseline`: "auto" (the search finds the speculative engine path and aligns to it
-# where it differs), "off", or an explicit baseline on that path (tuner.settings.aligned_baseline).
+# where it differs), "off", or an explicit baseline on that path (tuner.checks.aligned_baseline).
 AlignedBaseline = Literal["auto", "off"] | TrialConfig
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import api, settings
+from tuner import api, checks
 from tuner.measure.model import has_nvidia_gpu
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
@@ -20,7 +20,7 @@ pytestmark = [
 def test_ngram_on_the_gpu_build_measures_acceptance(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's GPU build is not installed")
     model = os.environ.get("SPEC_TUNER_GPU_MODEL")  # else the embedded SmolLM2
-    engine = settings.resolve_engine(model=model, extra_args=os.environ.get("SPEC_TUNER_GPU_ARGS"))
+    engine = checks.resolve_engine(model=model, extra_args=os.environ.get("SPEC_TUNER_GPU_ARGS"))
     assert engine.device == "cuda"
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
             "prompt_lookup_max": 5}

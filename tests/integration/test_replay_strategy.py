@@ -16,7 +16,7 @@ from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
 from tuner.records import MeasureSettings, WorkloadSpec
-from tuner.search import confirm
+from tuner.search import replay_strategy
 from tuner.search import study as st
 
 pytest.importorskip("vllm")
@@ -236,8 +236,8 @@ def test_the_suffix_sample_is_climbed_around_the_predicted_leaders(tmp_path):
             if e["topic"] == "climb"] == climbed
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     keys = pred[pred["method"] == "suffix"]["key"].unique()
-    assert len(keys) > confirm.SUFFIX_POINTS + 1  # the sample, its start point, the climb
-    assert len(keys) <= confirm.SUFFIX_POINTS + 1 + confirm.REFINE_MAX
+    assert len(keys) > replay_strategy.SUFFIX_POINTS + 1  # the sample, its start point, the climb
+    assert len(keys) <= replay_strategy.SUFFIX_POINTS + 1 + replay_strategy.REFINE_MAX
 
 
 def _cli_optimize(out, *flags: str) -> None:

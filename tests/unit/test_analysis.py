@@ -180,8 +180,8 @@ def test_recommends_the_knee_with_commands():
 
 
 def test_verify_command_parses_with_the_cli():
+    from tuner.checks import speculative_config as parse_spec_config
     from tuner.cli import build_parser
-    from tuner.settings import speculative_config as parse_spec_config
 
     study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
                        (suffix(8), {1: (50.0, 20.0)}))

@@ -4,9 +4,9 @@ bug in the loader.
 
 Loaders: search spaces (tuner.search.space.parse and .load), dataset files (tuner.measure.workloads.read_rows
 and .load of a custom workload with the packaged tokenizer), --speculative-config
-(tuner.settings.speculative_config) and --concurrency (tuner.settings.int_list). Every numeric
+(tuner.checks.speculative_config) and --concurrency (tuner.checks.int_list). Every numeric
 option of the CLI goes through tuner.cli.main itself, with the api replaced by a recorder: it
-either reaches the api with a value inside its tuner.settings bound, or exits 2 with exactly
+either reaches the api with a value inside its tuner.checks bound, or exits 2 with exactly
 one "tuner: error:" line. The last test prints how many inputs each property tried and how
 they ended.
 """
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tuner import api, cli
-from tuner import settings as bounds
+from tuner import checks as bounds
 from tuner.errors import ConfigError
 from tuner.measure import workloads
 from tuner.records import WorkloadSpec
@@ -264,7 +264,7 @@ LIST_OPTIONS = {"--concurrency": "concurrency", "--ladder": "ladder", "--k-value
 
 
 def _numeric_options() -> list[tuple[str, str, str]]:
-    """(command, flag, bound name) of every option whose value tuner.settings checks."""
+    """(command, flag, bound name) of every option whose value tuner.checks checks."""
     sub = next(a for a in cli.build_parser()._actions
                if isinstance(a, cli.argparse._SubParsersAction))
     out = []

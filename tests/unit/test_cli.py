@@ -241,14 +241,14 @@ def test_help_describes_every_option_and_shows_every_default():
 
 
 def test_help_lists_the_valid_names():
-    from tuner import cli, settings
+    from tuner import checks, cli
     from tuner.measure.metrics import OBJECTIVES
     from tuner.search.space import available
     from tuner.search.study import SAMPLERS
 
     text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["optimize"]
                     .format_help().split())  # joined: argparse wraps lines anywhere
-    for names in (settings.WORKLOADS, available(), SAMPLERS, list(OBJECTIVES)):
+    for names in (checks.WORKLOADS, available(), SAMPLERS, list(OBJECTIVES)):
         assert ", ".join(names) in text, names
     assert "{auto,replay,optuna}" in text and "(default: 12)" in text
     assert "--aligned-baseline '--no-async-scheduling'" in text
@@ -399,13 +399,13 @@ def test_num_warmups_metadata_and_disable_tqdm_reach_the_api(api_calls, tmp_path
 
 
 def test_the_output_folder_is_checked_first_and_made_later(tmp_path):
-    from tuner import settings
+    from tuner import checks
 
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "f").write_text("x")
-    assert settings.output_dir(tmp_path / "kept", keep=False) == tmp_path / "kept"
+    assert checks.output_dir(tmp_path / "kept", keep=False) == tmp_path / "kept"
     assert (tmp_path / "kept" / "f").read_text() == "x"  # a folder that was there stays
-    settings.output_dir(tmp_path / "a" / "b" / "c", keep=False)
+    checks.output_dir(tmp_path / "a" / "b" / "c", keep=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # the ones made here go
 
 

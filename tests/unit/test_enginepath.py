@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import commands
-from tuner import settings as checks
+from tuner import checks, engine_cmdline
 from tuner.measure import enginepath
 from tuner.measure.enginepath import EnginePath, alignment, read_log
 
@@ -184,7 +183,7 @@ def test_a_runtime_cudagraph_downgrade_and_a_chosen_backend_are_read() -> None:
                                  "--attention-backend=FLASHINFER")
     config = found.trial_config()
     assert config.speculative_config is None
-    assert commands.engine_flags(config) == [
+    assert engine_cmdline.engine_flags(config) == [
         "--attention-backend", "FLASHINFER", "--compilation-config",
         '{"cudagraph_mode": "PIECEWISE"}', "--no-async-scheduling"]
 

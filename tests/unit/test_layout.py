@@ -1,6 +1,6 @@
 """The package's structure is part of the product: imports point one way.
 
-    cli -> api -> {search, measure, replay, analysis, outputs} -> {settings, commands}
+    cli -> api -> {search, measure, replay, analysis, outputs} -> {checks, engine_cmdline}
         -> records, errors, tokens, speculative
 
 measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials)
@@ -8,8 +8,8 @@ and replay (the replay strategy predicts before it launches); replay runs vLLM's
 recorded tokens and knows no engine, storage or sampler; analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
 (no measure, no search); nothing imports api or cli; records, errors, tokens (the token
 capture every stage may pass on) and speculative (what vLLM's SpeculativeConfig accepts, which
-settings and search both check names against) import no stage.
-settings resolves the embedded default, so it may import tuner.measure.model and nothing
+checks and search both check names against) import no stage.
+checks resolves the embedded default, so it may import tuner.measure.model and nothing
 else of the stages. Every import counts, including the ones inside
 functions (heavy imports are deferred there, and that is where layering slips).
 """
@@ -35,16 +35,16 @@ FORBIDDEN = {
     "errors": {"*"},
     "tokens": {"*"},
     "speculative": {"*"},
-    "commands": {"api", "cli", "settings", *STAGES},
-    "settings": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
+    "engine_cmdline": {"api", "cli", "checks", *STAGES},
+    "checks": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
     "measure": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
-    "replay": {"api", "cli", "settings", "measure", "search", "analysis", "outputs", "testing"},
+    "replay": {"api", "cli", "checks", "measure", "search", "analysis", "outputs", "testing"},
     "search": {"api", "cli", "analysis", "outputs", "testing"},
     # speculative may import vLLM: analysis never touches it.
-    "analysis": {"api", "cli", "settings", "measure", "replay", "search", "outputs", "testing",
+    "analysis": {"api", "cli", "checks", "measure", "replay", "search", "outputs", "testing",
                  "speculative"},
-    "outputs": {"api", "cli", "settings", "measure", "replay", "search", "testing"},
-    "testing": {"api", "cli", "settings", "replay", "search", "analysis", "outputs"},
+    "outputs": {"api", "cli", "checks", "measure", "replay", "search", "testing"},
+    "testing": {"api", "cli", "checks", "replay", "search", "analysis", "outputs"},
     "api": {"cli", "testing"},
     "cli": {"testing"},
 }
@@ -100,8 +100,8 @@ EDGES = {name: _imports(name, path) for name, path in _modules().items()}
 def test_the_layout_has_its_stage_folders():
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
-    for top in ("cli", "api", "settings", "records", "errors", "tokens", "speculative",
-                "commands"):
+    for top in ("cli", "api", "checks", "records", "errors", "tokens", "speculative",
+                "engine_cmdline"):
         assert (PACKAGE / f"{top}.py").is_file(), top
 
 
@@ -117,7 +117,7 @@ def test_imports_point_one_way(module):
                 continue
             if "*" in banned or tgroup in banned:
                 bad.append(target)
-            elif group == "settings" and tgroup == "measure" and \
+            elif group == "checks" and tgroup == "measure" and \
                     target not in ("tuner.measure", "tuner.measure.model"):
                 bad.append(target)
         top = target.split(".")[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import settings as checks
+from tuner import checks
 from tuner.errors import ConfigError
 from tuner.measure import model, workloads
 

@@ -1,5 +1,5 @@
 """What a person sees while a study runs (tuner/outputs/console.py TrialProgress and
-trial_line, the lines and counts of tuner/search/loop.py and tuner/search/confirm.py).
+trial_line, the lines and counts of tuner/search/loop.py and tuner/search/replay_strategy.py).
 
 No engine: executors stand in for the inline one (the trial reports its own progress) and for
 a Ray worker (whose lines never reach the terminal, so the driver says what it hands out).
@@ -27,7 +27,7 @@ from tuner.records import (
     Workload,
     WorkloadSpec,
 )
-from tuner.search import confirm, loop
+from tuner.search import loop, replay_strategy
 from tuner.search import space as spaces
 
 SPACE = {"methods": {"ngram": {"num_speculative_tokens": {"type": "choice", "values": [2, 3, 4]},
@@ -161,7 +161,7 @@ def test_repeats_extend_the_total_and_keep_counting(tmp_path):
 def test_the_replay_strategy_counts_launches_against_the_launch_budget(tmp_path):
     lines, ticks = [], []
     search = _loop(tmp_path, _Remote(), lines, ticks)
-    replay = confirm.ReplaySearch(search, study_dir=tmp_path, max_model_len=4096,
+    replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, max_model_len=4096,
                                   max_num_seqs=8)
     # No token ids came back with the baseline: one launch, then the Optuna fallback.
     assert replay.run(n_trials=5, timeout_s=None) is False

@@ -8,7 +8,7 @@ import types
 
 from tuner.records import TrialConfig
 from tuner.replay.predict import Prediction
-from tuner.search import confirm
+from tuner.search import replay_strategy
 from tuner.search import space as spaces
 
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
@@ -25,7 +25,7 @@ def _knobs(cfg: TrialConfig) -> dict:
 
 def test_a_suffix_point_has_one_neighbour_per_knob_and_direction():
     sp = spaces.load("default")
-    got = confirm.neighbours(sp, [_cfg(**SUFFIX)])
+    got = replay_strategy.neighbours(sp, [_cfg(**SUFFIX)])
     moved = sorted((k, v) for c in got for k, v in _knobs(c).items() if v != SUFFIX[k])
     assert moved == [("num_speculative_tokens", 4), ("num_speculative_tokens", 12),
                      ("suffix_decoding_max_spec_factor", 0.5),
@@ -40,15 +40,15 @@ def test_a_suffix_point_has_one_neighbour_per_knob_and_direction():
 def test_neighbours_stay_inside_the_grid_and_its_dependent_bounds():
     sp = spaces.load("default")
     corner = {**SUFFIX, "num_speculative_tokens": 4, "suffix_decoding_min_token_prob": 0.05}
-    got = confirm.neighbours(sp, [_cfg(**corner)])
+    got = replay_strategy.neighbours(sp, [_cfg(**corner)])
     assert len(got) == 6  # K and min_prob at their lowest: one direction each
     # n-gram: prompt_lookup_min <= prompt_lookup_max; min 3 = max 3 cannot move min up
     ngram = _cfg(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3,
                  prompt_lookup_min=3)
     got = {(c.speculative_config["prompt_lookup_min"], c.speculative_config["prompt_lookup_max"])
-           for c in confirm.neighbours(sp, [ngram])}
+           for c in replay_strategy.neighbours(sp, [ngram])}
     assert (4, 3) not in got and (2, 3) in got and (3, 4) in got
-    assert confirm.neighbours(sp, [TrialConfig()]) == []  # the baseline has none
+    assert replay_strategy.neighbours(sp, [TrialConfig()]) == []  # the baseline has none
 
 
 def _fake_predictor(peak: dict):
@@ -75,14 +75,14 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
     sp = spaces.load("suffix")
     peak = {"num_speculative_tokens": 28, "suffix_decoding_max_tree_depth": 56,
             "suffix_decoding_max_spec_factor": 2.0, "suffix_decoding_min_token_prob": 0.25}
-    start = [c for c in confirm.candidates(sp, seed=3) if _knobs(c) != peak]
+    start = [c for c in replay_strategy.candidates(sp, seed=3) if _knobs(c) != peak]
     run, calls = _fake_predictor(peak)
-    configs, pred, added = confirm.refine(sp, start, run(start), run)
+    configs, pred, added = replay_strategy.refine(sp, start, run(start), run)
     best = pred.leaders(1, 1)[0]
     assert json.loads(best["speculative_config"]) == {"method": "suffix", **peak}
     assert added == len(configs) - len(start) > 0
     assert len({c.key() for c in configs}) == len(configs)  # nothing replayed twice
-    assert len(calls) - 1 <= confirm.REFINE_ROUNDS
+    assert len(calls) - 1 <= replay_strategy.REFINE_ROUNDS
     assert sum(calls[1:]) == added  # each round predicts only the configs it adds
     assert pred.configs == len(configs) and len(pred.rows) == len(configs)
     assert added < 400  # a climb, not the whole grid of 1,536
@@ -90,14 +90,14 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
 
 def test_refine_needs_a_calibrated_step_cost():
     sp = spaces.load("suffix")
-    start = confirm.candidates(sp, seed=0)
+    start = replay_strategy.candidates(sp, seed=0)
     run, calls = _fake_predictor({"num_speculative_tokens": 32,
                                   "suffix_decoding_max_tree_depth": 64,
                                   "suffix_decoding_max_spec_factor": 2.0,
                                   "suffix_decoding_min_token_prob": 0.3})
     flat = run(start)
     flat.costs = {1: types.SimpleNamespace(calibrated=False)}
-    configs, pred, added = confirm.refine(sp, start, flat, run)
+    configs, pred, added = replay_strategy.refine(sp, start, flat, run)
     assert (configs, pred, added) == (start, flat, 0) and len(calls) == 1
 
 
@@ -112,7 +112,7 @@ def test_the_climb_adds_fewer_configs_over_larger_captures():
                           output=np.arange(tokens_per_request), max_tokens=tokens_per_request)
             for i in range(64)))
 
-    assert confirm.refine_limit(capture(16)) == confirm.REFINE_MAX  # 1k tokens: the README job
-    big = confirm.refine_limit(capture(450))  # 29k tokens: an H200 capture
-    assert 1 <= big < confirm.REFINE_MAX
-    assert big == confirm.REFINE_TOKENS // (64 * 450)
+    assert replay_strategy.refine_limit(capture(16)) == replay_strategy.REFINE_MAX  # 1k tokens: the README job
+    big = replay_strategy.refine_limit(capture(450))  # 29k tokens: an H200 capture
+    assert 1 <= big < replay_strategy.REFINE_MAX
+    assert big == replay_strategy.REFINE_TOKENS // (64 * 450)

@@ -9,7 +9,7 @@ config on the same ladder. Where the study has an aligned baseline (no speculati
 speculative engine path), the ladder measures it too and every speedup over the plain baseline
 is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
-holds the rules (pure functions of measured runs); tuner/search/campaign.py measures and
+holds the rules (pure functions of measured runs); tuner/search/ladder.py measures and
 tuner/api.py's policy() runs the whole step.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from tuner import commands
+from tuner import engine_cmdline
 from tuner.analysis import frame, pareto
 from tuner.records import EngineSpec, Recommendation, Role, TrialConfig
 
@@ -411,7 +411,7 @@ def _shown_engine(meta: dict[str, Any]) -> EngineSpec:
 
 def _serve_command(meta: dict[str, Any], config: TrialConfig) -> str:
     """`vllm serve MODEL --speculative-config '...'` plus the engine flags it was measured with."""
-    return commands.serve_command(_shown_engine(meta), config)
+    return engine_cmdline.serve_command(_shown_engine(meta), config)
 
 
 def serve_config(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
@@ -423,12 +423,12 @@ def serve_config(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"model": spec.model}
     if config.speculative_config:
         out["speculative-config"] = dict(config.speculative_config)
-    out.update(_flags_mapping(commands.engine_flags(config) + list(spec.extra_args)))
+    out.update(_flags_mapping(engine_cmdline.engine_flags(config) + list(spec.extra_args)))
     return out
 
 
 # vLLM's short aliases of the flags the tuner knows (-tp 2 -> tensor-parallel-size: 2).
-_LONG_NAMES = {short: flags[0].removeprefix("--") for flags in commands.READ_FLAGS.values()
+_LONG_NAMES = {short: flags[0].removeprefix("--") for flags in engine_cmdline.READ_FLAGS.values()
                for short in flags[1:]}
 
 
@@ -474,6 +474,6 @@ def _flags_mapping(argv: list[str]) -> dict[str, Any]:
 
 def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int) -> str:
     """The `tuner bench` line that re-measures one config on the same model and workload."""
-    return commands.verify_command(engine=meta.get("engine_spec") or {},
+    return engine_cmdline.verify_command(engine=meta.get("engine_spec") or {},
                                    workload=meta.get("workload") or {}, config=config,
                                    concurrency=concurrency)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner import commands
+from tuner import engine_cmdline
 from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
 from tuner.measure import enginepath, watchdog
 from tuner.records import EngineInfo, EngineSpec, TrialConfig
@@ -118,7 +118,7 @@ def default_entry_point() -> tuple[tuple[str, ...], str]:
                             timeout=60, stdin=subprocess.DEVNULL).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
-    return (SERVE_CMD, SERVE_NAME) if ok else (commands.DEFAULT_VLLM_CMD, MODULE_NAME)
+    return (SERVE_CMD, SERVE_NAME) if ok else (engine_cmdline.DEFAULT_VLLM_CMD, MODULE_NAME)
 
 
 def entry_point(spec: EngineSpec) -> tuple[tuple[str, ...], str]:
@@ -181,7 +181,7 @@ class Engine:
     def _start_once(self) -> EngineInfo:
         self.port = free_port(self.spec.host)
         cmd, entry = entry_point(self.spec)
-        argv = commands.engine_argv(self.spec.model_copy(update={"vllm_cmd": cmd}), self.config,
+        argv = engine_cmdline.engine_argv(self.spec.model_copy(update={"vllm_cmd": cmd}), self.config,
                                      port=self.port, api_key=self.api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, **self.config.engine_env}

@@ -19,9 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-# The hub id lives in tuner.commands (its verify command leaves --model out for the embedded
-# default, and commands may import no stage); re-exported for tuner.settings.
-from tuner.commands import EMBEDDED_HUB_ID as EMBEDDED_HUB_ID
+# The hub id lives in tuner.engine_cmdline (its verify command leaves --model out for the embedded
+# default, and commands may import no stage); re-exported for tuner.checks.
+from tuner.engine_cmdline import EMBEDDED_HUB_ID as EMBEDDED_HUB_ID
 from tuner.errors import ConfigError
 from tuner.records import EngineSpec, WorkloadSpec
 

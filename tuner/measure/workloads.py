@@ -6,7 +6,7 @@ with Python's `random`, NumPy's generator for `random` as vLLM's RandomDataset, 
 filters), so figures compare with vLLM's own benchmark.
 Small samples ship inside the package (xz-compressed); `--dataset-path` reads a local copy of
 the full data, plain or as .xz.
-Files are read within tuner.settings' size limits, and a prompt that does not fit the engine's
+Files are read within tuner.checks' size limits, and a prompt that does not fit the engine's
 context (prompt + output tokens; vLLM would refuse the request) is skipped and counted.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner import settings as checks
+from tuner import checks
 from tuner.errors import ConfigError
 from tuner.measure import model as embedded
 from tuner.records import Prompt, Workload, WorkloadSpec
@@ -145,7 +145,7 @@ def read_rows(path: Path) -> list[dict]:
     """Rows of a .jsonl / .json (array) / .parquet file, the first two also xz-compressed
     (.jsonl.xz, .json.xz); a bad line is named by number.
 
-    Only a regular file within tuner.settings' size limits is read (a directory, a device such
+    Only a regular file within tuner.checks' size limits is read (a directory, a device such
     as /dev/zero or a fifo is refused by name), JSONL line by line with a cap on each line, so
     no input can make the driver read without end.
     """

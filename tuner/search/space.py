@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from tuner.checks import METHODS, NEEDS_MODEL, Bound, show, unknown_name
 from tuner.errors import ConfigError
 from tuner.records import TrialConfig
-from tuner.settings import METHODS, NEEDS_MODEL, Bound, show, unknown_name
 from tuner.speculative import VllmSchema, vllm_schema
 
 PARAM_TYPES = ("int", "float", "choice")

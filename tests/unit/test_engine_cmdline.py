@@ -1,4 +1,4 @@
-"""tuner.commands: the engine flags the tuner reads mean what they mean to vLLM, in every form
+"""tuner.engine_cmdline: the engine flags the tuner reads mean what they mean to vLLM, in every form
 vLLM accepts; argv, serve and verify commands come from one place."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from tuner import commands
+from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.records import EngineSpec, TrialConfig
 
@@ -23,13 +23,13 @@ TP_FORMS = [
 
 @pytest.mark.parametrize("args, want", TP_FORMS)
 def test_the_fallback_reads_tensor_parallel_in_every_form(args, want):
-    assert commands.read_engine_args(args).get("tensor_parallel_size") == want
+    assert engine_cmdline.read_engine_args(args).get("tensor_parallel_size") == want
 
 
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here")
 @pytest.mark.parametrize("args, want", TP_FORMS)
 def test_vllms_own_parser_agrees_with_the_fallback(args, want):
-    assert commands.read_engine_args(args, with_vllm=True).get("tensor_parallel_size") == want
+    assert engine_cmdline.read_engine_args(args, with_vllm=True).get("tensor_parallel_size") == want
 
 
 @pytest.mark.parametrize("args, gpus", [
@@ -40,20 +40,20 @@ def test_an_engine_reserves_one_gpu_per_rank(args, gpus):
     # The bug this replaces scanned for "--tensor-parallel-size" followed by a separate value
     # and reserved one GPU for `--tensor-parallel-size=2` or `-tp=2`.
     spec = EngineSpec(model="m", vllm_cmd=("serve",), extra_args=args)
-    assert commands.gpus_per_engine(spec) == gpus
+    assert engine_cmdline.gpus_per_engine(spec) == gpus
 
 
 @pytest.mark.parametrize("text, want", [("4096", 4096), ("4k", 4000), ("4K", 4096),
                                         ("auto", None), ("-1", None), ("", None)])
 def test_human_readable_integers_read_as_vllm_reads_them(text, want):
-    assert commands.human_int(text) == want
+    assert engine_cmdline.human_int(text) == want
 
 
 def test_the_engine_argv_carries_the_config_and_the_users_flags_last():
     spec = EngineSpec(model="/m", extra_args=("--max-num-seqs", "8"))
     config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                          engine_args={"enforce_eager": True, "block_size": 32})
-    argv = commands.engine_argv(spec, config, port=8123, api_key="k")
+    argv = engine_cmdline.engine_argv(spec, config, port=8123, api_key="k")
     assert argv[argv.index("--speculative-config") + 1] == config.spec_json()
     assert argv[-5:] == ["--block-size", "32", "--enforce-eager", "--max-num-seqs", "8"]
     assert argv[argv.index("--port") + 1] == "8123"
@@ -62,7 +62,7 @@ def test_the_engine_argv_carries_the_config_and_the_users_flags_last():
 def test_the_serve_command_is_what_was_measured_and_pastes_into_a_shell():
     spec = EngineSpec(model="/models/a b", extra_args=("--enforce-eager",))
     config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 5})
-    parts = shlex.split(commands.serve_command(spec, config))
+    parts = shlex.split(engine_cmdline.serve_command(spec, config))
     assert parts[:3] == ["vllm", "serve", "/models/a b"]
     assert json.loads(parts[parts.index("--speculative-config") + 1])["method"] == "ngram"
     assert parts[-1] == "--enforce-eager"
@@ -70,7 +70,7 @@ def test_the_serve_command_is_what_was_measured_and_pastes_into_a_shell():
 
 def test_bad_quoting_is_a_user_mistake():
     with pytest.raises(ConfigError, match="check the quotes"):
-        commands.split("--model 'unterminated", flag="--engine-args")
+        engine_cmdline.split("--model 'unterminated", flag="--engine-args")
 
 
 def test_the_verify_command_parses_back_to_the_same_engine_flags():
@@ -79,7 +79,7 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
 
     config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                          engine_args={"no_async_scheduling": True})
-    line = commands.verify_command(
+    line = engine_cmdline.verify_command(
         engine={"model": "/m", "vllm_cmd": ["/opt/v/bin/python", "-m", "vllm"],
                 "extra_args": ["--max-num-seqs", "8"]},
         workload={"name": "instructcoder", "num_prompts": 16}, config=config, concurrency=4)
@@ -101,10 +101,10 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
     # The embedded default: named by its hub id, loaded from the cache; `tuner bench` loads
     # it without --model (the H200 study printed the cache path here).
     ({"model": "/root/.cache/spec-tuner/models/smollm2-135m-instruct-bf16",
-      "model_name": commands.EMBEDDED_HUB_ID}, None),
+      "model_name": engine_cmdline.EMBEDDED_HUB_ID}, None),
     # The same hub id typed by the user is what they gave.
-    ({"model": commands.EMBEDDED_HUB_ID, "model_name": commands.EMBEDDED_HUB_ID},
-     commands.EMBEDDED_HUB_ID),
+    ({"model": engine_cmdline.EMBEDDED_HUB_ID, "model_name": engine_cmdline.EMBEDDED_HUB_ID},
+     engine_cmdline.EMBEDDED_HUB_ID),
     ({"model": "/home/u/models/llama", "model_name": "./models/llama"}, "./models/llama"),
     ({"model": "meta-llama/Llama-3.1-8B", "model_name": "meta-llama/Llama-3.1-8B"},
      "meta-llama/Llama-3.1-8B"),
@@ -113,7 +113,7 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
 def test_the_verify_command_names_the_model_as_the_user_gave_it(engine, model):
     from tuner import cli
 
-    line = commands.verify_command(engine=engine, workload={"name": "instructcoder"},
+    line = engine_cmdline.verify_command(engine=engine, workload={"name": "instructcoder"},
                                    config=TrialConfig(), concurrency=1)
     assert "/root/.cache" not in line
     args = cli.build_parser().parse_args(shlex.split(line)[1:])
@@ -125,10 +125,10 @@ def test_the_verify_command_keeps_the_studys_tokenizer():
     # of a model without its own tokenizer files failed.
     from tuner import cli
 
-    line = commands.verify_command(engine={"model": "fake-model", "tokenizer": "/tok/dir x"},
+    line = engine_cmdline.verify_command(engine={"model": "fake-model", "tokenizer": "/tok/dir x"},
                                    workload={"name": "instructcoder"}, config=TrialConfig(),
                                    concurrency=1)
     assert cli.build_parser().parse_args(shlex.split(line)[1:]).tokenizer == "/tok/dir x"
-    plain = commands.verify_command(engine={"model": "m"}, workload={"name": "instructcoder"},
+    plain = engine_cmdline.verify_command(engine={"model": "m"}, workload={"name": "instructcoder"},
                                     config=TrialConfig(), concurrency=1)
     assert "--tokenizer" not in plain

