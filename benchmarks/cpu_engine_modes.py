@@ -18,10 +18,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from tuner import checks
+from tuner import api
 from tuner.measure import trial as runner
 from tuner.measure import workloads
-from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
 
 VARIANTS = {
     # name: (drop these default args, add these args, extra env)
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=96)
     ap.add_argument("--concurrency", default="1")
     args = ap.parse_args()
-    base = checks.resolve_engine(model=None)
+    base = api.resolve_engine(EngineOptions())
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=base.model)
     levels = tuple(int(c) for c in args.concurrency.split(","))

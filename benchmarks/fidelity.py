@@ -60,10 +60,11 @@ def measure_level(eng: Engine, c: int, *, output_tokens: int, spread: float,
                   processes: int | None) -> tuple[LevelMetrics, list, list[dict], dict]:
     """One level as a trial runs it: c short warm-up requests, then max(16, 3c) measured."""
     n = max(16, 3 * c)
-    common = dict(concurrency=c, api_key=eng.api_key, model=eng.spec.served_model_name,
-                  request_timeout_s=60.0, level_timeout_s=600.0, processes=processes)
+    common = dict(concurrency=c, processes=processes)
+    settings = loadgen.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
+                                       request_timeout_s=60.0, level_timeout_s=600.0)
     warm = [Prompt(prompt=PROMPT, prompt_len=32, output_len=4)] * c
-    loadgen.run_requests(eng.url, warm, warmup=True, **common)
+    loadgen.run_requests(eng.url, warm, settings, warmup=True, **common)
     _post(eng.url + "/fake/reset_stats")
     # Equal lengths keep a closed loop's requests in lockstep (c start together, forever);
     # a spread of lengths lets them drift apart as real requests do. TTFT/TPOT stay true.
@@ -73,7 +74,7 @@ def measure_level(eng: Engine, c: int, *, output_tokens: int, spread: float,
     prompts = [Prompt(prompt=f"req{i} {PROMPT}", prompt_len=33, output_len=rng.randint(lo, hi))
                for i in range(n)]
     # start_s on the perf_counter clock, which is the server's CLOCK_MONOTONIC on Linux.
-    records, wall_s = loadgen.run_requests(eng.url, prompts, origin_s=0.0, **common)
+    records, wall_s = loadgen.run_requests(eng.url, prompts, settings, origin_s=0.0, **common)
     level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
                                   warmup_requests=c, counts=SpecDecodeCounts())
     return level, records, _served(eng.url), _fake_stats(eng.url)
@@ -109,9 +110,12 @@ def _truth(records: list, served: list[dict]) -> dict[str, float]:
             "req_ttft_err_max_ms": ms * max(err, key=abs)}
 
 
-def run_scenario(*, ttft_ms: float, tpot_ms: float, output_tokens: int, tokens_per_chunk: int,
-                 concurrencies: list[int], server_loop: str, log_dir: Path,
-                 spread: float, processes: int | None = None) -> list[dict]:
+def run_scenario(args: argparse.Namespace, *, tokens_per_chunk: int, concurrencies: list[int],
+                 log_dir: Path) -> list[dict]:
+    """One scripted server (the command line's TTFT, TPOT, output length, loop, spread and
+    client processes) at `tokens_per_chunk`, measured at every concurrency."""
+    ttft_ms, tpot_ms, output_tokens = args.ttft_ms, args.tpot_ms, args.output_tokens
+    server_loop, spread, processes = args.server_loop, args.output_spread, args.client_processes
     script = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "tokens_per_chunk": tokens_per_chunk,
               "startup_s": 0.0}
     spec = EngineSpec(
@@ -221,11 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp:
         for tpc in (int(x) for x in args.tokens_per_chunk.split(",")):
-            rows += run_scenario(ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms,
-                                 output_tokens=args.output_tokens, tokens_per_chunk=tpc,
-                                 concurrencies=concurrencies, server_loop=args.server_loop,
-                                 log_dir=Path(tmp), spread=args.output_spread,
-                                 processes=args.client_processes)
+            rows += run_scenario(args, tokens_per_chunk=tpc, concurrencies=concurrencies,
+                                 log_dir=Path(tmp))
     worst_ttft = max(rows, key=lambda r: abs(r["ttft_err_pct"]))
     worst_tpot = max(rows, key=lambda r: abs(r["tpot_err_pct"]))
     failed = sum(r["failed"] for r in rows)

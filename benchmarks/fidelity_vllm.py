@@ -20,10 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tuner import checks
+from tuner import api
 from tuner.measure import loadgen, metrics, workloads
 from tuner.measure.engine import Engine
-from tuner.records import TrialConfig, WorkloadSpec
+from tuner.records import EngineOptions, TrialConfig, WorkloadSpec
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
          "prompt_lookup_max": 5}
@@ -40,8 +40,8 @@ main(p.parse_args(sys.argv[1:]))
 
 def ours(eng: Engine, prompts, c: int) -> dict:
     before = metrics.scrape(eng.url, eng.api_key)
-    records, wall = loadgen.run_requests(eng.url, prompts, concurrency=c, api_key=eng.api_key,
-                                         model=eng.spec.served_model_name)
+    records, wall = loadgen.run_requests(eng.url, prompts, loadgen.RequestSettings(
+        model=eng.spec.served_model_name, api_key=eng.api_key), concurrency=c)
     after = metrics.scrape(eng.url, eng.api_key)
     lv = metrics.level_metrics(records, concurrency=c, duration_s=wall, warmup_requests=0,
                                counts=metrics.delta(before, after))
@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--speculative-config", default=json.dumps(NGRAM))
     args = ap.parse_args()
-    engine = checks.resolve_engine(model=args.model)
+    engine = api.resolve_engine(EngineOptions(model=args.model))
     spec = json.loads(args.speculative_config) if args.speculative_config != "none" else None
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=engine.tokenizer or engine.model)
@@ -91,8 +91,8 @@ def main() -> None:
     with Engine(engine, TrialConfig(speculative_config=spec), log_path=out / "engine.log") as eng:
         # Warm-up with every prompt once: vLLM's prefix cache then holds each prompt for all
         # three runs alike (a first run measured cold had TTFT 2.5 s against 1.5 s warm).
-        loadgen.run_requests(eng.url, wl.prompts, concurrency=2, api_key=eng.api_key,
-                             model=eng.spec.served_model_name)
+        loadgen.run_requests(eng.url, wl.prompts, loadgen.RequestSettings(
+            model=eng.spec.served_model_name, api_key=eng.api_key), concurrency=2)
         for c in (int(x) for x in args.concurrency.split(",")):
             a = ours(eng, wl.prompts, c)
             v = theirs(eng, dataset, len(wl.prompts), c, out, args.output_len)

@@ -27,9 +27,9 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner import checks, engine_cmdline
+from tuner import api, checks, engine_cmdline
 from tuner.measure import trial, workloads
-from tuner.records import BenchResult, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import BenchResult, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.search import replay_strategy
@@ -85,7 +85,8 @@ def main() -> None:
                          "then no longer parts a speculative engine's output from the baseline's)")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
-    engine = checks.resolve_engine(model=args.model, extra_args=args.engine_args)
+    engine = api.resolve_engine(EngineOptions(
+        model=args.model, extra_args=checks.command_line("--engine-args")(args.engine_args or "")))
     levels = tuple(int(x) for x in args.concurrency.split(","))
     ms = MeasureSettings(concurrencies=levels, requests_per_slot=args.requests_per_slot)
     max_model_len = engine_cmdline.engine_setting(engine, "max_model_len") or 1 << 30

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import engine_cmdline
+from tuner import api, engine_cmdline
 from tuner.measure import trial, workloads
-from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
 
 COMMON = ["--workload", "instructcoder", "--num-prompts", "4", "--output-len", "64",
           "--concurrency", "1,4", "--requests-per-slot", "2"]
@@ -89,7 +89,7 @@ def main() -> None:
     picks = [r["pick"].get("speculative_config") for r in results.values()]
     picks = [p for p in picks if p]
     checks = check_configs(Path(results["replay"]["folder"]), picks, args.checks)
-    engine = checks.resolve_engine(model=None)
+    engine = api.resolve_engine(EngineOptions())
     spec = WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64)
     ms = MeasureSettings(concurrencies=(1,), requests_per_slot=2)
     wl = workloads.load(spec, tokenizer=engine.tokenizer or engine.model, pool=ms.pool_size(4),

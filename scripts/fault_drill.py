@@ -37,13 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tuner
-from tuner import api, checks
+from tuner import api
 from tuner.measure import trial as runner
 from tuner.measure.engine import TEARDOWN_GRACE_S
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import (
+    EngineOptions,
     EngineSpec,
     MeasureSettings,
+    OptimizeOptions,
     Prompt,
     TrialConfig,
     TrialOutcome,
@@ -130,8 +132,8 @@ class Drill:
 
     @staticmethod
     def real(fault: str, **spec_fields) -> EngineSpec:
-        spec = checks.resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0,
-                                  env={MARK: f"{RUN}:{fault}"})
+        spec = api.resolve_engine(EngineOptions(ready_timeout_s=900.0, request_timeout_s=120.0,
+                                                env={MARK: f"{RUN}:{fault}"}))
         return spec.model_copy(update=spec_fields)
 
     @staticmethod
@@ -288,12 +290,12 @@ def _study_lost(study, n_trials: int) -> int:
 
 
 def _optimize(d: Drill, name: str, spec: EngineSpec, *, n_trials: int, **kw):
-    return api.optimize(
+    return api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=kw.pop("out", 8)),
         engine=spec, space_name="ngram", settings=kw.pop("settings", MeasureSettings()),
         out_dir=d.dir(name), study_name=name, n_trials=n_trials,
-        objectives=["output_throughput"], target_concurrency=1, constraints={},
-        say=lambda _m: None, **kw)
+        objectives=["output_throughput"], target_concurrency=1, constraints={}, **kw),
+        say=lambda _m: None)
 
 
 def stalled_requests(d: Drill, real: bool) -> Outcome:
@@ -491,11 +493,11 @@ def rejected_proposed_again(d: Drill, real: bool) -> Outcome:
                      "\n    prompt_lookup_min: 5\n    prompt_lookup_max: 2\nstart_points:\n"
                      "  - {method: ngram, num_speculative_tokens: 2}\n"
                      "  - {method: ngram, num_speculative_tokens: 2}\n")
-    study = api.optimize(
+    study = api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8),
         engine=d.fake(name), space_name=str(space), settings=MeasureSettings(),
         out_dir=d.dir(name), study_name=name, n_trials=3, objectives=["output_throughput"],
-        target_concurrency=1, constraints={}, say=lambda _m: None)
+        target_concurrency=1, constraints={}), say=lambda _m: None)
     trials = study.get_trials(deepcopy=False)
     launched = sorted(int(p.parent.name) for p in (d.out / name / "trials").glob("*/engine.log"))
     keys = [trials[n].user_attrs.get("key") for n in launched]

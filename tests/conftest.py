@@ -6,26 +6,47 @@ that uses it also exercises process-group start-up, /health polling and teardown
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-import tuner
 from tuner.measure.engine import Engine
 from tuner.records import EngineSpec, Prompt, TrialConfig
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing import fake_engine as _fake
 
-# The fake engine runs as `python -m tuner.testing.fake_engine` in a child process; the checkout must
-# be importable there whether or not the package is installed.
-_ROOT = str(Path(tuner.__file__).resolve().parent.parent)
-_PYTHONPATH = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+# What a child process needs to import this checkout (tests that start Python themselves).
+_PYTHONPATH = _fake.PYTHONPATH
+# `fake_engine_spec(ttft_ms=5, stall_requests=True, ready_timeout_s=2)`: script keys go to the
+# fake engine (tuner.testing.fake_engine.FakeScript), EngineSpec fields to the spec.
+fake_engine_spec = _fake.engine_spec
 
 FakeSpec = Callable[..., EngineSpec]
+
+# Tests marked `vllm` run vLLM's own code (the replay steps its proposers), which a dev install
+# has (the `cpu` or `gpu` extra): without it they fail, so a suite missing them cannot pass
+# unnoticed, unless this is set to 1 on purpose.
+WITHOUT_VLLM = "TUNER_TESTS_WITHOUT_VLLM"
+NO_VLLM = (f"vLLM is not installed, and this test runs vLLM's own code. Install the engine build: "
+           f"scripts/setup.sh (or pip install -e '.[cpu,dev]'; '.[gpu,dev]' on a GPU host), or "
+           f"set {WITHOUT_VLLM}=1 to skip the tests that need it.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"vllm: runs vLLM's own code; fails where vLLM is not installed, unless "
+                   f"{WITHOUT_VLLM}=1 (then skipped)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("vllm") is None or importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get(WITHOUT_VLLM) == "1":
+        pytest.skip(f"vLLM is not installed ({WITHOUT_VLLM}=1)")
+    pytest.fail(NO_VLLM, pytrace=False)
 
 
 def ctrl_c_delivered() -> None:
@@ -44,20 +65,6 @@ def _ctrl_c_raises_keyboard_interrupt():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def fake_engine_spec(**kwargs: object) -> EngineSpec:
-    """`fake_engine_spec(ttft_ms=5, stall_requests=True, ready_timeout_s=2)`: script keys go to
-    the fake engine (tuner.testing.fake_engine.FakeScript), EngineSpec fields to the spec."""
-    fields = {k: kwargs.pop(k) for k in list(kwargs) if k in EngineSpec.model_fields}
-    script = {"ttft_ms": 5.0, "tpot_ms": 1.0, "startup_s": 0.0, **kwargs}
-    defaults = dict(model="fake-model", served_model_name="fake",
-                    vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
-                    # Flags the fake must ignore, as our CPU defaults pass them to vLLM.
-                    extra_args=("--enforce-eager", "--max-model-len", "4096"),
-                    ready_timeout_s=15.0, request_timeout_s=10.0, level_timeout_s=60.0)
-    env = {SCRIPT_ENV: json.dumps(script), "PYTHONPATH": _PYTHONPATH}
-    return EngineSpec(**{**defaults, **fields, "env": {**env, **fields.get("env", {})}})
 
 
 @pytest.fixture(scope="session")

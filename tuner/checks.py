@@ -1,14 +1,15 @@
-"""Settings: every input check and default in one place, before anything runs.
+"""Input checks: every check of what a user typed, and every default, in one place.
 
 Promises: a number outside its bound, NaN, an infinity or text that is no number raises
 ConfigError with one line naming the option and the bad value, the valid range and why it ends
-there, and an example. The CLI converts every numeric option through `option()`, so no value
-reaches a trial unchecked; the checks that need several options or the machine (concurrency
-against the engine's --max-num-seqs, open-file limit, requests per trial, a writable output
-folder, a readable dataset file) are functions here too, and so are the defaults: which engine
-to launch (the user's model, or the embedded default with the CPU engine's flags), the valid
-workloads and speculative methods, the aligned baseline, the policy ladder. Nothing here
-starts an engine.
+there, and an example. The CLI converts every option through a converter here as argparse
+parses it (`option()`, `list_option()`, ...), so no value reaches a trial unchecked. The checks
+that need several options, the machine or the engine (levels against the engine's
+--max-num-seqs, the open-file limit, requests per trial, a writable output folder) run when
+tuner.api resolves an options record (`bench_options`, `optimize_options`), before anything
+is printed or created; so do the defaults: the engine's flags on this machine, the aligned
+baseline, the policy ladder. Nothing here starts an engine or probes the machine: tuner.api
+hands in what the machine is (a GPU, the embedded model's folder).
 """
 
 from __future__ import annotations
@@ -21,13 +22,24 @@ import os
 import resource
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records import AlignedBaseline, EngineSpec, MeasureSettings, TrialConfig
+from tuner.records import (
+    AlignedBaseline,
+    AlignedBaselineFlags,
+    BenchOptions,
+    EngineOptions,
+    EngineSpec,
+    MeasureSettings,
+    OptimizeOptions,
+    PolicyOptions,
+    TrialConfig,
+    WorkloadSpec,
+)
 from tuner.speculative import vllm_schema
 
 DAY_S = 86_400.0
@@ -133,8 +145,9 @@ BOUNDS: dict[str, Bound] = {
                          "Ray places a trial on one node, and no node has more than 64 GPUs",
                          "1"),
     "logical_gpus": _b("--logical-gpus", int, 0, 1024, "GPUs", "a test setting", "2"),
-    "recommend_concurrency": _b("--concurrency", int, 1, MAX_LEVEL, "requests in flight",
-                                _LEVEL_WHY, "8"),
+    # reading a study: recommend's one level, predict's subset of the captured levels
+    "level": _b("--level", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY, "8"),
+    "levels": _b("--levels", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY, "1,8"),
     # load-aware policy
     "ladder": _b("--ladder", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
                  "1,2,4,8,16"),
@@ -244,6 +257,78 @@ def int_list(text: str, name: str, *, rising: bool = False, unique: bool = True
     return values
 
 
+def list_option(name: str, *, rising: bool = False, unique: bool = True, blank: bool = False
+                ) -> Callable[[str], tuple[int, ...] | None]:
+    """An argparse `type=` for a comma-separated list checked by `int_list`; `blank`: empty
+    text means the option's default (None), as when it is not given."""
+    def convert(text: str) -> tuple[int, ...] | None:
+        if blank and not text.strip():
+            return None
+        return int_list(text, name, rising=rising, unique=unique)
+
+    convert.__name__ = "list"
+    convert.bound = name  # type: ignore[attr-defined]  # tests find every checked option by it
+    return convert
+
+
+def command_line(flag: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse `type=` for an option whose value is a command line of its own
+    (`--engine-args`, `--vllm-cmd`): its argv; bad quoting is a user mistake."""
+    def convert(text: str) -> tuple[str, ...]:
+        return engine_cmdline.split(text, flag=flag)
+
+    convert.__name__ = "command line"
+    return convert
+
+
+def name_value(flag: str, *, example: str = "VLLM_CPU_KVCACHE_SPACE=4", strip: bool = False
+               ) -> Callable[[str], tuple[str, str]]:
+    """An argparse `type=` for one NAME=VALUE (`--engine-env`; `--metadata` strips spaces)."""
+    def convert(text: str) -> tuple[str, str]:
+        ((name, value),) = name_value_pairs([text], flag=flag, example=example).items()
+        return (name.strip(), value.strip()) if strip else (name, value)
+
+    convert.__name__ = "NAME=VALUE"
+    return convert
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (`--objectives`); which names are valid is the stage's
+    to say (tuner.search.study)."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+# vLLM's --percentile-metrics choices that a closed loop measures (it has no client queue, so
+# vLLM's client_queue_time and e2el_including_client_queue do not apply).
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def percentile_metrics(text: str) -> tuple[str, ...]:
+    """`--percentile-metrics ttft,tpot,itl` as vLLM takes it; an unknown name is refused."""
+    chosen = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in chosen if n not in PERCENTILE_METRICS]
+    if not chosen or bad:
+        raise ConfigError(
+            f"--percentile-metrics {text!r}: {', '.join(map(repr, bad)) or 'no metric named'}"
+            f" is not one the tuner measures. Choose from {','.join(PERCENTILE_METRICS)} "
+            f"(a closed loop has no client queue), e.g. --percentile-metrics ttft,tpot,itl.")
+    return chosen
+
+
+def metric_percentiles(text: str) -> tuple[float, ...]:
+    """`--metric-percentiles 50,90,99` as vLLM takes it: numbers above 0, at most 100."""
+    try:
+        values = tuple(dict.fromkeys(float(p) for p in text.split(",") if p.strip()))
+    except ValueError:
+        values = ()
+    if not values or any(not 0 < p <= 100 for p in values):
+        raise ConfigError(
+            f"--metric-percentiles {text!r}: expected percentiles above 0 and at most 100, "
+            f"separated by commas. Use e.g. --metric-percentiles 50,90,99 (vLLM's default "
+            f"is 99).")
+    return values
+
+
 # --- checks across options, or against the machine ------------------------------------------
 def check_levels_fit_engine(levels: Sequence[int], engine: EngineSpec, *,
                             flag: str = "--concurrency") -> None:
@@ -333,6 +418,12 @@ def _why(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
+def dataset_path(text: str) -> str:
+    """An argparse `type=` for `--dataset-path`: a readable dataset file (dataset_file)."""
+    dataset_file(Path(text))
+    return text
+
+
 def dataset_file(path: Path) -> int:
     """A dataset path that is a regular file within DATASET_MAX_BYTES; returns its size.
     A directory, device or fifo (`/dev/zero` reads forever) is refused by name."""
@@ -389,38 +480,15 @@ def name_value_pairs(items: Sequence[str], *, flag: str,
     return out
 
 
-def metadata(items: Sequence[str] | None) -> dict[str, str]:
-    """`--metadata KEY=VALUE ...` as `vllm bench serve` takes it (surrounding spaces dropped):
-    stored with the results for record keeping, never read by the tuner."""
-    pairs = name_value_pairs(items or (), flag="--metadata", example="gpu=H200 run=3")
-    return {k.strip(): v.strip() for k, v in pairs.items()}
-
-
-def resolve_engine(
-    *, model: str | None, vllm_cmd: str | None = None, extra_args: str | None = None,
-    tokenizer: str | None = None, env: dict[str, str] | None = None,
-    ready_timeout_s: float = 900.0, request_timeout_s: float = 300.0,
-    level_timeout_s: float = 3600.0, base_url: str | None = None,
-) -> EngineSpec:
-    """The engine to launch: the user's model, or the embedded default on this machine (the
-    one place outside measure/ that knows of it: tuner.measure.model owns the model itself).
-    `base_url`: a server already running (`tuner bench --base-url`), launched by nobody here."""
-    from tuner.measure import model as embedded
-
-    if base_url is not None:
-        given = [f for f, v in (("--vllm-cmd", vllm_cmd), ("--engine-args", extra_args),
-                                ("--engine-env", env)) if v]
-        if given:
-            raise ConfigError(f"--base-url {base_url} with {', '.join(given)}: the tuner starts "
-                              f"no engine there, so these would be ignored. Drop them, or drop "
-                              f"--base-url to let the tuner launch vLLM with them.")
-        return embedded.live_engine(base_url, model=model, tokenizer=tokenizer,
-                                    request_timeout_s=request_timeout_s,
-                                    level_timeout_s=level_timeout_s)
-    gpu = embedded.has_nvidia_gpu()
+def engine_spec(options: EngineOptions, *, gpu: bool, embedded_model: str | None
+                ) -> EngineSpec:
+    """The engine to launch: the user's model (checked), or the embedded default
+    (`embedded_model`, its folder, which tuner.api resolves) with the CPU engine's flags and
+    environment where there is no GPU (`gpu`, this machine's, also from tuner.api)."""
     default_args: tuple[str, ...] = ()
+    model = options.model
     if model is None:
-        model_path = str(embedded.embedded_model_dir())
+        model_path = str(embedded_model)
         if not gpu:
             default_args = CPU_DEFAULT_ARGS
     else:
@@ -432,15 +500,26 @@ def resolve_engine(
                               f"the embedded SmolLM2-135M-Instruct.")
         if looks_local:
             model_path = str(Path(model).expanduser().resolve())
-    cmd = engine_cmdline.split(vllm_cmd, flag="--vllm-cmd")
-    extra = engine_cmdline.split(extra_args, flag="--engine-args")
-    full_env = {} if gpu else dict(CPU_ENV)
-    full_env.update(env or {})
+    env = {} if gpu else dict(CPU_ENV)
+    env.update(options.env)
     return EngineSpec(
-        model=model_path, model_name=model or embedded.EMBEDDED_HUB_ID, vllm_cmd=cmd,
-        extra_args=default_args + extra, env=full_env,
-        device="cuda" if gpu else "cpu", tokenizer=tokenizer, ready_timeout_s=ready_timeout_s,
-        request_timeout_s=request_timeout_s, level_timeout_s=level_timeout_s)
+        model=model_path, model_name=model or engine_cmdline.EMBEDDED_HUB_ID,
+        vllm_cmd=options.vllm_cmd, extra_args=default_args + options.extra_args, env=env,
+        device="cuda" if gpu else "cpu", tokenizer=options.tokenizer,
+        ready_timeout_s=options.ready_timeout_s, request_timeout_s=options.request_timeout_s,
+        level_timeout_s=options.level_timeout_s)
+
+
+def live_engine_options(options: EngineOptions) -> None:
+    """`--base-url`: a server already running, launched by nobody here, so the options that
+    say how to launch one would be ignored; refused instead."""
+    given = [f for f, v in (("--vllm-cmd", options.vllm_cmd), ("--engine-args",
+                                                              options.extra_args),
+                            ("--engine-env", options.env)) if v]
+    if given:
+        raise ConfigError(f"--base-url {options.base_url} with {', '.join(given)}: the tuner "
+                          f"starts no engine there, so these would be ignored. Drop them, or "
+                          f"drop --base-url to let the tuner launch vLLM with them.")
 
 
 def check_methods(space: Any, engine: EngineSpec) -> None:
@@ -529,13 +608,65 @@ def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> Align
     return TrialConfig(engine_args=eng_args, engine_env=env)
 
 
-def ladder(*, ladder: tuple[int, ...] | None, max_concurrency: int | None) -> tuple[int, ...]:
+def ladder(policy: PolicyOptions) -> tuple[int, ...]:
     """The policy's concurrency ladder: as given, or powers of two up to --ladder-max."""
-    if ladder:
-        return tuple(ladder)
-    top = max_concurrency or 16
+    if policy.ladder:
+        return tuple(policy.ladder)
+    top = policy.ladder_max or 16
     out = tuple(2 ** i for i in range(0, int(math.log2(top)) + 1))
     return out if out[-1] == top else out + (top,)
+
+
+def ladder_fits(policy: PolicyOptions, engine: EngineSpec) -> None:
+    """The ladder's top against the engine and the open-file limit, as --concurrency's levels
+    are (refused before the search, not after it)."""
+    top, flag = ((max(policy.ladder), "--ladder") if policy.ladder else
+                 (policy.ladder_max, "--ladder-max"))
+    check_levels_fit_engine([top], engine, flag=flag)
+    ensure_open_files(top, flag=flag)
+
+
+# --- an options record resolved: the checks across its options and against the engine ------
+def measurement(workload: WorkloadSpec, settings: MeasureSettings, engine: EngineSpec) -> None:
+    """What bench and optimize measure against the engine and this process's limits."""
+    check_requests(settings, workload.num_prompts)
+    check_levels_fit_engine(settings.concurrencies, engine)
+    ensure_open_files(max(settings.concurrencies))
+
+
+def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
+    """`options` on the resolved `engine`, every input checked. The output folder is checked,
+    not kept: tuner.api makes it once the dataset has loaded too."""
+    if engine.base_url and options.config != TrialConfig():
+        raise ConfigError(f"--base-url {engine.base_url} with --speculative-config (or "
+                          f"--acceptance-profile): a running server keeps the config it was "
+                          f"started with. Drop them to measure it as it is, or drop --base-url "
+                          f"to let the tuner launch vLLM with this config.")
+    measurement(options.workload, options.settings, engine)
+    output_dir(options.out_dir, keep=False)
+    return replace(options, engine=engine)
+
+
+def optimize_options(options: OptimizeOptions, engine: EngineSpec) -> OptimizeOptions:
+    """`options` on the resolved `engine`, every input checked and every default that follows
+    from the engine or the levels filled in: the study's name and folder, the target level,
+    the aligned baseline. The folder is checked, not kept: tuner.api makes it and announces
+    the study once the space, objectives, sampler and dataset have passed too."""
+    if engine.base_url:
+        raise ConfigError(f"--base-url {engine.base_url}: a study launches one engine per "
+                          f"config, so it cannot use a server that is already running. Measure "
+                          f"that server with `tuner bench --base-url`, or drop --base-url.")
+    measurement(options.workload, options.settings, engine)
+    if options.policy is not None:
+        ladder_fits(options.policy, engine)
+    target = target_concurrency(options.target_concurrency, options.settings.concurrencies)
+    name = study_name(options.study_name or f"{options.workload.name}-{Path(engine.model).name}")
+    aligned = options.aligned_baseline
+    if isinstance(aligned, AlignedBaselineFlags):
+        aligned = aligned_baseline(aligned.engine_args, aligned.env)
+    return replace(options, engine=engine, target_concurrency=target, study_name=name,
+                   aligned_baseline=aligned,
+                   out_dir=output_dir(options.out_dir or Path("outputs") / name, keep=False))
 
 
 # --- what to measure: workloads and speculative configs

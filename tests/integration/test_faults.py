@@ -30,7 +30,14 @@ from tuner.errors import EngineStartTimeout
 from tuner.measure import trial as runner
 from tuner.measure.engine import TEARDOWN_GRACE_S, Engine
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records import (
+    MeasureSettings,
+    OptimizeOptions,
+    Prompt,
+    TrialConfig,
+    Workload,
+    WorkloadSpec,
+)
 from tuner.search import study as st
 from tuner.testing import leaks
 
@@ -209,12 +216,12 @@ def test_a_port_taken_between_probe_and_bind_is_retried_on_another(tmp_path, tag
 def test_a_failing_engine_fails_every_trial_and_the_study_still_ends(tmp_path, tag):
     spec = fake_engine_spec(env={MARK: tag}, tokenizer=str(EMBEDDED_TOKENIZER),
                             malformed_every=1)
-    study = api.optimize(
+    study = api.optimize(OptimizeOptions(
         strategy="optuna",  # the Optuna search under test
         workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8),
         engine=spec, space_name="ngram", settings=MeasureSettings(),
         out_dir=tmp_path / "study", study_name="s", n_trials=3,
-        objectives=["output_throughput"], target_concurrency=1, constraints={},
+        objectives=["output_throughput"], target_concurrency=1, constraints={}),
         say=lambda _m: None)
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 3
@@ -313,12 +320,12 @@ def test_a_dead_ray_worker_fails_its_trial_and_takes_its_engine_along(tmp_path, 
     killer.start()
     spec = fake_engine_spec(env={MARK: tag}, tokenizer=str(EMBEDDED_TOKENIZER), tpot_ms=40)
     try:
-        study = api.optimize(
+        study = api.optimize(OptimizeOptions(
             strategy="optuna",  # the Optuna search under test
             workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=24),
             engine=spec, space_name="ngram", settings=MeasureSettings(),
             out_dir=out, study_name="ray", n_trials=3, objectives=["output_throughput"],
-            target_concurrency=1, constraints={}, logical_gpus=1, gpus_per_trial=1,
+            target_concurrency=1, constraints={}, logical_gpus=1, gpus_per_trial=1),
             say=lambda _m: None)
     finally:
         ray.shutdown()

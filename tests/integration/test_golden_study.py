@@ -89,6 +89,9 @@ def _deterministic_measurement(monkeypatch: pytest.MonkeyPatch, lab: FakeLab) ->
     THIS IS THE ONLY LINE TO UPDATE if the refactor moves or renames the trial runner (and
     FakeLab.measure's signature, if the runner's changes)."""
     monkeypatch.setattr("tuner.measure.trial.measure", lab.measure)
+    # The engine's limits default by device (vLLM's defaults: 128 sequences on the CPU build,
+    # 1024 on a large GPU) and reach the K schedule, so the study runs as on a CPU host anywhere.
+    monkeypatch.setattr("tuner.measure.machine.has_nvidia_gpu", lambda: False)
 
 
 # --- the made-up measurement ------------------------------------------------------------------

@@ -13,7 +13,6 @@ import ast
 import json
 import os
 import re
-import shlex
 import socket
 import sys
 import urllib.error
@@ -25,10 +24,10 @@ from conftest import _PYTHONPATH
 from study_fakes import add_failed, fake_level, realistic_study
 
 import tuner
-from tuner import checks
+from tuner import api
 from tuner.measure.engine import Engine
 from tuner.outputs import files
-from tuner.records import BenchResult, EngineInfo, LevelMetrics, TrialConfig
+from tuner.records import BenchResult, EngineInfo, EngineOptions, LevelMetrics, TrialConfig
 from tuner.testing.fake_engine import SCRIPT_ENV
 
 EVIL = "<script>alert('x')</script>"
@@ -122,10 +121,10 @@ def test_model_path_with_shell_characters_reaches_the_engine_intact(tmp_path, mo
     name = "my model \"v2\" it's; touch pwned && echo $(touch pwned2) `touch pwned3` | x"
     model = tmp_path / name
     model.mkdir()
-    spec = checks.resolve_engine(
-        model=str(model), vllm_cmd=shlex.join([sys.executable, "-m", "tuner.testing.fake_engine"]),
+    spec = api.resolve_engine(EngineOptions(
+        model=str(model), vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
         env={SCRIPT_ENV: json.dumps({"startup_s": 0}), "PYTHONPATH": _PYTHONPATH},
-        ready_timeout_s=15.0)
+        ready_timeout_s=15.0))
     assert spec.model == str(model)
     with Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log") as eng:
         assert _request(eng.url + "/health") == 200

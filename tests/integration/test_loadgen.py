@@ -17,11 +17,13 @@ from tuner.errors import MeasurementFailed
 from tuner.measure import loadgen
 
 
-def _run(eng, prompts, *, concurrency: int, **kwargs):
-    kwargs.setdefault("request_timeout_s", 10.0)
-    return loadgen.run_requests(eng.url, prompts, concurrency=concurrency,
-                                api_key=kwargs.pop("api_key", eng.api_key),
-                                model=eng.spec.served_model_name, **kwargs)
+def _run(eng, prompts, *, concurrency: int, api_key: str | None = None,
+         ignore_eos: bool = False, request_timeout_s: float = 10.0,
+         level_timeout_s: float = 3600.0, **kwargs):
+    settings = loadgen.RequestSettings(
+        model=eng.spec.served_model_name, api_key=api_key or eng.api_key, ignore_eos=ignore_eos,
+        request_timeout_s=request_timeout_s, level_timeout_s=level_timeout_s)
+    return loadgen.run_requests(eng.url, prompts, settings, concurrency=concurrency, **kwargs)
 
 
 def _reset(eng) -> None:

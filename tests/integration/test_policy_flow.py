@@ -12,20 +12,21 @@ from conftest import fake_engine_spec
 
 from tuner import api
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, WorkloadSpec
+from tuner.records import MeasureSettings, OptimizeOptions, PolicyOptions, WorkloadSpec
 
 
 def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
     engine = fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=6,
                               accept_rate=0.6, load_per_seq=0.05, verify_cost_per_token=0.06)
     out = tmp_path / "study"
-    api.optimize(workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=24),
-                 engine=engine, space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
-                 out_dir=out, study_name="p", n_trials=3,
-                 objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-                 constraints={}, say=lambda _m: None)
-    doc = api.policy(study_dir=out, ladder=(1, 2, 4, 8, 16), repeats=2, leaders=1,
-                     k_values=(5, 2), say=lambda _m: None)
+    api.optimize(OptimizeOptions(
+        workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=24),
+        engine=engine, space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        out_dir=out, study_name="p", n_trials=3,
+        objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
+        constraints={}), say=lambda _m: None)
+    doc = api.policy(PolicyOptions(ladder=(1, 2, 4, 8, 16), repeats=2, leaders=1,
+                                   k_values=(5, 2)), study_dir=out, say=lambda _m: None)
     k5 = next(c for c in doc["configs"] if "k=5" in c["label"])
     # Model: speedup(c) = 4 / (1 + 0.3 c) for K=5: pays at 1-2, loses from about 10.
     assert k5["break_even"]["status"] == "crosses"

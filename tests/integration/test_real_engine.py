@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from tuner import api, checks
+from tuner import api
 from tuner.errors import EngineCrashed
-from tuner.records import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import BenchOptions, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
 
 pytestmark = pytest.mark.engine
 
@@ -27,14 +27,15 @@ def _vllm_or_skip():
 @pytest.fixture(scope="module")
 def engine_spec():
     _vllm_or_skip()
-    return checks.resolve_engine(model=None, ready_timeout_s=600)
+    return api.resolve_engine(EngineOptions(ready_timeout_s=600))
 
 
 def _bench(engine_spec, tmp_path_factory, spec):
     out = tmp_path_factory.mktemp("bench")
     wl = WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64)
-    result = api.bench(workload=wl, engine=engine_spec, config=TrialConfig(speculative_config=spec),
-                       settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out,
+    result = api.bench(BenchOptions(workload=wl, engine=engine_spec,
+                                    config=TrialConfig(speculative_config=spec),
+                                    settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out),
                        say=lambda _m: None)
     return result, out
 
@@ -122,8 +123,9 @@ def test_rejected_config_reports_vllms_own_reason(engine_spec, tmp_path):
            "prompt_lookup_max": 2}
     wl = WorkloadSpec(name="instructcoder", num_prompts=1, output_len=8)
     with pytest.raises(EngineCrashed) as e:
-        api.bench(workload=wl, engine=engine_spec, config=TrialConfig(speculative_config=bad),
-                  settings=MeasureSettings(), out_dir=tmp_path, say=lambda _m: None)
+        api.bench(BenchOptions(workload=wl, engine=engine_spec,
+                               config=TrialConfig(speculative_config=bad),
+                               settings=MeasureSettings(), out_dir=tmp_path), say=lambda _m: None)
     assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in str(e.value)
 
 

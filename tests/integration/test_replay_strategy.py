@@ -15,11 +15,11 @@ from conftest import fake_engine_spec
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
-from tuner.records import MeasureSettings, WorkloadSpec
+from tuner.records import MeasureSettings, OptimizeOptions, WorkloadSpec
 from tuner.search import replay_strategy
 from tuner.search import study as st
 
-pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24)
 
@@ -27,13 +27,13 @@ WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24)
 def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str = "ngram",
               say=None, detail=None):
     lines: list[str] = []
-    study = api.optimize(
+    study = api.optimize(OptimizeOptions(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
                                              tpot_ms=2),
         space_name=space, settings=MeasureSettings(concurrencies=(1, 2)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy,
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy),
         say=say or lines.append, detail=detail)
     return study, lines
 
@@ -74,7 +74,7 @@ def test_the_confirm_loop_resumes_and_predict_reads_the_study(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert {r["concurrency"] for r in doc["rows"]} == {1, 2}
     assert doc["step_cost"]
-    rc = cli.main(["predict", str(tmp_path / "study"), "--concurrency", "8"])
+    rc = cli.main(["predict", str(tmp_path / "study"), "--levels", "8"])
     assert rc == 2
     assert "captured at 1,2" in capsys.readouterr().err
 
@@ -103,13 +103,13 @@ def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
 
     aligned = TrialConfig(engine_env={"FAKE_PATH": "speculative"})
     lines: list[str] = []
-    study = api.optimize(
+    study = api.optimize(OptimizeOptions(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
                                              tpot_ms=2),
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=3,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
-        strategy="replay", aligned_baseline=aligned, say=lines.append)
+        strategy="replay", aligned_baseline=aligned), say=lines.append)
     roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert roles == ["baseline", "aligned_baseline", "calibration"]
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
@@ -124,13 +124,13 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
     leader = next(t for t in first.trials if t.user_attrs["role"] == "confirm")
     spec = leader.user_attrs["config_override"]["speculative_config"]
     lines: list[str] = []
-    study = api.optimize(
+    study = api.optimize(OptimizeOptions(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
                                              tpot_ms=2, crash_for_spec=spec),
         space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2)),
         out_dir=tmp_path / "second" / "study", study_name="s", n_trials=6,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay",
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay"),
         say=lines.append)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(failed) == 1
@@ -143,14 +143,14 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
 
 def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
           cudagraph_mode: str | None = None, detail: list[str] | None = None):
-    return api.optimize(
+    return api.optimize(OptimizeOptions(
         workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
                                              tpot_ms=2, speculative_path_differs=differs,
                                              cudagraph_mode=cudagraph_mode),
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
-        strategy="replay", say=lines.append, detail=None if detail is None else detail.append)
+        strategy="replay"), say=lines.append, detail=None if detail is None else detail.append)
 
 
 def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_path):

@@ -19,7 +19,7 @@ from tuner import api, cli
 from tuner.api import write_report as write_outputs
 from tuner.measure import workloads
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import BenchResult, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records import BenchResult, MeasureSettings, OptimizeOptions, TrialConfig, WorkloadSpec
 from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8)
@@ -28,7 +28,8 @@ COMPLETE, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
 
 
 def _optimize(out: Path, *, space: str, n_trials: int, sampler: str = "tpe", **kw):
-    return api.optimize(
+    say = kw.pop("say", lambda _m: None)
+    return api.optimize(OptimizeOptions(
         strategy="optuna",  # the Optuna search under test
         workload=kw.pop("workload", WL),
         engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=1),
@@ -36,8 +37,7 @@ def _optimize(out: Path, *, space: str, n_trials: int, sampler: str = "tpe", **k
         out_dir=out, study_name=kw.pop("study_name", "s"), n_trials=n_trials, sampler=sampler,
         objectives=kw.pop("objectives", ["output_throughput", "mean_tpot_ms"]),
         target_concurrency=kw.pop("target_concurrency", 1),
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, say=kw.pop("say", lambda _m: None),
-        **kw)
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, **kw), say=say)
 
 
 def _launched(out: Path) -> list[int]:

@@ -5,9 +5,9 @@ bug in the loader.
 Loaders: search spaces (tuner.search.space.parse and .load), dataset files (tuner.measure.workloads.read_rows
 and .load of a custom workload with the packaged tokenizer), --speculative-config
 (tuner.checks.speculative_config) and --concurrency (tuner.checks.int_list). Every numeric
-option of the CLI goes through tuner.cli.main itself, with the api replaced by a recorder: it
-either reaches the api with a value inside its tuner.checks bound, or exits 2 with exactly
-one "tuner: error:" line. The last test prints how many inputs each property tried and how
+option of the CLI goes through tuner.cli.main itself, with the first stage after every check
+replaced by a recorder: it either gets there with a value inside its tuner.checks bound, or
+exits 2 with exactly one "tuner: error:" line. The last test prints how many inputs each property tried and how
 they ended.
 """
 
@@ -238,21 +238,24 @@ def test_parse_concurrency_raises_only_config_error(text):
 
 # --- every numeric option of the CLI, through tuner.cli.main --------------------------------
 class Reached(Exception):
-    """The api was called: every check passed."""
+    """A stage was about to run: every check passed."""
 
 
-def _reached(**kwargs):
+def _reached(*_args, **_kwargs):
     raise Reached
 
 
 def _cli(argv: list[str]) -> tuple[int | None, str]:
-    """tuner.cli.main(argv) with the api replaced: (exit status or None if it reached the api,
-    what it wrote to stderr)."""
+    """tuner.cli.main(argv) with the first stage after every check replaced (loading the
+    workload for bench and optimize, whose options tuner.api checks as it resolves them; the
+    study for the commands that read one): (exit status or None if it got there, what it
+    wrote to stderr)."""
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
-        for name in ("bench", "optimize", "policy", "predict"):
+        mp.setattr(workloads, "load", _reached)
+        for name in ("policy", "predict"):
             mp.setattr(api, name, _reached)
-        mp.setattr(study_module, "open_existing", lambda *a, **k: _reached())
+        mp.setattr(study_module, "open_existing", _reached)
         try:
             rc = cli.main(argv)
         except Reached:
@@ -260,21 +263,20 @@ def _cli(argv: list[str]) -> tuple[int | None, str]:
     return rc, err.getvalue()
 
 
-LIST_OPTIONS = {"--concurrency": "concurrency", "--ladder": "ladder", "--k-values": "k_values"}
+LIST_OPTIONS = {"concurrency", "ladder", "k_values", "levels"}
 
 
 def _numeric_options() -> list[tuple[str, str, str]]:
-    """(command, flag, bound name) of every option whose value tuner.checks checks."""
+    """(command, flag, bound name) of every option whose value tuner.checks checks (under its
+    first name: a deprecated alias is the same option)."""
     sub = next(a for a in cli.build_parser()._actions
                if isinstance(a, cli.argparse._SubParsersAction))
     out = []
     for command, parser in sub.choices.items():
         for action in parser._actions:
-            flag = max(action.option_strings, key=len, default="")
-            name = getattr(action.type, "bound", None) or (
-                LIST_OPTIONS.get(flag) if command != "recommend" else None)
+            name = getattr(action.type, "bound", None)
             if name:
-                out.append((command, flag, name))
+                out.append((command, action.option_strings[0], name))
     return out
 
 
@@ -301,9 +303,11 @@ def test_every_bound_is_an_option_and_every_numeric_option_is_bounded():
     assert {n for _, _, n in NUMERIC_OPTIONS} == set(bounds.BOUNDS)
     flags = {(c, f) for c, f, _ in NUMERIC_OPTIONS}
     for command, flag in [("bench", "--request-timeout"), ("optimize", "--n-trials"),
-                          ("optimize", "--max-concurrency"), ("policy", "--leaders"),
-                          ("recommend", "--max-ttft-ms"), ("bench", "--concurrency")]:
+                          ("optimize", "--ladder-max"), ("policy", "--leaders"),
+                          ("recommend", "--max-ttft-ms"), ("bench", "--concurrency"),
+                          ("recommend", "--level"), ("predict", "--levels")]:
         assert (command, flag) in flags
+    assert {n for _, _, n in NUMERIC_OPTIONS if n in LIST_OPTIONS} == LIST_OPTIONS
 
 
 @PROPERTY
@@ -318,11 +322,11 @@ def test_every_numeric_option_passes_or_exits_2_in_one_line(option, value):
     rc, err = _cli(argv)
     if rc is None:
         TRIED["cli.main(numeric option)"]["accepted"] += 1
-        dest = "concurrency" if name == "recommend_concurrency" else name
-        got = getattr(cli.build_parser().parse_args(argv), dest)
-        if name in LIST_OPTIONS.values():
-            # The text the command read; empty --ladder/--k-values mean the default.
-            assert not got or bounds.int_list(got, name, unique=False)
+        got = getattr(cli.build_parser().parse_args(argv), name)
+        if name in LIST_OPTIONS:
+            # The levels the command read; empty --ladder/--k-values/--levels: the default.
+            bound = bounds.BOUNDS[name]
+            assert got is None or (got and all(bound.problem(v) is None for v in got)), got
         else:
             assert bounds.BOUNDS[name].problem(got) is None, (flag, text, got)
         assert err.count("tuner: error") == 0

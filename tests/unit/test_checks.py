@@ -1,7 +1,9 @@
 """Bounds on every input (tuner.checks and the loaders that use it): each refusal is one
 ConfigError line naming the bad value, the valid range or cause, and what to do; values
 inside the bounds pass unchanged. The CLI cases run tuner.cli.main in-process with the api
-replaced by a recorder, so nothing is launched."""
+replaced by a recorder (what the parse checks), or with the first stage after every check
+(loading the workload) replaced (what tuner.api checks as it resolves the options), so
+nothing is launched."""
 
 from __future__ import annotations
 
@@ -17,7 +19,16 @@ import pytest
 from tuner import api, checks, cli, engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure import workloads
-from tuner.records import EngineSpec, MeasureSettings, WorkloadSpec
+from tuner.records import (
+    AlignedBaselineFlags,
+    EngineOptions,
+    EngineSpec,
+    MeasureSettings,
+    OptimizeOptions,
+    PolicyOptions,
+    TrialConfig,
+    WorkloadSpec,
+)
 from tuner.search import space
 
 TOK = str(workloads.EMBEDDED_TOKENIZER)
@@ -91,6 +102,99 @@ def test_ladder_must_rise_and_k_values_keep_repeats():
     assert "--ladder '4,2' must rise" in refused(checks.int_list, "4,2", "ladder", rising=True)
     assert checks.int_list("5,5,2", "k_values", unique=False) == (5, 5, 2)
     assert "--k-values '65'" in refused(checks.int_list, "65", "k_values")
+
+
+def test_list_options_convert_as_argparse_parses_and_blank_means_the_default():
+    ladder = checks.list_option("ladder", rising=True, blank=True)
+    assert ladder("1,2,4") == (1, 2, 4) and ladder(" ") is None and ladder.bound == "ladder"
+    assert "--levels '0'" in refused(checks.list_option("levels"), "0")
+    assert "every value must be a positive integer" in refused(checks.list_option("concurrency"), "")
+
+
+def test_the_policy_ladder_is_as_given_or_powers_of_two_up_to_its_top():
+    assert checks.ladder(PolicyOptions(ladder=(1, 3, 9))) == (1, 3, 9)
+    assert checks.ladder(PolicyOptions()) == (1, 2, 4, 8, 16)
+    assert checks.ladder(PolicyOptions(ladder_max=12)) == (1, 2, 4, 8, 12)
+
+
+# --- converters of single options -------------------------------------------------------------
+def test_name_value_pairs_and_command_lines():
+    assert checks.name_value("--engine-env")("A=b=c") == ("A", "b=c")
+    assert checks.name_value("--metadata", strip=True)(" run = 3") == ("run", "3")
+    assert "--engine-env 'novalue': expected NAME=VALUE" in refused(
+        checks.name_value("--engine-env"), "novalue")
+    assert checks.command_line("--engine-args")("-tp 2 --enforce-eager") == (
+        "-tp", "2", "--enforce-eager")
+    assert "check the quotes" in refused(checks.command_line("--vllm-cmd"), "'vllm serve")
+    assert checks.name_list(" a, b,,") == ("a", "b")
+
+
+@pytest.mark.parametrize("text, expected", [("ttft,tpot", ("ttft", "tpot")),
+                                            (" e2el , itl ,", ("e2el", "itl"))])
+def test_percentile_metrics_parse(text, expected) -> None:
+    assert checks.percentile_metrics(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "ttft,queue", "client_queue_time", ","])
+def test_percentile_metrics_refuse_what_a_closed_loop_does_not_measure(text) -> None:
+    with pytest.raises(ConfigError, match="--percentile-metrics .*Choose from ttft,tpot,itl,e2el"):
+        checks.percentile_metrics(text)
+
+
+def test_metric_percentiles_parse_and_refuse() -> None:
+    assert checks.metric_percentiles("50,90,99,99.9") == (50.0, 90.0, 99.0, 99.9)
+    for bad in ("", "0", "101", "nan", "ninety", "50,-1"):
+        with pytest.raises(ConfigError, match="--metric-percentiles .*e.g. --metric-percentiles"):
+            checks.metric_percentiles(bad)
+
+
+# --- the engine: what tuner.api resolves, with the machine's answers handed in ---------------
+def test_the_embedded_default_takes_the_cpu_engines_flags_without_a_gpu():
+    spec = checks.engine_spec(EngineOptions(extra_args=("--max-num-seqs", "8")), gpu=False,
+                              embedded_model="/cache/smollm2")
+    assert spec.model == "/cache/smollm2" and spec.model_name == engine_cmdline.EMBEDDED_HUB_ID
+    assert spec.extra_args == (*checks.CPU_DEFAULT_ARGS, "--max-num-seqs", "8")
+    assert spec.device == "cpu" and spec.env == checks.CPU_ENV
+    on_gpu = checks.engine_spec(EngineOptions(env={"A": "1"}), gpu=True,
+                                embedded_model="/cache/smollm2")
+    assert on_gpu.extra_args == () and on_gpu.env == {"A": "1"} and on_gpu.device == "cuda"
+
+
+def test_the_users_model_is_checked_and_resolved(tmp_path):
+    spec = checks.engine_spec(EngineOptions(model=str(tmp_path), tokenizer="t"), gpu=False,
+                              embedded_model=None)
+    assert spec.model == str(tmp_path.resolve()) and spec.model_name == str(tmp_path)
+    assert spec.extra_args == () and spec.tokenizer == "t"
+    assert "Model path '/no/such' does not exist" in refused(
+        checks.engine_spec, EngineOptions(model="/no/such"), gpu=False, embedded_model=None)
+    hub = checks.engine_spec(EngineOptions(model="org/name"), gpu=True, embedded_model=None)
+    assert hub.model == "org/name"
+
+
+def test_a_running_server_refuses_the_options_that_launch_one():
+    checks.live_engine_options(EngineOptions(base_url="http://h:1"))
+    m = refused(checks.live_engine_options, EngineOptions(
+        base_url="http://h:1", vllm_cmd=("vllm", "serve"), env={"A": "1"}))
+    assert "--base-url http://h:1 with --vllm-cmd, --engine-env" in m
+
+
+# --- an options record resolved ----------------------------------------------------------------
+def test_optimize_options_fill_the_defaults_that_follow_from_the_engine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    engine = EngineSpec(model="/models/llama-3", vllm_cmd=("serve",))
+    given = OptimizeOptions(workload=WorkloadSpec(name="sharegpt"), engine=EngineOptions(),
+                            settings=MeasureSettings(concurrencies=(2, 4)),
+                            aligned_baseline=AlignedBaselineFlags(engine_args="--no-x"))
+    got = checks.optimize_options(given, engine)
+    assert got.engine == engine and got.study_name == "sharegpt-llama-3"
+    assert got.out_dir == Path("outputs") / "sharegpt-llama-3" and not got.out_dir.exists()
+    assert got.target_concurrency == 2
+    assert got.aligned_baseline == TrialConfig(engine_args={"no_x": True})
+    assert checks.optimize_options(got, engine) == got  # resolving again changes nothing
+    m = refused(checks.optimize_options, OptimizeOptions(
+        workload=WorkloadSpec(name="random"), engine=engine, out_dir=tmp_path,
+        policy=PolicyOptions(ladder=(1, 16))), _engine("--max-num-seqs", "8"))
+    assert "--ladder 16: above the engine's --max-num-seqs 8" in m
 
 
 # --- engine args ----------------------------------------------------------------------------
@@ -327,11 +431,22 @@ class Reached(Exception):
 
 @pytest.fixture
 def no_api(monkeypatch):
-    def record(**kwargs):
-        raise Reached(kwargs)
+    """The api's entry points record the options record the command line built."""
+    def record(options, **_kwargs):
+        raise Reached(options)
 
-    for name in ("bench", "optimize", "policy"):
+    for name in ("bench", "optimize_and_report", "policy"):
         monkeypatch.setattr(api, name, record)
+
+
+@pytest.fixture
+def no_stage(monkeypatch):
+    """The first stage after every check (loading the workload) is never reached for real:
+    what tuner.api checks as it resolves the options runs, nothing is launched."""
+    def record(*args, **kwargs):
+        raise Reached(args, kwargs)
+
+    monkeypatch.setattr(workloads, "load", record)
 
 
 def main(capsys, *argv: str) -> tuple[int | None, str]:
@@ -358,7 +473,8 @@ def test_cli_refuses_a_nan_timeout_in_one_line(no_api, capsys, tmp_path):
     (["--workload", "custom", "--dataset-path", "{dir}"], "is a directory"),
     (["--num-requests", "100000", "--concurrency", "1,2"], "requests per trial"),
 ])
-def test_cli_cross_checks_exit_2_before_the_api(no_api, capsys, tmp_path, argv, fragment):
+def test_cli_cross_checks_exit_2_before_a_stage_runs(no_stage, capsys, tmp_path, argv,
+                                                    fragment):
     (tmp_path / "file").write_text("x")
     argv = [a.replace("{file}", str(tmp_path / "file")).replace("{dir}", str(tmp_path))
             for a in argv]
@@ -373,14 +489,14 @@ def test_cli_bench_takes_any_method_vllm_has_and_refuses_an_unknown_key(no_api, 
     with pytest.raises(Reached) as e:
         cli.main(["bench", "--model", TOK, "--speculative-config", DFLASH,
                   "--output-dir", str(tmp_path / "b")])
-    assert e.value.args[0]["config"].speculative_config == json.loads(DFLASH)
+    assert e.value.args[0].config.speculative_config == json.loads(DFLASH)
     rc, err = main(capsys, "bench", "--model", TOK, "--speculative-config",
                    '{"method":"ngram","prompt_lookup_mx":4}', "--output-dir", str(tmp_path / "c"))
     assert rc == 2 and len(err.splitlines()) == 1
     assert "unknown key 'prompt_lookup_mx'. Did you mean 'prompt_lookup_max'" in err
 
 
-def test_cli_optimize_checks_the_policy_ladder_before_the_search(no_api, capsys, tmp_path):
+def test_cli_optimize_checks_the_policy_ladder_before_the_search(no_stage, capsys, tmp_path):
     rc, err = main(capsys, "optimize", "--model", TOK, "--policy", "--ladder", "1,2,4,16",
                    "--engine-args", "--max-num-seqs 8", "--output-dir", str(tmp_path))
     assert rc == 2 and "--ladder 16: above the engine's --max-num-seqs 8" in err
@@ -394,10 +510,10 @@ def test_cli_values_within_bounds_reach_the_api(no_api, capsys, tmp_path):
         cli.main(["optimize", "--model", TOK, "--request-timeout", "0.5", "--concurrency",
                   "1,4096", "--n-trials", "10000", "--temperature", "2", "--max-tpot-ms", "1e-3",
                   "--output-dir", str(tmp_path / "s")])
-    kw = e.value.args[0]
-    assert kw["engine"].request_timeout_s == 0.5 and kw["n_trials"] == 10000
-    assert kw["settings"].concurrencies == (1, 4096) and kw["workload"].temperature == 2.0
-    assert kw["constraints"]["max_tpot_ms"] == 0.001
+    options = e.value.args[0]
+    assert options.engine.request_timeout_s == 0.5 and options.n_trials == 10000
+    assert options.settings.concurrencies == (1, 4096) and options.workload.temperature == 2.0
+    assert options.constraints["max_tpot_ms"] == 0.001
     assert capsys.readouterr().err.count("tuner: error") == 0
 
 

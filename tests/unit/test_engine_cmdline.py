@@ -87,9 +87,10 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
     assert argv[:2] == ["tuner", "bench"]
     parser = cli.build_parser()
     args = parser.parse_args(cli.attach_engine_strings(argv[1:], cli.option_strings(parser)))
-    assert shlex.split(args.engine_args) == ["--max-num-seqs", "8", "--no-async-scheduling"]
-    assert shlex.split(args.vllm_cmd) == ["/opt/v/bin/python", "-m", "vllm"]
-    assert json.loads(args.speculative_config) == config.speculative_config
+    # argparse's converters (tuner.checks) hand them over parsed.
+    assert args.engine_args == ("--max-num-seqs", "8", "--no-async-scheduling")
+    assert args.vllm_cmd == ("/opt/v/bin/python", "-m", "vllm")
+    assert args.speculative_config == config.speculative_config
     # And in the form a person types, the value as its own (quoted) word:
     spaced = [part for a in argv[1:] for part in (a.split("=", 1) if a.startswith(
         ("--engine-args=", "--vllm-cmd=")) else [a])]

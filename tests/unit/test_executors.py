@@ -40,3 +40,17 @@ def test_without_ray_a_plain_run_still_works(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     chosen = executors.choose(GPU, ray_address=None, parallel=None, logical_gpus=None)
     assert isinstance(chosen, executors.InlineExecutor)
+
+
+@pytest.mark.parametrize(("engine", "asked", "logical", "want"), [
+    (EngineSpec(model="m"), None, None, 0.0),  # the CPU: a trial holds no GPU
+    (GPU, None, None, 1.0),
+    (EngineSpec(model="m", device="cuda", extra_args=("-tp", "2", "--pipeline-parallel-size",
+                                                      "2"), vllm_cmd=("vllm", "serve")),
+     None, None, 4.0),
+    (EngineSpec(model="m"), None, 2, 1.0),  # Ray's logical GPUs (tests) count as GPUs
+    (GPU, 0.5, None, 0.5),  # --gpus-per-trial as asked
+])
+def test_gpus_per_trial_follow_the_engines_parallelism_unless_asked(engine, asked, logical,
+                                                                   want):
+    assert executors.gpus_per_trial(engine, asked=asked, logical_gpus=logical) == want

@@ -3,15 +3,17 @@
     cli -> api -> {search, measure, replay, analysis, outputs} -> {checks, engine_cmdline}
         -> records, errors, tokens, speculative
 
-measure knows nothing of Optuna or Ray; search may run measure (its executors launch trials)
-and replay (the replay strategy predicts before it launches); replay runs vLLM's proposers over
-recorded tokens and knows no engine, storage or sampler; analysis never touches an engine (no measure, no vLLM); outputs render what analysis computed
-(no measure, no search); nothing imports api or cli; records, errors, tokens (the token
-capture every stage may pass on) and speculative (what vLLM's SpeculativeConfig accepts, which
-checks and search both check names against) import no stage.
-checks resolves the embedded default, so it may import tuner.measure.model and nothing
-else of the stages. Every import counts, including the ones inside
-functions (heavy imports are deferred there, and that is where layering slips).
+cli imports only api, records, errors, checks and outputs.console: it parses the command line
+into options records, makes one api call and prints. measure knows nothing of Optuna or Ray;
+search may run measure (its executors launch trials) and replay (the replay strategy predicts
+before it launches); replay runs vLLM's proposers over recorded tokens and knows no engine,
+storage or sampler; analysis never touches an engine (no measure, no vLLM); outputs render
+what analysis computed (no measure, no search); checks imports no stage (tuner.api resolves
+the embedded model and probes the machine, and hands checks the answers); nothing imports
+api or cli; records, errors, tokens (the token capture every stage may pass on) and
+speculative (what vLLM's SpeculativeConfig accepts, which checks and search both check names
+against) import no stage. No exception is whitelisted. Every import counts, including the
+ones inside functions (heavy imports are deferred there, and that is where layering slips).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ FORBIDDEN = {
     "tokens": {"*"},
     "speculative": {"*"},
     "engine_cmdline": {"api", "cli", "checks", *STAGES},
-    "checks": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
+    "checks": {"api", "cli", "measure", "replay", "search", "analysis", "outputs", "testing"},
     "measure": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},
     "replay": {"api", "cli", "checks", "measure", "search", "analysis", "outputs", "testing"},
     "search": {"api", "cli", "analysis", "outputs", "testing"},
@@ -117,13 +119,30 @@ def test_imports_point_one_way(module):
                 continue
             if "*" in banned or tgroup in banned:
                 bad.append(target)
-            elif group == "checks" and tgroup == "measure" and \
-                    target not in ("tuner.measure", "tuner.measure.model"):
-                bad.append(target)
         top = target.split(".")[0]
         if top in FORBIDDEN_THIRD_PARTY.get(group, set()):
             bad.append(target)
     assert not bad, f"{module} imports {sorted(set(bad))}, against the one-way layout"
+
+
+# What the command line may import: it parses into options records, makes one api call and
+# prints; every check and default is tuner.checks', every stage is reached through tuner.api.
+CLI_IMPORTS = {"tuner.api", "tuner.records", "tuner.errors", "tuner.checks",
+               "tuner.outputs.console"}
+
+
+def test_the_cli_imports_only_the_api_records_errors_checks_and_the_console():
+    ours = {t for t in EDGES["tuner.cli"] if t == "tuner" or t.startswith("tuner.")}
+    # `from tuner import api` names the package too, `from tuner.records import X` the name X.
+    bad = [t for t in ours if t not in ("tuner", "tuner.outputs") and not any(
+        t == m or t.startswith(m + ".") for m in CLI_IMPORTS)]
+    assert not bad, f"tuner.cli imports {sorted(bad)}; reach stages through tuner.api"
+    assert {"tuner.api", "tuner.checks"} <= ours
+
+
+def test_checks_imports_no_stage():
+    stages = {t for t in EDGES["tuner.checks"] if _group(t) in STAGES}
+    assert not stages, sorted(stages)
 
 
 def test_nothing_imports_api_or_cli():

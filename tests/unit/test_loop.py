@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pytest
 from study_fakes import fake_level
 
 from tuner.records import (
@@ -19,6 +20,7 @@ from tuner.records import (
     EngineSpec,
     LevelMetrics,
     MeasureSettings,
+    OptimizeOptions,
     TrialAttr,
     TrialConfig,
     TrialOutcome,
@@ -67,6 +69,24 @@ class _Executor:
         return self.done.pop(0)
 
 
+WORKLOAD = WorkloadSpec(name="random")
+
+
+def _options(**given) -> OptimizeOptions:
+    """Options as tuner.api hands them to the loop: resolved (an EngineSpec, a target level)."""
+    return OptimizeOptions(**{"workload": WORKLOAD, "engine": EngineSpec(model="m"),
+                              "settings": MeasureSettings(), "target_concurrency": 1,
+                              "objectives": ("output_throughput", "mean_tpot_ms"), **given})
+
+
+def test_the_loop_takes_resolved_options_only():
+    from tuner.records import EngineOptions
+
+    with pytest.raises(TypeError, match="resolved options"):
+        loop.SearchLoop(options=_options(engine=EngineOptions()), study=None, space=None,
+                        workload=None, executor=None, gpus=0.0)
+
+
 def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["maximize", "minimize"],
@@ -75,11 +95,10 @@ def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
         "type": "choice", "values": [2]}, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}})
     loop.enqueue_start(study, sp, "grid", [])
     search = loop.SearchLoop(
-        study=study, space=sp, engine=EngineSpec(model="m"),
-        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
-        settings=MeasureSettings(), out_dir=out, objectives=["output_throughput", "mean_tpot_ms"],
-        target=1, constraints={}, executor=executor, gpus=0.0, say=lines.append,
-        line=lambda result, _base: result.config.label())
+        options=_options(out_dir=out, aligned_baseline="off"), study=study, space=sp,
+        workload=Workload(spec=WORKLOAD, prompts=()), executor=executor, gpus=0.0,
+        output=loop.LoopOutput(say=lines.append,
+                               line=lambda result, _base: result.config.label()))
     search.run(n_trials=2, timeout_s=None)
     return study
 
@@ -186,13 +205,13 @@ def _search(study, executor, lines: list[str], *, aligned,
         "prompt_lookup_min": 2}}})
     loop.enqueue_start(study, sp, "grid", [])
     return loop.SearchLoop(
-        study=study, space=sp, engine=EngineSpec(model="m"),
-        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
-        settings=MeasureSettings(), out_dir=Path("unused"), objectives=["output_throughput"],
-        target=1, constraints={}, executor=executor, gpus=0.0, say=lines.append,
-        line=lambda result, _base: result.config.label(), aligned=aligned,
-        detail=None if detail is None else detail.append,
-        note=None if notes is None else lambda *fact: notes.append(fact))
+        options=_options(out_dir=Path("unused"), objectives=("output_throughput",),
+                         aligned_baseline=aligned),
+        study=study, space=sp, workload=Workload(spec=WORKLOAD, prompts=()), executor=executor,
+        gpus=0.0, output=loop.LoopOutput(
+            say=lines.append, line=lambda result, _base: result.config.label(),
+            detail=None if detail is None else detail.append,
+            note=None if notes is None else lambda *fact: notes.append(fact)))
 
 
 def _study() -> optuna.Study:

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.errors import ConfigError
 from tuner.measure import metrics
 from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
 
@@ -273,25 +272,6 @@ def test_default_percentiles_are_vllms() -> None:
     lv = _spec_level()
     assert set(lv.percentiles) == {"p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms"}
     assert lv.percentiles["p99_tpot_ms"] == pytest.approx(lv.p99_tpot_ms)
-
-
-@pytest.mark.parametrize("text, expected", [("ttft,tpot", ("ttft", "tpot")),
-                                            (" e2el , itl ,", ("e2el", "itl"))])
-def test_percentile_metrics_parse(text, expected) -> None:
-    assert metrics.parse_percentile_metrics(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "ttft,queue", "client_queue_time", ","])
-def test_percentile_metrics_refuse_what_a_closed_loop_does_not_measure(text) -> None:
-    with pytest.raises(ConfigError, match="--percentile-metrics .*Choose from ttft,tpot,itl,e2el"):
-        metrics.parse_percentile_metrics(text)
-
-
-def test_metric_percentiles_parse_and_refuse() -> None:
-    assert metrics.parse_metric_percentiles("50,90,99,99.9") == (50.0, 90.0, 99.0, 99.9)
-    for bad in ("", "0", "101", "nan", "ninety", "50,-1"):
-        with pytest.raises(ConfigError, match="--metric-percentiles .*e.g. --metric-percentiles"):
-            metrics.parse_metric_percentiles(bad)
 
 
 def test_percentile_keys_follow_vllm() -> None:

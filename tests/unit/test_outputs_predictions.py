@@ -18,7 +18,7 @@ from study_fakes import ngram, realistic_study, suffix
 from tuner.api import write_report
 from tuner.outputs import plots
 from tuner.outputs.console import predict_table
-from tuner.outputs.report import (
+from tuner.outputs.predictions import (
     PREDICTION_COLUMNS,
     load_predictions,
     write_predictions,
@@ -215,13 +215,14 @@ def test_without_predicted_csv_nothing_about_predictions_appears(tmp_path, drawn
     assert "predicted" not in drawn["pareto_c1.png"]["title"]
 
 
-def test_the_old_call_sites_of_the_plots_still_work(tmp_path, drawn):
+def test_the_plots_draw_the_points_the_analysis_computed(tmp_path, drawn):
     from tuner.analysis.frame import trials_frame
+    from tuner.analysis.pareto import points, speedups
 
-    df = trials_frame(realistic_study())
-    assert [p.name for p in plots.pareto_plots(df, tmp_path)] == ["pareto_c1.png",
-                                                                   "pareto_c8.png"]
-    drawn_all, _ = plots.draw_all(df, tmp_path)
+    drawn_points = points(speedups(trials_frame(realistic_study())))
+    assert [p.name for p in plots.pareto_plots(drawn_points, tmp_path)] == ["pareto_c1.png",
+                                                                            "pareto_c8.png"]
+    drawn_all, _ = plots.draw_all(drawn_points, tmp_path)
     assert drawn_all["pareto"] and drawn["pareto_c8.png"]["hollow"] == 1  # the baseline square
 
 

@@ -54,21 +54,21 @@ def test_noisy_data_never_flip_flops():
     per_k = {4: stats_from({1: 1.8, 2: 0.97, 4: 1.4, 8: 1.1, 16: 1.5}, noise=0.05)}
     chosen = P.choose_k(per_k)
     assert chosen == {1: 4, 2: 0, 4: 0, 8: 0, 16: 0}
-    ks = [k for *_, k in P.bands(chosen, per_k)]
+    ks = [k for *_, k in P.bands(chosen, per_k, max_batch=1024)]
     assert ks == sorted(ks, reverse=True)
 
 
 def test_config_that_never_pays_turns_speculation_off():
     per_k = {5: stats_from({1: 1.02, 4: 0.8})}
-    sched = P.bands(P.choose_k(per_k), per_k)
-    assert sched == [(1, P.MAX_BATCH, 0)]
+    sched = P.bands(P.choose_k(per_k), per_k, max_batch=1024)
+    assert sched == [(1, 1024, 0)]
     assert P.policy_config({"method": "ngram", "num_speculative_tokens": 5}, sched) is None
 
 
 def test_config_that_always_pays_is_a_static_config():
     per_k = {5: stats_from({1: 2.0, 16: 1.3})}
-    sched = P.bands(P.choose_k(per_k), per_k)
-    assert sched == [(1, P.MAX_BATCH, 5)]
+    sched = P.bands(P.choose_k(per_k), per_k, max_batch=256)
+    assert sched == [(1, 256, 5)]
     spec = P.policy_config({"method": "ngram", "num_speculative_tokens": 5}, sched)
     assert spec == {"method": "ngram", "num_speculative_tokens": 5}
 
@@ -110,9 +110,11 @@ def test_our_validation_agrees_with_vllms_own_validator():
 
 
 def test_band_table_fallback_wording():
-    lines = P.band_table([(1, 6, 5), (7, P.MAX_BATCH, 0)], "ngram k=5")
-    assert lines == ["concurrency 1-6: speculate with ngram k=5, K=5",
-                     "concurrency 7 and above: speculation off"]
+    # The last band runs to the engine's batch limit, whatever that is.
+    for limit in (128, 1024):
+        lines = P.band_table([(1, 6, 5), (7, limit, 0)], "ngram k=5")
+        assert lines == ["concurrency 1-6: speculate with ngram k=5, K=5",
+                         "concurrency 7 and above: speculation off"]
 
 
 def _ladder_runs(key: str, speedups: dict[int, list[float]]) -> list[dict]:
@@ -185,3 +187,40 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
                            max_batch=8, context={}, where="x")
     assert plain["decomposition"] is None and plain["aligned_baseline"] is None
     assert "path_cost" not in plain["configs"][0]["stats"][1]
+
+
+def test_the_ladder_varies_k_as_vllm_resolves_it():
+    from tuner.records import TrialConfig
+
+    ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 6,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    runs = P.ladder_runs([ngram], None, study="s")
+    assert [(role, c.k) for role, c in runs] == [("baseline", None), ("leader", 6),
+                                                 ("k_variant", 3)]
+    assert runs[2][1] == ngram.with_k(3)
+    # suffix leaves K to its tree depth (TrialConfig.k): the variant halves that, and the
+    # leader's own K is not measured twice.
+    suffix = TrialConfig(speculative_config={"method": "suffix",
+                                             "suffix_decoding_max_tree_depth": 8})
+    assert [c.k for _, c in P.ladder_runs([suffix], None, study="s")] == [None, 8, 4]
+    # EAGLE takes K from the draft model: only the Ks asked for vary.
+    eagle = TrialConfig(speculative_config={"method": "eagle", "model": "org/draft"})
+    assert [role for role, _ in P.ladder_runs([eagle], None, study="s")] == ["baseline",
+                                                                           "leader"]
+    assert [c.k for _, c in P.ladder_runs([eagle], (2,), study="s")] == [None, None, 2]
+    # The static config the policy replaces is the leader as measured.
+    doc = {"speculative_config": {**ngram.speculative_config,
+                                  "num_speculative_tokens_per_batch_size": [[1, 4, 6]]}}
+    policy_cfg, static = P.policy_configs(doc, runs)
+    assert static == ngram and policy_cfg.speculative_config == doc["speculative_config"]
+
+
+def test_leaders_are_the_frames_config_records():
+    from study_fakes import realistic_study
+
+    from tuner.analysis.frame import configs_of, trials_frame
+
+    df = trials_frame(realistic_study())
+    picks = P.leaders(df, 2)
+    assert [c.method for c in picks] == ["suffix", "ngram"]
+    assert all(c is configs_of(df)[c.key()] for c in picks)

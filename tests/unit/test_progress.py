@@ -17,10 +17,12 @@ from tuner.outputs import console
 from tuner.records import (
     BenchResult,
     EngineInfo,
+    EngineLimits,
     EngineSpec,
     Failure,
     LevelMetrics,
     MeasureSettings,
+    OptimizeOptions,
     TrialAttr,
     TrialConfig,
     TrialOutcome,
@@ -83,14 +85,19 @@ def _loop(tmp_path, executor, lines, ticks, *, show_bar=False, detail=None
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     sp = spaces.parse(SPACE)
     loop.enqueue_start(study, sp, "grid", [])
-    return loop.SearchLoop(
-        study=study, space=sp, engine=EngineSpec(model="m"),
-        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
+    options = OptimizeOptions(
+        workload=WorkloadSpec(name="random"), engine=EngineSpec(model="m"),
         settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path,
-        objectives=["output_throughput", "mean_tpot_ms"], target=1, constraints={},
-        executor=executor, gpus=0.0, say=lines.append, line=console.trial_line,
+        objectives=("output_throughput", "mean_tpot_ms"), target_concurrency=1,
+        aligned_baseline="off")
+    output = loop.LoopOutput(
+        say=lines.append, line=console.trial_line,
         tick=lambda done, total: ticks.append((done, total)), show_bar=show_bar,
         detail=None if detail is None else detail.append)
+    return loop.SearchLoop(
+        options=options, study=study, space=sp,
+        workload=Workload(spec=options.workload, prompts=()), executor=executor, gpus=0.0,
+        output=output)
 
 
 def test_each_finished_trial_has_one_line_with_done_of_total_its_figures_and_wall_time(
@@ -161,8 +168,8 @@ def test_repeats_extend_the_total_and_keep_counting(tmp_path):
 def test_the_replay_strategy_counts_launches_against_the_launch_budget(tmp_path):
     lines, ticks = [], []
     search = _loop(tmp_path, _Remote(), lines, ticks)
-    replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, max_model_len=4096,
-                                  max_num_seqs=8)
+    replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, limits=EngineLimits(
+        max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048))
     # No token ids came back with the baseline: one launch, then the Optuna fallback.
     assert replay.run(n_trials=5, timeout_s=None) is False
     first = [ln for ln in lines if ln.startswith("[")]

@@ -15,7 +15,7 @@ import pytest
 from tuner.replay import acceptance
 from tuner.tokens import RequestTokens, TokenCapture
 
-pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
 
 
 def _capture(seed: int, *, levels=(1,), n=6, vocab=6, prompt=120, output=90,
@@ -84,7 +84,7 @@ def test_the_compiled_and_the_stepped_ngram_paths_agree():
             "prompt_lookup_max": 4}
     fast = acceptance.replay(cap, spec, trace=True)
     stepped = acceptance.replay(cap, {**spec, "num_speculative_tokens_per_batch_size":
-                                      [[1, 256, 4]]}, trace=True)
+                                      [[1, 256, 4]]}, max_num_seqs=256, trace=True)
     for c in (1, 3):
         assert fast[c].trace == stepped[c].trace
         assert fast[c].full_drafts == stepped[c].full_drafts
@@ -110,7 +110,7 @@ def test_a_batch_schedule_drafts_the_k_of_the_batch_size():
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 5],
                                                                                [3, 256, 2]]}
-    got = acceptance.replay(cap, spec, trace=True)
+    got = acceptance.replay(cap, spec, max_num_seqs=256, trace=True)
     assert max(d for steps in got[1].trace.values() for d, _ in steps) == 5
     # At c=4 every step with 3+ requests drafts at most 2; only the tail runs 1-2 requests.
     wide = [d for steps in got[4].trace.values() for d, _ in steps]
@@ -161,6 +161,25 @@ def test_methods_that_cannot_be_replayed_are_refused():
                                              "num_speculative_tokens_per_batch_size": [[1, 8, 4]]})
 
 
+def test_k_and_the_engine_limits_come_from_the_config_and_the_caller():
+    cap = _capture(seed=1)
+    with pytest.raises(ValueError, match="needs num_speculative_tokens"):
+        acceptance.replay(cap, {"method": "ngram", "prompt_lookup_max": 3})
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        acceptance.replay(cap, {"method": "ngram", "num_speculative_tokens": 3,
+                                "num_speculative_tokens_per_batch_size": [[1, 8, 3]]})
+    # suffix: K defaults to the tree depth, as vLLM resolves it (TrialConfig.k)
+    depth = acceptance.replay(cap, {"method": "suffix", "suffix_decoding_max_tree_depth": 6})
+    assert {a.k for a in depth.values()} == {6}
+    # max_model_len None: no limit, the same as a context longer than every request
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3}
+    unbounded = acceptance.replay(cap, spec, trace=True)
+    assert {c: a.trace for c, a in unbounded.items()} == {
+        c: a.trace for c, a in acceptance.replay(cap, spec, max_model_len=1 << 20,
+                                                 trace=True).items()}
+
+
 def test_drafts_past_the_end_count_as_vllm_counts_them_in_expectation():
     # The output repeats its prompt: every draft is accepted, the last one runs past the end.
     prompt = np.arange(100, 140, dtype=np.int32)
@@ -174,5 +193,5 @@ def test_drafts_past_the_end_count_as_vllm_counts_them_in_expectation():
     assert got.acceptance_length == pytest.approx(
         1 + (got.accepted_tokens + got.past_end[0]) / got.drafts)
     stepped = acceptance.replay(TokenCapture((req,)), {
-        **spec, "num_speculative_tokens_per_batch_size": [[1, 8, 5]]})[1]
+        **spec, "num_speculative_tokens_per_batch_size": [[1, 8, 5]]}, max_num_seqs=8)[1]
     assert stepped.past_end == got.past_end

@@ -3,7 +3,9 @@ contract (trial attrs "config", "result", "role", "failure", "duplicate_of", ...
 
 Promises: one row per (trial, concurrency level), failed and unfinished trials kept as rows
 with their reason; and a frame with one row per (config, level) whose repeats are pooled
-(median and spread). Pure functions of what the study stores: no engine, no Optuna writes.
+(median and spread). Each row names its config by key; the configs themselves travel with the
+frame as records (`configs_of`). Pure functions of what the study stores: no engine, no Optuna
+writes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,8 +31,6 @@ LEVEL_FIELDS = tuple(f for f in LevelMetrics.model_fields if f != "percentiles")
 _PERCENTILE_COLUMN = re.compile(r"^p\d+(\.\d+)?_[a-z]+_ms$")
 # Metrics whose run-to-run spread is measured; they are the two objectives of a study.
 SPREAD_METRICS = ("output_throughput", "mean_tpot_ms")
-# A recommendation needs a choice: at least this many distinct speculative configs measured.
-MIN_CANDIDATES = 2
 TRIAL_COLUMNS = (
     "study", "trial", "state", "role", "method", "label", "spec_json", "engine_args_json",
     "config_key", "num_speculative_tokens", "duplicate_of", "reason", "failure_kind", "log_tail",
@@ -39,11 +41,6 @@ SPREAD_COLUMNS = (
     *(f"{m}_{s}" for m in SPREAD_METRICS for s in ("median", "mad")),
 )
 SPEEDUP_COLUMNS = ("speedup_throughput", "speedup_tpot")
-# decompose(): the speedup over the plain baseline = the engine path's cost (aligned baseline
-# over plain) x what speculation alone gives (this config over the aligned baseline); each
-# with its spread, in the ratio's own units.
-DECOMPOSITION_COLUMNS = ("total_speedup", "total_speedup_spread", "path_cost",
-                         "path_cost_spread", "speculation_gain", "speculation_gain_spread")
 CONFIG_COLUMNS = ("trials", "n_failed")  # configs_frame: a config's launches, failed ones
 _NOT_FINISHED = {
     "RUNNING": "not finished: still running, or the driver was stopped (rerun the same "
@@ -51,6 +48,8 @@ _NOT_FINISHED = {
     "WAITING": "queued, not started yet",
     "PRUNED": "pruned by the sampler before it was measured",
 }
+# df.attrs key of config key -> TrialConfig (configs_of).
+CONFIGS_ATTR = "configs"
 
 
 # --- the frame ----------------------------------------------------------------------------
@@ -63,16 +62,75 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     LevelMetrics field, and SPREAD_COLUMNS: median and MAD of throughput and TPOT over every
     measurement of the same config (the trial's own result, its "repeats", and other trials of
     the same config that are not copies); NaN when the config was measured once. The study's
-    "tuner" attributes are kept in `df.attrs["tuner"]` for commands and titles.
+    "tuner" attributes are kept in `df.attrs["tuner"]` for commands and titles, each row's
+    config as a record in `configs_of(df)`.
     """
-    rows: list[dict[str, Any]] = []
-    pooled: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    param_names: dict[str, None] = {}
-    percentile_names: dict[str, None] = {}
+    seen = _Trials(study.study_name)
     for t in study.get_trials(deepcopy=False):
-        base = _trial_base(t, study.study_name)
+        seen.add(t)
+    columns = [*TRIAL_COLUMNS, *seen.params, *LEVEL_FIELDS, *seen.percentiles, *SPREAD_COLUMNS]
+    df = pd.DataFrame(seen.rows, columns=columns)
+    df["trial"] = df["trial"].astype("Int64")
+    df["concurrency"] = pd.to_numeric(df["concurrency"]).astype("Int64")
+    df["duplicate_of"] = pd.to_numeric(df["duplicate_of"]).astype("Int64")
+    _add_spreads(df, seen.pooled)
+    df.attrs["tuner"] = dict(study.user_attrs.get("tuner") or {})
+    df.attrs["study_name"] = study.study_name
+    df.attrs[CONFIGS_ATTR] = Configs(seen.configs)
+    return df
+
+
+class Configs(Mapping[str, TrialConfig]):
+    """config key -> TrialConfig, as a frame carries it in df.attrs. The records are frozen,
+    so the map is shared, not copied, when pandas copies a frame's attrs."""
+
+    def __init__(self, by_key: Mapping[str, TrialConfig]) -> None:
+        self._by_key = dict(by_key)
+
+    def __getitem__(self, key: str) -> TrialConfig:
+        return self._by_key[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __deepcopy__(self, memo: dict) -> Configs:
+        return self
+
+
+def configs_of(df: pd.DataFrame) -> Mapping[str, TrialConfig]:
+    """The configs of a frame of trials_frame (or one derived from it), by `config_key`."""
+    try:
+        return df.attrs[CONFIGS_ATTR]
+    except KeyError:
+        raise ValueError("This frame carries no configs: build it with trials_frame (a frame "
+                         "derived from one keeps them in df.attrs).") from None
+
+
+@dataclass
+class _Trials:
+    """The rows of trials_frame as its trials are read, and what the columns need."""
+
+    study_name: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    # (config key, level) -> (throughput, TPOT) of every measurement that is not a copy
+    pooled: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)
+    params: dict[str, None] = field(default_factory=dict)  # `params_<name>` columns, in order
+    percentiles: dict[str, None] = field(default_factory=dict)  # chosen percentile columns
+    configs: dict[str, TrialConfig] = field(default_factory=dict)
+
+    def add(self, t: Any) -> None:
+        # A trial not asked yet (WAITING) has only what was enqueued: an override or fixed
+        # params.
+        fixed = (getattr(t, "system_attrs", None) or {}).get("fixed_params") or {}
+        stored = t.user_attrs.get(TrialAttr.CONFIG) or t.user_attrs.get(TrialAttr.CONFIG_OVERRIDE)
+        config = _in_key_order(_trial_config(stored, {**fixed, **t.params}))
+        self.configs[config.key()] = config
+        base = _trial_base(t, self.study_name, config)
         for name, value in t.params.items():
-            param_names[f"params_{name}"] = None
+            self.params[f"params_{name}"] = None
             base[f"params_{name}"] = value
         result = t.user_attrs.get(TrialAttr.RESULT) if t.state.name == "COMPLETE" else None
         levels = [LevelMetrics.migrate(lv) for lv in (result or {}).get("levels", [])
@@ -80,25 +138,29 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         if not levels:
             if t.state.name == "COMPLETE":
                 base["reason"] = "completed without a stored result (nothing to analyse)"
-            rows.append(base)
-            continue
+            self.rows.append(base)
+            return
         for lv in levels:
             chosen = {k: v for k, v in (lv.get("percentiles") or {}).items()
                       if k not in LevelMetrics.model_fields}
-            percentile_names.update(dict.fromkeys(chosen))
-            rows.append({**base, **{f: lv.get(f) for f in LEVEL_FIELDS}, **chosen})
+            self.percentiles.update(dict.fromkeys(chosen))
+            self.rows.append({**base, **{f: lv.get(f) for f in LEVEL_FIELDS}, **chosen})
         if base["duplicate_of"] is None:  # a copy would count the same measurement twice
-            runs = [levels] + [r for r in t.user_attrs.get(TrialAttr.REPEATS) or [] if isinstance(r, list)]
-            for run in runs:
-                for lv in run:
-                    if isinstance(lv, dict) and lv.get("concurrency") is not None:
-                        pooled.setdefault((base["config_key"], int(lv["concurrency"])), []).append(
-                            (number(lv.get("output_throughput")), number(lv.get("mean_tpot_ms"))))
-    columns = [*TRIAL_COLUMNS, *param_names, *LEVEL_FIELDS, *percentile_names, *SPREAD_COLUMNS]
-    df = pd.DataFrame(rows, columns=columns)
-    df["trial"] = df["trial"].astype("Int64")
-    df["concurrency"] = pd.to_numeric(df["concurrency"]).astype("Int64")
-    df["duplicate_of"] = pd.to_numeric(df["duplicate_of"]).astype("Int64")
+            repeats = t.user_attrs.get(TrialAttr.REPEATS) or []
+            self._pool(base["config_key"], [levels, *(r for r in repeats if isinstance(r, list))])
+
+    def _pool(self, key: str, runs: list[list[Any]]) -> None:
+        for run in runs:
+            for lv in run:
+                if isinstance(lv, dict) and lv.get("concurrency") is not None:
+                    self.pooled.setdefault((key, int(lv["concurrency"])), []).append(
+                        (number(lv.get("output_throughput")), number(lv.get("mean_tpot_ms"))))
+
+
+def _add_spreads(df: pd.DataFrame, pooled: dict[tuple[str, int], list[tuple[float, float]]]
+                 ) -> None:
+    """SPREAD_COLUMNS in place: each row's measurement count and, where its config was
+    measured more than once at its level, the median and MAD of throughput and TPOT."""
     for i, row in df.iterrows():
         if pd.isna(row["concurrency"]):
             continue
@@ -118,17 +180,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col])
     df["n_measurements"] = df["n_measurements"].astype("Int64")
     df["n_repeats"] = df["n_repeats"].astype("Int64")
-    df.attrs["tuner"] = dict(study.user_attrs.get("tuner") or {})
-    df.attrs["study_name"] = study.study_name
-    return df
 
 
-def _trial_base(t: Any, study_name: str) -> dict[str, Any]:
+def _trial_base(t: Any, study_name: str, config: TrialConfig) -> dict[str, Any]:
     attrs = t.user_attrs
-    # A trial not asked yet (WAITING) has only what was enqueued: an override or fixed params.
-    fixed = (getattr(t, "system_attrs", None) or {}).get("fixed_params") or {}
-    config = _trial_config(attrs.get(TrialAttr.CONFIG) or attrs.get(TrialAttr.CONFIG_OVERRIDE),
-                           {**fixed, **t.params})
     failure = attrs.get(TrialAttr.FAILURE) or {}
     result = attrs.get(TrialAttr.RESULT) or {}
     engine = result.get("engine") or {} if isinstance(result, dict) else {}
@@ -138,7 +193,6 @@ def _trial_base(t: Any, study_name: str) -> dict[str, Any]:
         reason = str(failure.get("reason") or "failed without a recorded reason")
     elif state in _NOT_FINISHED:
         reason = _NOT_FINISHED[state]
-    spec = config.speculative_config or {}
     return {
         "study": study_name, "trial": t.number, "state": state,
         "role": attrs.get(TrialAttr.ROLE, Role.SEARCH.value), "method": config.method,
@@ -146,7 +200,9 @@ def _trial_base(t: Any, study_name: str) -> dict[str, Any]:
         "spec_json": config.spec_json(),
         "engine_args_json": json.dumps(config.engine_args, sort_keys=True),
         "config_key": config.key(),
-        "num_speculative_tokens": spec.get("num_speculative_tokens"),
+        # K once, as vLLM resolves it (TrialConfig.k); spec_json and the params are the
+        # config's own text, kept for trials.csv.
+        "num_speculative_tokens": config.k,
         "duplicate_of": attrs.get(TrialAttr.DUPLICATE_OF),
         "reason": reason,
         "failure_kind": failure.get("kind") if state == "FAIL" else None,
@@ -171,11 +227,32 @@ def _trial_config(stored: Any, params: dict[str, Any]) -> TrialConfig:
     return TrialConfig(speculative_config=spec, engine_args=engine)
 
 
+def _in_key_order(config: TrialConfig) -> TrialConfig:
+    """The config with every mapping in key order, as spec_json writes it: what is built from
+    the frame's records (recommendation.json, the serve files, policy.json) lists a config the
+    same way whatever order the search stored it in."""
+    def ordered(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ordered(value[k]) for k in sorted(value)}
+        return [ordered(v) for v in value] if isinstance(value, list) else value
+
+    return config.model_copy(update={
+        "speculative_config": ordered(config.speculative_config),
+        "engine_args": ordered(config.engine_args), "engine_env": ordered(config.engine_env)})
+
+
 def number(value: Any) -> float:
+    """A cell as a float: NaN for None and anything not a number."""
     try:
         return float(value) if value is not None else math.nan
     except (TypeError, ValueError):
         return math.nan
+
+
+def optional(value: Any) -> float | None:
+    """A cell as a float, or None where it is missing or not a number (as JSON carries it)."""
+    v = number(value)
+    return None if math.isnan(v) else v
 
 
 def with_medians(df: pd.DataFrame) -> pd.DataFrame:
@@ -255,68 +332,3 @@ def relative_spread(row: Any) -> float:
     median, mad = number(row.get("output_throughput_median")), number(
         row.get("output_throughput_mad"))
     return mad / median if median > 0 and not math.isnan(mad) else math.nan
-
-
-def ratio_spread(ratio: float, *rows: Any) -> float:
-    """The spread of a ratio of two rows' throughputs, in the ratio's units: the ratio times
-    the larger relative spread of the two (the rule recommend applies to a speedup); NaN
-    when neither row was re-measured."""
-    rels = [r for r in (relative_spread(row) for row in rows) if not math.isnan(r)]
-    return ratio * max(rels) if rels and not math.isnan(ratio) else math.nan
-
-
-def ratio_text(value: Any, spread: Any = None) -> str:
-    """A ratio as every table and sentence shows it: "1.07x \u00b10.02" (the spread in the
-    ratio's units, as ratio_spread gives it), the spread left out where it was not measured;
-    "-" without a value."""
-    v, sp = number(value), number(spread)
-    if math.isnan(v):
-        return "-"
-    return f"{v:.2f}x" + ("" if math.isnan(sp) else f" \u00b1{sp:.2f}")
-
-
-def split_text(path: Any, path_spread: Any, gain: Any, gain_spread: Any) -> str:
-    """The decomposition's product in the one wording the recommendation, the policy and the
-    plots share: "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04" (ratio_text)."""
-    return f"path {ratio_text(path, path_spread)} x speculation {ratio_text(gain, gain_spread)}"
-
-
-def decompose(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of `df` with DECOMPOSITION_COLUMNS where the study measured an aligned baseline
-    at the row's level (NaN elsewhere, and for rows that did not complete).
-
-    total_speedup = path_cost x speculation_gain, exactly: throughput over the plain baseline's
-    (what a user gets today), the aligned baseline's over the plain one's (what the engine path
-    the speculative configs run on costs without any speculation), and throughput over the
-    aligned baseline's (what speculation alone gives). Medians where a config was re-measured,
-    the earliest of each baseline, spreads as ratio_spread; per study when `df` has several.
-    """
-    out = df.copy()
-    for col in DECOMPOSITION_COLUMNS:
-        out[col] = math.nan
-    if df.empty:
-        return out
-    robust = with_medians(df)
-    plain_rows = robust[is_baseline(robust)].sort_values("trial", kind="stable")
-    aligned_rows = robust[is_aligned_baseline(robust)].sort_values("trial", kind="stable")
-    if aligned_rows.empty or plain_rows.empty:
-        return out
-    keys = ["study", "concurrency"] if "study" in robust else ["concurrency"]
-    # Reversed, so the earliest trial of each baseline is the one kept per level.
-    plain = {tuple(r[k] for k in keys): r for _, r in plain_rows.iloc[::-1].iterrows()}
-    aligned = {tuple(r[k] for k in keys): r for _, r in aligned_rows.iloc[::-1].iterrows()}
-    for i, row in robust.iterrows():
-        at = tuple(row[k] for k in keys)
-        if row["state"] != "COMPLETE" or at not in plain or at not in aligned:
-            continue
-        p, a = plain[at], aligned[at]
-        thr, p_thr, a_thr = (number(x["output_throughput"]) for x in (row, p, a))
-        if not (p_thr > 0 and a_thr > 0) or math.isnan(thr):
-            continue
-        total, path, gain = thr / p_thr, a_thr / p_thr, thr / a_thr
-        out.loc[i, list(DECOMPOSITION_COLUMNS)] = [
-            total, ratio_spread(total, row, p), path, ratio_spread(path, a, p),
-            gain, ratio_spread(gain, row, a)]
-    for col in DECOMPOSITION_COLUMNS:
-        out[col] = pd.to_numeric(out[col])
-    return out

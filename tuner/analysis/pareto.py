@@ -1,17 +1,19 @@
 """Analysis stage, fronts and speedups: the Pareto front of throughput against per-token
 latency per level, its knee, and every row's speedup against the no-speculation baseline of
-the same study at the same concurrency (medians over repeats on both sides).
+the same study at the same concurrency (medians over repeats on both sides); and the measured
+points with their fronts as the report draws them (`points`), computed once.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tuner.analysis import frame
+from tuner.analysis import decomposition, frame
 
 
 def pareto_front(
@@ -85,3 +87,30 @@ def knee(front: pd.DataFrame, *, x: str = "mean_tpot_ms", y: str = "output_throu
     if np.allclose(dist, 0.0):  # a straight front: no knee, take the most throughput
         return front.index[int(np.argmax(ys))]
     return front.index[int(np.argmax(dist))]
+
+
+@dataclass(frozen=True)
+class Points:
+    """What the report's figures and tables draw, computed once (tuner.api hands it over).
+
+    `measured`: every completed row with a level and a throughput, copies answered from
+    storage left out, throughput and TPOT as medians where a config was re-measured, with its
+    speedups and the split (tuner.analysis.decomposition.COLUMNS). `fronts`: per level, the
+    Pareto front of those rows (pareto_front), by TPOT."""
+
+    measured: pd.DataFrame
+    fronts: dict[int, pd.DataFrame]
+
+
+def points(df: pd.DataFrame) -> Points:
+    """The Points of `df`, a trials_frame with its speedups (as tuner.api computes it)."""
+    if not set(frame.SPEEDUP_COLUMNS) <= set(df.columns):
+        raise ValueError("points needs the speedups: pass speedups(trials_frame(study)).")
+    robust = frame.with_medians(decomposition.decompose(df))
+    measured = robust[(robust["state"] == "COMPLETE") & robust["concurrency"].notna()
+                      & robust["output_throughput"].notna()]
+    if "duplicate_of" in measured:  # a copy would sit on its original
+        measured = measured[measured["duplicate_of"].isna()]
+    fronts = {int(c): pareto_front(measured[measured["concurrency"] == c])
+              for c in sorted(measured["concurrency"].unique())}
+    return Points(measured=measured, fronts=fronts)

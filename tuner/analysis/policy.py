@@ -15,22 +15,20 @@ tuner/api.py's policy() runs the whole step.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.analysis import frame
+from tuner.analysis import decomposition, frame
 from tuner.errors import ConfigError
-from tuner.records import TrialConfig
+from tuner.records import Measured, SpeedupSplit, TrialConfig
 
 if TYPE_CHECKING:
     import pandas as pd
 
 ALIGNED_ROLE = "aligned_baseline"  # tuner.records.Role.ALIGNED_BASELINE, as runs store it
 UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
-MAX_BATCH = 1024  # end of the last range when the engine's max_num_seqs is not known
 
 
 # --- rules (pure) ---------------------------------------------------------------------------
@@ -43,11 +41,16 @@ def level_stats(throughputs: dict[int, Sequence[float]],
         xs, bs = list(throughputs[c]), list(baseline.get(c, ()))
         if not xs or not bs:
             continue
-        mx, mb = statistics.median(xs), statistics.median(bs)
-        noise = max(_rel_mad(xs), _rel_mad(bs))
-        out[c] = {"speedup": mx / mb if mb > 0 else math.nan, "noise": noise,
-                  "throughput": mx, "baseline": mb, "n": len(xs), "n_baseline": len(bs)}
+        x, b = _measured(xs), _measured(bs)
+        ratio = x.over(b)
+        out[c] = {"speedup": ratio.value, "noise": ratio.relative_spread,
+                  "throughput": x.value, "baseline": b.value, "n": len(xs), "n_baseline": len(bs)}
     return out
+
+
+def _measured(xs: Sequence[float]) -> Measured:
+    """A series of runs as its median and relative noise (_rel_mad)."""
+    return Measured(value=statistics.median(xs), relative_spread=_rel_mad(xs))
 
 
 def _rel_mad(xs: Sequence[float]) -> float:
@@ -59,33 +62,20 @@ def _rel_mad(xs: Sequence[float]) -> float:
     return max(mad / med if med > 0 else math.inf, 0.01)
 
 
-def decompose(stats: dict[int, dict[str, float]], path: dict[int, dict[str, float]],
-              gain: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
-    """`stats` (a config over the plain baseline) with, at each level where the aligned
-    baseline was measured too, path_cost (aligned over plain: `path`) and speculation_gain
-    (the config over aligned: `gain`), each with its noise. The medians' ratios multiply back
-    exactly: speedup = path_cost x speculation_gain."""
+def split_stats(throughputs: dict[int, Sequence[float]], baseline: dict[int, Sequence[float]],
+                aligned: dict[int, Sequence[float]]) -> dict[int, dict[str, float]]:
+    """level_stats over the plain baseline with, at each level where the aligned baseline was
+    measured too, the split (tuner.analysis.decomposition.policy_stats): path_cost (aligned
+    over plain) and speculation_gain (the config over aligned), each with its noise. The
+    medians' ratios multiply back exactly: speedup = path_cost x speculation_gain."""
     out = {}
-    for c, stat in stats.items():
-        p, g = path.get(c), gain.get(c)
-        out[c] = stat if p is None or g is None else {
-            **stat, "path_cost": p["speedup"], "path_noise": p["noise"],
-            "speculation_gain": g["speedup"], "gain_noise": g["noise"]}
+    for c, stat in level_stats(throughputs, baseline).items():
+        split = None
+        if aligned.get(c):
+            split = SpeedupSplit.of(_measured(throughputs[c]), plain=_measured(baseline[c]),
+                                    aligned=_measured(aligned[c]))
+        out[c] = decomposition.policy_stats(stat, split)
     return out
-
-
-def decomposition_line(label: str, stats: dict[int, dict[str, float]]) -> str | None:
-    """One sentence: per level, the total speedup as path cost x speculation gain, each with
-    its spread in the ratio's units as the recommendation and the report write them
-    (frame.ratio_text); None when no level is decomposed."""
-    parts = [f"c={c} {frame.ratio_text(s['speedup'], s['speedup'] * s['noise'])} = "
-             + frame.split_text(s["path_cost"], s["path_cost"] * s["path_noise"],
-                                s["speculation_gain"], s["speculation_gain"] * s["gain_noise"])
-             for c, s in sorted(stats.items()) if "path_cost" in s]
-    if not parts:
-        return None
-    return (f"{label} over the plain baseline, split into the engine path's cost (aligned "
-            f"baseline over plain) and speculation's own gain: " + "; ".join(parts) + ".")
 
 
 def pays(stat: dict[str, float]) -> bool:
@@ -142,8 +132,9 @@ def choose_k(per_k: dict[int, dict[int, dict[str, float]]]) -> dict[int, int]:
 
 
 def bands(chosen: dict[int, int], per_k: dict[int, dict[int, dict[str, float]]], *,
-          max_batch: int = MAX_BATCH) -> list[tuple[int, int, int]]:
-    """Inclusive batch-size ranges covering 1..max_batch, one per run of equal K.
+          max_batch: int) -> list[tuple[int, int, int]]:
+    """Inclusive batch-size ranges covering 1..max_batch (the engine's max_num_seqs, from the
+    caller), one per run of equal K.
 
     A boundary between two measured levels lies at the interpolated break-even of the higher
     K when it crosses there, else just above the lower level (conservative: spend as little
@@ -212,10 +203,12 @@ def policy_config(base_spec: dict[str, Any], schedule: list[tuple[int, int, int]
 
 
 def band_table(schedule: list[tuple[int, int, int]], label: str) -> list[str]:
-    """The router fallback: plain-language bands for when the engine ignores the table."""
+    """The router fallback: plain-language bands for when the engine ignores the table. The
+    last band runs to the engine's batch limit, so it holds for any load above its start."""
     lines = []
-    for s, e, k in schedule:
-        span = f"concurrency {s}-{e}" if e < MAX_BATCH else f"concurrency {s} and above"
+    for i, (s, e, k) in enumerate(schedule):
+        span = f"concurrency {s} and above" if i == len(schedule) - 1 else \
+            f"concurrency {s}-{e}"
         lines.append(f"{span}: " + (f"speculate with {label}, K={k}" if k else "speculation off"))
     return lines
 
@@ -229,17 +222,17 @@ def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, s
         raise ConfigError(f"Study '{study}' has no completed speculative trial yet; run "
                           f"`tuner optimize` first (the policy starts from its leading configs).")
     chosen = picks[0]
-    k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
-    ks = sorted(set(k_values or (k_best, max(1, round(k_best / 2)))), reverse=True)
+    # Where vLLM takes K from the draft model (chosen.k is None), only asked-for Ks vary.
+    default_ks = (chosen.k, max(1, round(chosen.k / 2))) if chosen.k else ()
+    ks = sorted(set(k_values or default_ks), reverse=True)
     runs: list[tuple[str, TrialConfig]] = [("baseline", TrialConfig())]
     if aligned is not None:
         runs.append((ALIGNED_ROLE, aligned))
     runs += [("leader", c) for c in picks]
     for k in ks:
-        cfg = TrialConfig(speculative_config={**chosen.speculative_config,
-                                              "num_speculative_tokens": k},
-                          engine_args=chosen.engine_args)
-        if cfg.key() not in {r.key() for _, r in runs}:
+        cfg = chosen.with_k(k)
+        # The leader's own K is the leader, however its config spells it.
+        if k != chosen.k and cfg.key() not in {r.key() for _, r in runs}:
             runs.append(("k_variant", cfg))
     return runs
 
@@ -248,41 +241,28 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
                  max_batch: int, context: dict[str, Any], where: str,
                  predicted: dict[int, dict[int, float]] | None = None) -> dict[str, Any]:
     """The policy document from the ladder: per config its speedup per level and break-even,
-    K per level for the first leader's method, the schedule and the speculative config that
-    carries it (None: speculation does not pay anywhere). Verification is added later.
+    K per level for the first leader's method, the schedule up to `max_batch` (the engine's
+    max_num_seqs) and the speculative config that carries it (None: speculation does not pay
+    anywhere). Verification is added later.
 
     `predicted` ({K: {level: speedup}}, the replay's curves for the chosen config) adds every
     K the ladder did not measure; such a K must pay by more than the chosen leader's measured
     noise at that level, and the schedule it enters is verified on the engine like any other."""
-    chosen = next(c for role, c in runs if role == "leader")
+    chosen = _leader(runs)
     base = throughput_series(measured, TrialConfig().key())
     if not base:
         raise ConfigError("The baseline could not be measured on the ladder (see the failures "
                           f"in {where}); no policy without it.")
-    configs = [c for _, c in runs if c.method != "none"]
-    stats = {c.key(): level_stats(throughput_series(measured, c.key()), base) for c in configs}
     aligned = next((c for role, c in runs if role == ALIGNED_ROLE), None)
     aligned_series = throughput_series(measured, aligned.key()) if aligned is not None else {}
-    path = level_stats(aligned_series, base)
-    for c in configs:
-        stats[c.key()] = decompose(stats[c.key()], path, level_stats(
-            throughput_series(measured, c.key()), aligned_series))
-    per_k = {int(c.speculative_config["num_speculative_tokens"]): stats[c.key()]
-             for c in configs if c.method == chosen.method
-             and c.speculative_config_without_k() == chosen.speculative_config_without_k()
-             and stats[c.key()]}
+    stats = {c.key(): split_stats(throughput_series(measured, c.key()), base, aligned_series)
+             for _, c in runs if c.method != "none"}
+    per_k = _measured_ks(runs, stats, chosen)
     measured_ks = sorted(per_k)
-    leader_stats = stats.get(chosen.key(), {})
-    for k, curve in (predicted or {}).items():
-        if k in per_k:
-            continue  # measured beats predicted
-        per_k[k] = {c: {"speedup": s, "noise": leader_stats[c]["noise"], "predicted": True}
-                    for c, s in curve.items() if c in leader_stats}
+    per_k.update(_predicted_ks(predicted or {}, per_k, stats.get(chosen.key(), {})))
     picked = choose_k(per_k)
     schedule = bands(picked, per_k, max_batch=max_batch)
     spec = policy_config(chosen.speculative_config, schedule)
-    problems = validate_schedule(schedule, num_speculative_tokens=max(
-        [k for *_, k in schedule] + [1]))
     doc: dict[str, Any] = {
         **context, "method": chosen.method, "chosen": chosen.label(),
         "configs": [{"label": c.label(), "role": role, "speculative_config":
@@ -295,18 +275,43 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
         "k_predicted": sorted(k for k in per_k if k not in measured_ks),
         "predicted_speedups": {str(k): {str(c): round(v, 4) for c, v in curve.items()}
                                for k, curve in (predicted or {}).items()},
-        "schedule_problems": problems, "speculative_config": spec,
+        "schedule_problems": validate_schedule(schedule, num_speculative_tokens=max(
+            [k for *_, k in schedule] + [1])),
+        "speculative_config": spec,
         "serve_command": None, "verification": None, "fallback_bands": None,
         "aligned_baseline": None if aligned is None else {
             "label": aligned.label(), "config": aligned.model_dump(mode="json"),
-            "path_cost": {str(c): v for c, v in path.items()}},
-        "decomposition": decomposition_line(chosen.label(), stats.get(chosen.key(), {})),
+            "path_cost": {str(c): v for c, v in level_stats(aligned_series, base).items()}},
+        "decomposition": decomposition.policy_line(chosen.label(), stats.get(chosen.key(), {})),
     }
     if spec is None:
         doc["verdict"] = _with_decomposition(
             "Speculation does not pay beyond the noise at any measured level: leave it off.",
             doc)
     return doc
+
+
+def _leader(runs: list[tuple[str, TrialConfig]]) -> TrialConfig:
+    """The first leader: the config whose method and K the policy schedules."""
+    return next(c for role, c in runs if role == "leader")
+
+
+def _measured_ks(runs: list[tuple[str, TrialConfig]], stats: dict[str, dict[int, dict]],
+                 chosen: TrialConfig) -> dict[int, dict[int, dict[str, float]]]:
+    """{K: level stats} of the ladder's configs that are the chosen one but for K."""
+    return {c.k: stats[c.key()] for _, c in runs
+            if c.method == chosen.method and c.k is not None and stats.get(c.key())
+            and c.speculative_config_without_k() == chosen.speculative_config_without_k()}
+
+
+def _predicted_ks(predicted: dict[int, dict[int, float]], per_k: dict[int, Any],
+                  leader_stats: dict[int, dict[str, float]]
+                  ) -> dict[int, dict[int, dict[str, Any]]]:
+    """The replay's curves of the Ks the ladder did not measure (measured beats predicted),
+    each level held to the chosen leader's measured noise there."""
+    return {k: {c: {"speedup": s, "noise": leader_stats[c]["noise"], "predicted": True}
+                for c, s in curve.items() if c in leader_stats}
+            for k, curve in predicted.items() if k not in per_k}
 
 
 def _with_decomposition(verdict: str, doc: dict[str, Any]) -> str:
@@ -318,14 +323,9 @@ def _with_decomposition(verdict: str, doc: dict[str, Any]) -> str:
 def policy_configs(doc: dict[str, Any], runs: list[tuple[str, TrialConfig]]
                    ) -> tuple[TrialConfig, TrialConfig]:
     """(the emitted policy, the static config it replaces: the first leader at its own K)."""
-    chosen = next(c for role, c in runs if role == "leader")
-    policy_cfg = TrialConfig(speculative_config=doc["speculative_config"],
-                             engine_args=chosen.engine_args)
-    k_best = int(chosen.speculative_config.get("num_speculative_tokens", 1))
-    static = TrialConfig(speculative_config={**chosen.speculative_config,
-                                             "num_speculative_tokens": k_best},
-                         engine_args=chosen.engine_args)
-    return policy_cfg, static
+    chosen = _leader(runs)
+    policy_cfg = chosen.model_copy(update={"speculative_config": doc["speculative_config"]})
+    return policy_cfg, chosen
 
 
 def with_verification(doc: dict[str, Any], reference: list[dict[str, Any]], *,
@@ -418,9 +418,5 @@ def leaders(df: pd.DataFrame, n: int) -> list[TrialConfig]:
         return []
     low = ok[ok["concurrency"] == ok["concurrency"].min()]
     best = low.sort_values("output_throughput", ascending=False).drop_duplicates("method")
-    out = []
-    for _, row in best.head(n).iterrows():
-        spec = json.loads(row["spec_json"]) if row["spec_json"] else None
-        eng = json.loads(row["engine_args_json"]) if row.get("engine_args_json") else {}
-        out.append(TrialConfig(speculative_config=spec, engine_args=eng or {}))
-    return out
+    configs = frame.configs_of(df)
+    return [configs[key] for key in best.head(n)["config_key"]]

@@ -3,24 +3,22 @@ speculation off", or a refusal with the reason when the data cannot support a ch
 says how sure it is (repeats, spread) and carries the serve and verify commands (the model
 named as the user gave it, the serve flags also as a `vllm serve --config` mapping). Where the
 study measured an aligned baseline, the speedup over the plain baseline is split into the
-engine path's cost and speculation's own gain (frame.decompose), in the record and its reason.
+engine path's cost and speculation's own gain (tuner.analysis.decomposition), in the record
+and its reason.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
 from tuner import engine_cmdline
-from tuner.analysis import frame, pareto
+from tuner.analysis import decomposition, frame, pareto
 from tuner.records import EngineSpec, Recommendation, Role, TrialConfig
 
-# Metrics whose run-to-run spread is measured; they are the two objectives of a study.
-SPREAD_METRICS = frame.SPREAD_METRICS
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
 
@@ -34,10 +32,15 @@ class _Level:
     meta: dict[str, Any]
     # The spread taken for a speculative config measured once (_single_run_spread).
     single_run_spread: float = 0.05
+    # config key -> TrialConfig (frame.configs_of): the records behind the rows.
+    configs: Mapping[str, TrialConfig] = field(default_factory=dict)
 
     def refuse(self, status: str, reason: str, **extra: Any) -> Recommendation:
         return Recommendation(concurrency=self.concurrency, status=status, reason=reason,
                               slos=self.slos, **extra)
+
+    def config(self, row: pd.Series) -> TrialConfig:
+        return self.configs[row["config_key"]]
 
     def verify(self, config: TrialConfig) -> str:
         return _verify_command(self.meta, config, self.concurrency)
@@ -60,10 +63,11 @@ def recommend(
     commands; default `df.attrs["tuner"]`. Each refusal is a function of its own below.
     """
     at = _Level(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
-                meta if meta is not None else dict(df.attrs.get("tuner") or {}))
+                meta if meta is not None else dict(df.attrs.get("tuner") or {}),
+                configs=frame.configs_of(df))
     rows = df[(df["concurrency"] == concurrency).fillna(False)]
-    level = frame.decompose(pareto.speedups(frame.with_medians(rows[rows["state"] == "COMPLETE"]))
-                            ).reset_index(drop=True)
+    level = decomposition.decompose(pareto.speedups(frame.with_medians(
+        rows[rows["state"] == "COMPLETE"]))).reset_index(drop=True)
     base_rows = level[frame.is_baseline(level)].sort_values("trial")
     if base_rows.empty:
         return _no_baseline(df, at)
@@ -146,7 +150,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
     among = (f" among the configs meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
     spread = _spread(best, base, at)
-    split = decomposition(best)
+    split = decomposition.record(best)
     return at.refuse(
         "speculation_off",
         f"Leave speculation off at concurrency {at.concurrency}: no speculative config beat "
@@ -162,7 +166,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         n_repeats=int(_int(base["n_repeats"])),
         confidence=_confidence(win=best, base=base, gain=ratio - 1.0,
                                spread_rel=spread["relative_throughput_spread"]),
-        verify_command=at.verify_against_baseline(_row_config(best)))
+        verify_command=at.verify_against_baseline(at.config(best)))
 
 
 def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
@@ -190,7 +194,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
                    "command re-measures this config and the baseline.")
     among = (f" meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
-    split = decomposition(best)
+    split = decomposition.record(best)
     return at.refuse(
         "speculation_off",
         f"Leave speculation off at concurrency {at.concurrency}: no measurable difference. "
@@ -205,12 +209,12 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
         trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
         n_repeats=int(_int(base["n_repeats"])),
         confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel),
-        verify_command=at.verify_against_baseline(_row_config(best)))
+        verify_command=at.verify_against_baseline(at.config(best)))
 
 
 def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
              base_feasible: bool) -> Recommendation:
-    config = _row_config(win)
+    config = at.config(win)
     spread = _spread(win, base, at)
     reason = (f"{win['label']} is {how} at concurrency {at.concurrency}: "
               f"{win['output_throughput']:.1f} tok/s ({float(win['speedup_throughput']):.2f}x "
@@ -220,7 +224,7 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         reason += f" The baseline itself misses {_slo_text(at.slos)}."
     if float(win["speedup_tpot"]) < 1.0:
         reason += " It pays for the throughput with a higher per-token latency."
-    split = decomposition(win)
+    split = decomposition.record(win)
     reason += _split_sentence(split)
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
@@ -245,11 +249,6 @@ def recommendations(df: pd.DataFrame) -> list[Recommendation]:
             for c in frame.levels_of(df, meta)]
 
 
-def _row_config(row: pd.Series) -> TrialConfig:
-    return TrialConfig(speculative_config=json.loads(row["spec_json"]),
-                       engine_args=json.loads(row["engine_args_json"]))
-
-
 # The figures a recommendation carries, keyed and in the units `vllm bench serve` uses
 # (acceptance rate in percent).
 METRIC_KEYS = ("output_throughput", "mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms",
@@ -257,26 +256,7 @@ METRIC_KEYS = ("output_throughput", "mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms
 
 
 def _metrics(row: pd.Series) -> dict[str, float | None]:
-    return {k: _opt(row.get(k)) for k in METRIC_KEYS}
-
-
-def decomposition(row: pd.Series) -> dict[str, Any] | None:
-    """A row of frame.decompose as the record carries it; None where the study has no aligned
-    baseline at the row's level."""
-    if _opt(row.get("path_cost")) is None:
-        return None
-    out: dict[str, Any] = {"label": str(row["label"])}
-    out.update({c: _opt(row.get(c)) for c in frame.DECOMPOSITION_COLUMNS})
-    return out
-
-
-def decomposition_line(split: dict[str, Any]) -> str:
-    """One line, each ratio with its spread as the report's table shows it: "ngram k=3 window
-    1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04"."""
-    total = frame.ratio_text(split["total_speedup"], split.get("total_speedup_spread"))
-    return (f"{split['label']}: {total} over plain = " + frame.split_text(
-        split["path_cost"], split.get("path_cost_spread"), split["speculation_gain"],
-        split.get("speculation_gain_spread")))
+    return {k: frame.optional(row.get(k)) for k in METRIC_KEYS}
 
 
 def _split_sentence(split: dict[str, Any] | None) -> str:
@@ -285,7 +265,7 @@ def _split_sentence(split: dict[str, Any] | None) -> str:
     the rule a speedup must pass to count)."""
     if split is None:
         return ""
-    path, spread = split["path_cost"], _opt(split.get("path_cost_spread"))
+    path, spread = split["path_cost"], frame.optional(split.get("path_cost_spread"))
     floor = noise_floor(None if spread is None or path <= 0 else spread / path)
     if abs(path - 1.0) <= floor:
         what = (f"the speculative engine path's own cost is not measurable: {path:.2f}x is "
@@ -294,7 +274,7 @@ def _split_sentence(split: dict[str, Any] | None) -> str:
         what = f"the speculative engine path alone costs {1 - path:.0%} of the throughput"
     else:
         what = f"the speculative engine path alone gains {path - 1:.0%}"
-    return f" {decomposition_line(split)} ({what})."
+    return f" {decomposition.recommendation_line(split)} ({what})."
 
 
 # Without repeats the spread is unknown: single runs on shared machines differ by a few
@@ -315,8 +295,7 @@ def noise_floor(spread_rel: float | None) -> float:
 
 
 def _relative_mad(row: pd.Series) -> float | None:
-    med, mad = _opt(row["output_throughput_median"]), _opt(row["output_throughput_mad"])
-    return None if med is None or mad is None or med <= 0 else mad / med
+    return frame.optional(frame.relative_spread(row))
 
 
 def _single_run_spread(level: pd.DataFrame) -> float:
@@ -338,12 +317,12 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
         single = at.single_run_spread  # measured once, beside a re-measured baseline
         rels.append(single)
     return {
-        "output_throughput_median": _opt(win["output_throughput_median"]),
-        "output_throughput_mad": _opt(win["output_throughput_mad"]),
-        "mean_tpot_ms_median": _opt(win["mean_tpot_ms_median"]),
-        "mean_tpot_ms_mad": _opt(win["mean_tpot_ms_mad"]),
-        "baseline_output_throughput_mad": _opt(base["output_throughput_mad"]),
-        # The larger relative MAD of the two (frame.ratio_spread's rule).
+        "output_throughput_median": frame.optional(win["output_throughput_median"]),
+        "output_throughput_mad": frame.optional(win["output_throughput_mad"]),
+        "mean_tpot_ms_median": frame.optional(win["mean_tpot_ms_median"]),
+        "mean_tpot_ms_mad": frame.optional(win["mean_tpot_ms_mad"]),
+        "baseline_output_throughput_mad": frame.optional(base["output_throughput_mad"]),
+        # The larger relative MAD of the two (tuner.records.Measured.over's rule).
         "relative_throughput_spread": max(rels) if rels else None,
         # The gain over the baseline a config had to exceed to count (noise_floor).
         "noise_floor": noise_floor(max(rels) if rels else None),
@@ -378,11 +357,6 @@ def _slo_text(slos: dict[str, float | None]) -> str:
     if slos.get("max_ttft_ms") is not None:
         parts.append(f"p99 TTFT <= {slos['max_ttft_ms']:g} ms")
     return " and ".join(parts) or "no SLOs"
-
-
-def _opt(value: Any) -> float | None:
-    v = frame.number(value)
-    return None if math.isnan(v) else v
 
 
 def _int(value: Any) -> int:

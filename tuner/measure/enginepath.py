@@ -167,60 +167,75 @@ def read_log(text: str, *, env: Mapping[str, str] | None = None) -> EnginePath:
         return EnginePath()
     config = _last(_CONFIG_LINE, text) or ""
     device = (_last(_DEVICE, config) or "").lower()
-    user = _non_default_args(text)
-    inferred: list[str] = []
+    # Each reading: (the value, whether it was inferred rather than said by a line)
+    runner = _model_runner(text, env or {})
+    flag = _async_scheduling(text, device)
+    cudagraph = _cudagraph_mode(text, config, device)
+    attention = _attention_backend(text, device)
+    inferred = tuple(name for name, (_, guessed) in (
+        ("model_runner", runner), ("async_scheduling", flag), ("cudagraph_mode", cudagraph),
+        ("attention_backend", attention)) if guessed)
+    return EnginePath(model_runner=runner[0], async_scheduling=flag[0],
+                      cudagraph_mode=cudagraph[0], attention_backend=attention[0],
+                      inferred=inferred)
 
-    # Runner: the worker that builds V2 says so at INFO; the V1 fallbacks warn. Neither line
-    # (the aligned baseline, VLLM_USE_V2_MODEL_RUNNER=0, or a model V2 does not take by
-    # default) means V1, provided INFO lines reach the log at all.
+
+_Reading = tuple[str | None, bool]  # a value of the path, and whether it was inferred
+
+
+def _model_runner(text: str, env: Mapping[str, str]) -> _Reading:
+    """The worker that builds V2 says so at INFO; the V1 fallbacks warn. Neither line (the
+    aligned baseline, VLLM_USE_V2_MODEL_RUNNER=0, or a model V2 does not take by default)
+    means V1, provided INFO lines reach the log at all."""
     runner = "V2" if _V2_RUNNER.search(text) else "V1" if _V1_RUNNER.search(text) else None
-    if runner is None:
-        forced = (env or {}).get(MODEL_RUNNER_ENV, "").strip()
-        if forced.lstrip("-").isdigit():
-            runner = "V2" if int(forced) else "V1"
-        elif _INFO.search(text):
-            runner = "V1"
-        if runner is not None:
-            inferred.append("model_runner")
+    if runner is not None:
+        return runner, False
+    forced = env.get(MODEL_RUNNER_ENV, "").strip()
+    if forced.lstrip("-").isdigit():
+        runner = "V2" if int(forced) else "V1"
+    elif _INFO.search(text):
+        runner = "V1"
+    return runner, runner is not None
 
-    # Async scheduling: the CPU platform turns it off after the decision, silently (both
-    # versions' platforms/cpu.py); 0.26 then logs its decision; both warn when they refuse
-    # it; otherwise it is on unless the user turned it off (0.32 logs nothing when on).
+
+def _async_scheduling(text: str, device: str) -> _Reading:
+    """The CPU platform turns it off after the decision, silently (both versions'
+    platforms/cpu.py); 0.26 then logs its decision; both warn when they refuse it; otherwise
+    it is on unless the user turned it off (0.32 logs nothing when on)."""
     final = _last(_ASYNC_FINAL, text)
     refused = _ASYNC_OFF.search(text)
-    asked = user.get("async_scheduling")
+    asked = _non_default_args(text).get("async_scheduling")
     if device == "cpu":
-        flag, said = "false", bool(refused or final == "disabled" or asked is False)
-    elif final is not None:
-        flag, said = ("true" if final == "enabled" else "false"), True
-    elif refused:
-        flag, said = "false", True
-    elif isinstance(asked, bool):
-        flag, said = ("true" if asked else "false"), True
-    else:
-        flag, said = "true", False
-    if not said:
-        inferred.append("async_scheduling")
+        return "false", not (refused or final == "disabled" or asked is False)
+    if final is not None:
+        return ("true" if final == "enabled" else "false"), False
+    if refused:
+        return "false", False
+    if isinstance(asked, bool):
+        return ("true" if asked else "false"), False
+    return "true", True
 
-    # CUDA graphs: the config line holds the mode vLLM resolved; the runner may lower it
-    # afterwards for the attention backend (spec decode's uniform batches), and says so.
+
+def _cudagraph_mode(text: str, config: str, device: str) -> _Reading:
+    """The config line holds the mode vLLM resolved; the runner may lower it afterwards for
+    the attention backend (spec decode's uniform batches), and says so."""
     cudagraph = _last(_CUDAGRAPH_SET, text) or _last(_CUDAGRAPH_CONFIG, config)
-    if cudagraph is None and device == "cuda":
-        # 0.26 prints the compilation config with exclude_unset (its H200 lines did state
-        # the mode); where a line has none, the default level (O2) sets FULL_AND_PIECEWISE
-        # on CUDA, and enforce_eager turns graphs off.
-        eager = _last(_SETTINGS["enforce_eager"], config)
-        cudagraph = "NONE" if eager == "True" else "FULL_AND_PIECEWISE"
-        inferred.append("cudagraph_mode")
+    if cudagraph is not None or device != "cuda":
+        return cudagraph, False
+    # 0.26 prints the compilation config with exclude_unset (its H200 lines did state the
+    # mode); where a line has none, the default level (O2) sets FULL_AND_PIECEWISE on CUDA,
+    # and enforce_eager turns graphs off.
+    eager = _last(_SETTINGS["enforce_eager"], config)
+    return ("NONE" if eager == "True" else "FULL_AND_PIECEWISE"), True
 
+
+def _attention_backend(text: str, device: str) -> _Reading:
     attention = _first(_ATTENTION_AUTO, text) or _first(_ATTENTION_SELECTED, text)
     if attention is None and device == "cpu":
         # platforms/cpu.py returns CPU_ATTN for every non-MLA model without a line (the MLA
         # backends log "Using %s backend.").
-        attention = "CPU_ATTN"
-        inferred.append("attention_backend")
-    return EnginePath(model_runner=runner, async_scheduling=flag, cudagraph_mode=cudagraph,
-                      attention_backend=attention, inferred=tuple(inferred))
+        return "CPU_ATTN", True
+    return attention, False
 
 
 def log_version(text: str) -> str | None:

@@ -31,6 +31,8 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -44,18 +46,40 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
 
+@dataclass(frozen=True)
+class RequestSettings:
+    """What every request of a level sends, and how long it may take: the served model name
+    and API key, the sampling (`temperature`, `ignore_eos`), and the time limits of one
+    request and of the whole level."""
+
+    model: str
+    api_key: str
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    request_timeout_s: float = 300.0
+    level_timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One level as each client process runs it: where requests go, what they send, whether
+    they are warm-up, the clock their start_s count on and when the level must have ended."""
+
+    url: str
+    settings: RequestSettings
+    concurrency: int
+    warmup: bool
+    origin_s: float | None
+    deadline: float | None
+
+
 def run_requests(
     url: str,
     prompts: Sequence[Prompt],
+    settings: RequestSettings,
     *,
     concurrency: int,
-    api_key: str,
-    model: str,
-    temperature: float = 0.0,
-    ignore_eos: bool = False,
     warmup: bool = False,
-    request_timeout_s: float = 300.0,
-    level_timeout_s: float = 3600.0,
     on_done: Callable[[RequestRecord], None] | None = None,
     origin_s: float | None = None,
     processes: int | None = None,
@@ -69,22 +93,21 @@ def run_requests(
     # The deadline also bounds every wait inside the loop: before Python 3.12, asyncio.wait_for
     # drops a cancellation that meets a result just ready, and with thousands of slots such lost
     # cancellations kept a level running for many times --level-timeout.
-    deadline = time.perf_counter() + level_timeout_s
+    timeout_s = settings.level_timeout_s
+    level = _Level(url=url, settings=settings, concurrency=concurrency, warmup=warmup,
+                   origin_s=origin_s, deadline=time.perf_counter() + timeout_s)
     slots = max(1, min(concurrency, len(prompts)))
-    options = dict(concurrency=concurrency, api_key=api_key, model=model,
-                   temperature=temperature, ignore_eos=ignore_eos, warmup=warmup,
-                   request_timeout_s=request_timeout_s, origin_s=origin_s, deadline=deadline)
     processes = min(slots, processes or client_processes(slots))
     try:
         if processes > 1:
-            return _run_sharded(url, list(prompts), processes=processes, slots=slots,
-                                on_done=on_done, options=options)
-        coro = _closed_loop(url, prompts, on_done=on_done, **options)
-        return _event_loop_run(asyncio.wait_for(coro, timeout=level_timeout_s))
+            return _run_sharded(level, list(prompts), processes=processes, slots=slots,
+                                on_done=on_done)
+        coro = _closed_loop(level, prompts, on_done=on_done)
+        return _event_loop_run(asyncio.wait_for(coro, timeout=timeout_s))
     except (asyncio.TimeoutError, TimeoutError):
         raise MeasurementFailed(
             f"concurrency {concurrency}: {len(prompts)} requests did not finish within "
-            f"{level_timeout_s:.0f} s (--level-timeout)") from None
+            f"{timeout_s:.0f} s (--level-timeout)") from None
 
 
 def _event_loop_run(coro):
@@ -121,95 +144,129 @@ def client_processes(slots: int) -> int:
     return max(1, min(math.ceil(slots / SLOTS_PER_PROCESS), cores // 2))
 
 
-def _run_sharded(url: str, prompts: list[Prompt], *, processes: int, slots: int,
-                 on_done: Callable[[RequestRecord], None] | None,
-                 options: dict) -> tuple[list[RequestRecord], float]:
+@dataclass(frozen=True)
+class _Shared:
+    """What the client processes of one level share: the next prompt's index, the level's
+    t0 (set once every connection is ready), the signal that it is set, and the queue their
+    messages come back on."""
+
+    next_index: Any
+    t0: Any
+    go: Any
+    results: Any
+
+
+def _run_sharded(level: _Level, prompts: list[Prompt], *, processes: int, slots: int,
+                 on_done: Callable[[RequestRecord], None] | None
+                 ) -> tuple[list[RequestRecord], float]:
     """The closed loop over `processes` child processes, each with its own event loop and a
     share of the slots, drawing prompts from one shared counter so the level stays one
     closed loop of `slots` in flight. Their clocks start together, once every connection
     is ready; records come back as they end. The children are spawned (no fork of a driver
     that may hold threads), stay in the driver's process group, and are always reaped."""
     ctx = multiprocessing.get_context("spawn")
-    next_index = ctx.Value("q", 0)
-    t0_shared = ctx.Value("d", 0.0, lock=False)
-    go = ctx.Event()
-    results = ctx.Queue()
+    shared = _Shared(next_index=ctx.Value("q", 0), t0=ctx.Value("d", 0.0, lock=False),
+                     go=ctx.Event(), results=ctx.Queue())
     shares = [slots // processes + (i < slots % processes) for i in range(processes)]
     workers = [ctx.Process(target=_shard, name=f"tuner-loadgen-{i}", daemon=True,
-                           args=(i, share, next_index, t0_shared, go, results, url, prompts,
-                                 options, os.getpid()))
+                           args=(i, share, shared, level, prompts, os.getpid()))
                for i, share in enumerate(shares)]
-    records: list[RequestRecord] = []
-    ends: list[float] = []
-    ready, done, suspects = 0, set(), set()
-    t0 = time.perf_counter()
+    driver = _ShardDriver(level, shared, workers, on_done)
     try:
         for w in workers:
             w.start()
-        while len(done) < processes:
-            try:
-                msg = results.get(timeout=0.2)
-            except queue.Empty:
-                # A child that is gone with its last message not in the queue (checked twice:
-                # it may have written that message just after the queue was found empty).
-                gone = {i for i, w in enumerate(workers) if w.exitcode is not None} - done
-                if lost := gone & suspects:
-                    i = min(lost)
-                    raise MeasurementFailed(
-                        f"concurrency {options['concurrency']}: load generator process {i} "
-                        f"exited with status {workers[i].exitcode} before its requests were "
-                        f"done") from None
-                suspects = gone
-                if time.perf_counter() > options["deadline"] + CONNECT_TIMEOUT_S:
-                    raise asyncio.TimeoutError from None
-                continue
-            kind = msg[0]
-            if kind == "record":
-                records.append(msg[1])
-                if on_done:
-                    on_done(msg[1])
-            elif kind == "ready":
-                ready += 1
-                if ready == processes:
-                    t0 = t0_shared.value = time.perf_counter()
-                    go.set()
-            elif kind == "done":
-                done.add(msg[1])
-                ends.append(msg[2])
-            elif kind == "timeout":
-                raise asyncio.TimeoutError
-            else:  # "error": a bug in the child, shown as one
-                raise RuntimeError(f"load generator process {msg[1]} failed: {msg[2]}")
+        driver.collect()
     finally:
-        started = [w for w in workers if w.pid is not None]  # a Ctrl-C may stop the starts
-        for w in started:
-            if w.is_alive():
-                w.terminate()
-        for w in started:
-            w.join(5.0)
-            if w.is_alive():
-                w.kill()
-                w.join()
-        results.close()
-    records.sort(key=lambda r: r.index)
-    return records, max(ends) - t0
+        _reap(workers)
+        shared.results.close()
+    driver.records.sort(key=lambda r: r.index)
+    return driver.records, max(driver.ends) - driver.t0
 
 
-def _shard(shard: int, slots: int, next_index, t0_shared, go, results, url: str,
-           prompts: list[Prompt], options: dict, driver_pid: int) -> None:
+class _ShardDriver:
+    """The driver's side of _run_sharded: it starts the level's clock once every child is
+    ready, and gathers their records until each says it is done."""
+
+    def __init__(self, level: _Level, shared: _Shared, workers: list,
+                 on_done: Callable[[RequestRecord], None] | None) -> None:
+        self.level, self.shared, self.workers, self.on_done = level, shared, workers, on_done
+        self.records: list[RequestRecord] = []
+        self.ends: list[float] = []
+        self.ready = 0
+        self.done: set[int] = set()
+        self.suspects: set[int] = set()
+        self.t0 = time.perf_counter()
+
+    def collect(self) -> None:
+        while len(self.done) < len(self.workers):
+            try:
+                msg = self.shared.results.get(timeout=0.2)
+            except queue.Empty:
+                self._check_children()
+                continue
+            self._take(msg)
+
+    def _check_children(self) -> None:
+        """A child that is gone with its last message not in the queue (checked twice: it may
+        have written that message just after the queue was found empty) fails the level."""
+        gone = {i for i, w in enumerate(self.workers) if w.exitcode is not None} - self.done
+        if lost := gone & self.suspects:
+            i = min(lost)
+            raise MeasurementFailed(
+                f"concurrency {self.level.concurrency}: load generator process {i} exited "
+                f"with status {self.workers[i].exitcode} before its requests were done"
+            ) from None
+        self.suspects = gone
+        if time.perf_counter() > self.level.deadline + CONNECT_TIMEOUT_S:
+            raise asyncio.TimeoutError from None
+
+    def _take(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "record":
+            self.records.append(msg[1])
+            if self.on_done:
+                self.on_done(msg[1])
+        elif kind == "ready":
+            self.ready += 1
+            if self.ready == len(self.workers):
+                self.t0 = self.shared.t0.value = time.perf_counter()
+                self.shared.go.set()
+        elif kind == "done":
+            self.done.add(msg[1])
+            self.ends.append(msg[2])
+        elif kind == "timeout":
+            raise asyncio.TimeoutError
+        else:  # "error": a bug in the child, shown as one
+            raise RuntimeError(f"load generator process {msg[1]} failed: {msg[2]}")
+
+
+def _reap(workers: list) -> None:
+    started = [w for w in workers if w.pid is not None]  # a Ctrl-C may stop the starts
+    for w in started:
+        if w.is_alive():
+            w.terminate()
+    for w in started:
+        w.join(5.0)
+        if w.is_alive():
+            w.kill()
+            w.join()
+
+
+def _shard(shard: int, slots: int, shared: _Shared, level: _Level, prompts: list[Prompt],
+           driver_pid: int) -> None:
     """One client process of _run_sharded: `slots` places of the closed loop."""
     # The driver ends its children; a Ctrl-C at a terminal reaches the whole process group,
     # and a child's KeyboardInterrupt would only print a second traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    deadline = options["deadline"]
+    deadline = level.deadline
 
     def claim() -> tuple[int, Prompt] | None:
-        with next_index.get_lock():
-            index = next_index.value
+        with shared.next_index.get_lock():
+            index = shared.next_index.value
             if index >= len(prompts):
                 return None
-            next_index.value = index + 1
+            shared.next_index.value = index + 1
         return index, prompts[index]
 
     def start() -> float:
@@ -217,23 +274,23 @@ def _shard(shard: int, slots: int, next_index, t0_shared, go, results, url: str,
         # done here, off the clock, and frozen out of later ones, they cannot stall a stamp.
         gc.collect()
         gc.freeze()
-        results.put(("ready", shard))
+        shared.results.put(("ready", shard))
         # Blocking is right here: this loop has nothing to do until every shard is ready.
-        while not go.wait(0.2):
+        while not shared.go.wait(0.2):
             if os.getppid() != driver_pid or time.perf_counter() > deadline:
                 raise asyncio.TimeoutError
-        return t0_shared.value
+        return shared.t0.value
 
     try:
-        coro = _closed_loop(url, prompts, slots=slots, claim=claim, start=start,
-                            on_done=lambda rec: results.put(("record", rec)), **options)
+        coro = _closed_loop(level, prompts, slots=slots, claim=claim, start=start,
+                            on_done=lambda rec: shared.results.put(("record", rec)))
         _, wall_s = _event_loop_run(asyncio.wait_for(
             coro, timeout=max(0.0, deadline - time.perf_counter())))
-        results.put(("done", shard, t0_shared.value + wall_s))
+        shared.results.put(("done", shard, shared.t0.value + wall_s))
     except (asyncio.TimeoutError, TimeoutError):
-        results.put(("timeout", shard))
+        shared.results.put(("timeout", shard))
     except Exception as e:
-        results.put(("error", shard, f"{type(e).__name__}: {e}"))
+        shared.results.put(("error", shard, f"{type(e).__name__}: {e}"))
 
 
 def _die_with_parent() -> None:
@@ -635,52 +692,35 @@ class _Slot:
             self.conn.close()
 
 
-async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature, ignore_eos,
-                       warmup, request_timeout_s, on_done, origin_s, deadline=None, slots=None,
-                       claim=None, start=None):
+async def _closed_loop(level: _Level, prompts: Sequence[Prompt], *,
+                       on_done: Callable[[RequestRecord], None] | None,
+                       slots: int | None = None, claim=None, start=None
+                       ) -> tuple[list[RequestRecord], float]:
     """The closed loop in this process: `slots` places (all of the level's by default), each
     taking the next prompt from `claim` (index order by default), once `start` (now by
     default) says the level's clock runs and returns its t0."""
-    target = _Target(url, api_key)
+    target = _Target(level.url, level.settings.api_key)
     if claim is None:
         pending = iter(enumerate(prompts))
 
         def claim():
             return next(pending, None)
     records: list[RequestRecord] = []
+    deadline = level.deadline
     places = [_Slot(target, deadline)
-              for _ in range(slots or max(1, min(concurrency, len(prompts))))]
+              for _ in range(slots or max(1, min(level.concurrency, len(prompts))))]
     try:
         # Connections first, off the clock; a slot that cannot connect retries per request
         # and records why.
         await asyncio.gather(*(s.connect() for s in places))
         t0 = start() if start is not None else time.perf_counter()
-        origin = t0 if origin_s is None else origin_s
+        origin = t0 if level.origin_s is None else level.origin_s
 
         async def run(slot: _Slot) -> None:
             while deadline is None or time.perf_counter() < deadline:
                 if (item := claim()) is None:
                     return
-                index, prompt = item
-                request = target.request({
-                    "model": model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
-                    "temperature": temperature, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos,
-                    "return_token_ids": True})
-                resp = await slot.send(request, timeout_s=request_timeout_s)
-                fields = dict(
-                    concurrency=concurrency, index=index, warmup=warmup,
-                    start_s=round(resp.start - origin, 6), ttft_s=resp.ttft,
-                    e2e_s=None if resp.error else resp.end - resp.start,
-                    prompt_tokens=resp.prompt_tokens or prompt.prompt_len,
-                    output_tokens=0 if resp.error else resp.out_tokens,
-                    chunk_gaps_s=tuple(resp.gaps), error=resp.error)
-                prompt_ids, output_ids = resp.token_ids() or (None, None)
-                try:
-                    rec = RequestRecord(**fields, prompt_token_ids=prompt_ids,
-                                        output_token_ids=output_ids)
-                except ValidationError:  # ids that are not integers: keep the timing only
-                    rec = RequestRecord(**fields)
+                rec = await _one_request(level, target, slot, *item, origin=origin)
                 records.append(rec)
                 if on_done:
                     on_done(rec)
@@ -694,6 +734,30 @@ async def _closed_loop(url, prompts, *, concurrency, api_key, model, temperature
             s.close()
     records.sort(key=lambda r: r.index)
     return records, wall_s
+
+
+async def _one_request(level: _Level, target: _Target, slot: _Slot, index: int, prompt: Prompt,
+                       *, origin: float) -> RequestRecord:
+    """Send one prompt on `slot` and record how it went."""
+    settings = level.settings
+    request = target.request({
+        "model": settings.model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
+        "temperature": settings.temperature, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": settings.ignore_eos,
+        "return_token_ids": True})
+    resp = await slot.send(request, timeout_s=settings.request_timeout_s)
+    fields = dict(
+        concurrency=level.concurrency, index=index, warmup=level.warmup,
+        start_s=round(resp.start - origin, 6), ttft_s=resp.ttft,
+        e2e_s=None if resp.error else resp.end - resp.start,
+        prompt_tokens=resp.prompt_tokens or prompt.prompt_len,
+        output_tokens=0 if resp.error else resp.out_tokens,
+        chunk_gaps_s=tuple(resp.gaps), error=resp.error)
+    prompt_ids, output_ids = resp.token_ids() or (None, None)
+    try:
+        return RequestRecord(**fields, prompt_token_ids=prompt_ids, output_token_ids=output_ids)
+    except ValidationError:  # ids that are not integers: keep the timing only
+        return RequestRecord(**fields)
 
 
 class _RequestError(Exception):

@@ -17,7 +17,6 @@ import statistics
 import urllib.request
 from collections.abc import Sequence
 
-from tuner.errors import ConfigError
 from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 OBJECTIVES = {
@@ -35,10 +34,6 @@ OBJECTIVES = {
     "mean_e2el_ms": ("minimize", "ms"),
     "p99_e2el_ms": ("minimize", "ms"),
 }
-
-# vLLM's --percentile-metrics choices that a closed loop measures (it has no client queue, so
-# vLLM's client_queue_time and e2el_including_client_queue do not apply).
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POS = re.compile(r'position="(\d+)"')
@@ -113,32 +108,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def parse_percentile_metrics(text: str) -> tuple[str, ...]:
-    """`--percentile-metrics ttft,tpot,itl` as vLLM takes it; an unknown name is refused."""
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    bad = [n for n in names if n not in PERCENTILE_METRICS]
-    if not names or bad:
-        raise ConfigError(
-            f"--percentile-metrics {text!r}: {', '.join(map(repr, bad)) or 'no metric named'}"
-            f" is not one the tuner measures. Choose from {','.join(PERCENTILE_METRICS)} "
-            f"(a closed loop has no client queue), e.g. --percentile-metrics ttft,tpot,itl.")
-    return names
-
-
-def parse_metric_percentiles(text: str) -> tuple[float, ...]:
-    """`--metric-percentiles 50,90,99` as vLLM takes it: numbers above 0, at most 100."""
-    try:
-        values = tuple(dict.fromkeys(float(p) for p in text.split(",") if p.strip()))
-    except ValueError:
-        values = ()
-    if not values or any(not 0 < p <= 100 for p in values):
-        raise ConfigError(
-            f"--metric-percentiles {text!r}: expected percentiles above 0 and at most 100, "
-            f"separated by commas. Use e.g. --metric-percentiles 50,90,99 (vLLM's default "
-            f"is 99).")
-    return values
 
 
 def percentile_key(metric: str, p: float) -> str:

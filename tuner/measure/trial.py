@@ -134,14 +134,14 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
                    output_len=min(p.output_len, settings.warmup_output_len))
             for p in warm_prompts]
     measured, reused = pool.take(n)
-    common = dict(api_key=eng.api_key, model=eng.spec.served_model_name,
-                  temperature=spec.temperature, ignore_eos=spec.ignore_eos,
-                  request_timeout_s=eng.spec.request_timeout_s,
-                  level_timeout_s=eng.spec.level_timeout_s)
-    warm_records = _run(eng, warm, c, warmup=True, common=common, bar=None)[0] if warm else []
+    client = loadgen.RequestSettings(
+        model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
+        ignore_eos=spec.ignore_eos, request_timeout_s=eng.spec.request_timeout_s,
+        level_timeout_s=eng.spec.level_timeout_s)
+    warm_records = _run(eng, warm, c, warmup=True, client=client, bar=None)[0] if warm else []
     before = _scrape(eng)
     bar = _bar(n, f"c={c}") if show_bar else None
-    records, wall_s = _run(eng, measured, c, warmup=False, common=common, bar=bar)
+    records, wall_s = _run(eng, measured, c, warmup=False, client=client, bar=bar)
     if bar is not None:
         bar.close()
     after = _scrape(eng)
@@ -162,11 +162,11 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
     return level
 
 
-def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool, common: dict,
-         bar) -> tuple[list[RequestRecord], float]:
+def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool,
+         client: loadgen.RequestSettings, bar) -> tuple[list[RequestRecord], float]:
     records, wall_s = loadgen.run_requests(
-        eng.url, prompts, concurrency=c, warmup=warmup,
-        on_done=(lambda _r: bar.update(1)) if bar is not None else None, **common)
+        eng.url, prompts, client, concurrency=c, warmup=warmup,
+        on_done=(lambda _r: bar.update(1)) if bar is not None else None)
     if not eng.alive():
         raise EngineDied(f"vLLM exited during the c={c} {'warm-up' if warmup else 'level'}",
                          log_tail=log_tail(eng.log_path))

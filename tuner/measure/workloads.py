@@ -201,13 +201,9 @@ def _read_json_array(path: Path, f: Any) -> list:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e}).") from None
     del raw
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: "
-                          f"{e.msg}.") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to hold prompts.") from None
+    rows = _parsed(text, invalid=lambda e: f"{path}: invalid JSON at line {e.lineno} column "
+                                           f"{e.colno}: {e.msg}.",
+                   too_deep=f"{path}: JSON nested too deeply to hold prompts.")
     if not isinstance(rows, list):
         raise ConfigError(f"{path}: expected a JSON array of objects, got "
                           f"{type(rows).__name__}.")
@@ -221,6 +217,11 @@ def _read_jsonl(path: Path, f: Any) -> list:
     limit = checks.DATASET_MAX_LINE_BYTES
     rows: list = []
     n = read = 0
+
+    def not_json(e: json.JSONDecodeError) -> str:  # of line n, the one being read
+        return (f"{path}: line {n} is not valid JSON ({e.msg} at column {e.colno}). Each line "
+                f"must be one JSON object.")
+
     while chunk := f.readline(limit + 1):
         read += len(chunk)
         if len(chunk) > limit and not chunk.endswith(b"\n"):
@@ -237,18 +238,25 @@ def _read_jsonl(path: Path, f: Any) -> list:
             n += 1
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: line {n} is not valid JSON ({e.msg} at column "
-                                  f"{e.colno}). Each line must be one JSON object.") from None
-            except RecursionError:
-                raise ConfigError(f"{path}: line {n} is JSON nested too deeply to hold a "
-                                  f"prompt. Each line must be one flat JSON object.") from None
+            row = _parsed(line, invalid=not_json,
+                          too_deep=f"{path}: line {n} is JSON nested too deeply to hold a "
+                                   f"prompt. Each line must be one flat JSON object.")
             if isinstance(row, dict) and "\\ud" in line.lower():
                 _refuse_lone_surrogates(path, len(rows) + 1, row)
             rows.append(row)
     return rows
+
+
+def _parsed(text: str, *, invalid: Callable[[json.JSONDecodeError], str], too_deep: str
+            ) -> Any:
+    """json.loads, with JSON a user gave as a ConfigError: `invalid` words a syntax error,
+    `too_deep` a nesting Python cannot parse."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(invalid(e)) from None
+    except RecursionError:
+        raise ConfigError(too_deep) from None
 
 
 def _refuse_lone_surrogates(path: Path, n: int, row: Any) -> None:

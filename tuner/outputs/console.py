@@ -1,7 +1,8 @@
 """Outputs stage, the console: the lines a person reads on the terminal. One line per finished
 trial, the bar over a study's trials (a TTY only), the bench table, a recommendation in a few
-lines, the policy summary, the replay's predicted table; and the small number formats the
-Markdown and HTML reports share with them.
+lines, the policy summary, the replay's predicted table; and the headlines and policy rows the
+Markdown and HTML reports share with them. Numbers are written as tuner.outputs.text writes
+them.
 """
 
 from __future__ import annotations
@@ -13,34 +14,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tuner.outputs.text import num, signed_pct, times, with_noise
 from tuner.records import BenchResult, Recommendation
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
              "insufficient_data": "No recommendation yet"}
-
-
-def num(value: float | None, fmt: str = "{:.1f}") -> str:
-    """A measured figure, or "-" when it is missing or undefined."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
-def times(value: float | None) -> str:
-    """A ratio as "1.23x"."""
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else f"{value:.2f}x"
-
-
-def pct(value: float | None) -> str:
-    """A fraction as a whole percentage."""
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else f"{100 * value:.0f}%"
-
-
-def signed_pct(value: float | None) -> str:
-    """An error already in percent, signed: "+4.2%" (predicted above measured)."""
-    return num(value, "{:+.1f}%")
 
 
 def trial_line(result: BenchResult, baseline: dict | None) -> str:
@@ -50,7 +28,7 @@ def trial_line(result: BenchResult, baseline: dict | None) -> str:
     parts = []
     for lv in result.levels:
         b = base.get(lv.concurrency)
-        speed = (f"{lv.output_throughput / b['output_throughput']:.2f}x "
+        speed = (times(lv.output_throughput / b["output_throughput"]) + " "
                  if b and b["output_throughput"] > 0 and result.config.method != "none" else "")
         acc = (f" acc {lv.spec_decode_acceptance_length:.2f}"
                if lv.spec_decode_acceptance_length is not None else "")
@@ -192,10 +170,10 @@ def policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         row = [str(c)]
         for cfg in configs:
             st = (cfg.get("stats") or {}).get(str(c)) or (cfg.get("stats") or {}).get(c)
-            row.append("-" if not st else f"{st['speedup']:.2f}x \u00b1{st['noise']:.0%}")
+            row.append("-" if not st else with_noise(st["speedup"], st["noise"]))
         if ver:
             r = ver.get(int(c))
-            row.append("-" if not r else f"{r['policy_speedup']:.2f}x \u00b1{r['policy_noise']:.0%}"
+            row.append("-" if not r else with_noise(r["policy_speedup"], r["policy_noise"])
                        + (" (below baseline)" if r["below_baseline_beyond_noise"] else ""))
         rows.append(row)
     return head, rows

@@ -1,9 +1,11 @@
 """Outputs stage, plots: seaborn figures drawn from the analysis frames, saved as PNG files.
 
-Every figure is drawn from a frame computed by tuner.analysis (never from raw storage), has
-units on its axes, is drawn on its own Agg canvas rather than through pyplot (nothing global
-to close or leak, and a notebook's backend is left alone), and is written atomically. A plot
-whose data is missing writes nothing, returns [] and appends a note saying why to `notes`.
+Every figure is drawn from what tuner.analysis computed once (tuner.analysis.pareto.Points:
+the measured points with their speedups, split and fronts; never raw storage, and nothing
+recomputed here), has units on its axes, is drawn on its own Agg canvas rather than through
+pyplot (nothing global to close or leak, and a notebook's backend is left alone), and is
+written atomically. A plot whose data is missing writes nothing, returns [] and appends a note
+saying why to `notes`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tuner.analysis.frame import decompose, is_aligned_baseline, split_text, with_medians
-from tuner.analysis.pareto import pareto_front, speedups
+from tuner.analysis.frame import is_aligned_baseline
+from tuner.analysis.pareto import Points
+from tuner.outputs import text
 from tuner.records import Recommendation, Role
 
 if TYPE_CHECKING:
@@ -31,7 +35,7 @@ DPI = 130
 
 
 def pareto_plots(
-    df: pd.DataFrame, out_dir: Path, *, workload: str = "",
+    points: Points, out_dir: Path, *, workload: str = "",
     recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
     predictions: pd.DataFrame | None = None,
 ) -> list[Path]:
@@ -42,7 +46,7 @@ def pareto_plots(
     stays the measured one."""
     import seaborn as sns
 
-    data = _measured(with_medians(df))
+    data = points.measured
     if data.empty:
         _note(notes, "Pareto fronts: no completed trial to plot yet.")
         return []
@@ -50,9 +54,8 @@ def pareto_plots(
     predicted = _predicted(predictions)
     palette = method_palette([*data["method"], *predicted["method"]])
     paths = []
-    for c in sorted(data["concurrency"].unique()):
+    for c, front in points.fronts.items():
         lv = data[data["concurrency"] == c]
-        front = pareto_front(lv)
         pred = predicted[predicted["concurrency"] == c]
         with sns.axes_style("whitegrid"):
             fig = _figure(8.6, 5.2)
@@ -61,70 +64,73 @@ def pareto_plots(
                             palette=palette, s=55, alpha=0.85, edgecolor="white", ax=ax,
                             zorder=3)
             _draw_predicted(ax, pred, lv, palette)
-            base = lv[(lv["method"] == "none") & (lv["role"] == Role.BASELINE)]
-            if not base.empty:
-                b = base.sort_values("trial").iloc[0]
-                ax.scatter([b["mean_tpot_ms"]], [b["output_throughput"]], s=200, marker="s",
-                           facecolor="none", edgecolor=BASELINE_COLOR, lw=1.8, zorder=4,
-                           label="baseline (no speculation)")
-                _annotate(ax, b["mean_tpot_ms"], b["output_throughput"],
-                          f"baseline\n{b['output_throughput']:.1f} tok/s", (-14, -8), "right",
-                          "top")
-            aligned = lv[is_aligned_baseline(lv)]
-            if not aligned.empty:
-                a = aligned.sort_values("trial").iloc[0]
-                ax.scatter([a["mean_tpot_ms"]], [a["output_throughput"]], s=170, marker="D",
-                           facecolor="none", edgecolor=BASELINE_COLOR, lw=1.4, ls="--",
-                           zorder=4, label="aligned baseline (speculative path,\nno speculation)")
-            rec = recs.get(int(c))
-            if rec is not None and rec.status == "recommend" and rec.trial is not None:
-                row = lv[lv["trial"] == rec.trial]
-                if not row.empty:
-                    r = row.iloc[0]
-                    ax.scatter([r["mean_tpot_ms"]], [r["output_throughput"]], s=320,
-                               marker="*", facecolor="gold", edgecolor="black", lw=0.8,
-                               zorder=5, label="recommended")
-                    speed = (f" ({rec.speedup_throughput:.2f}x baseline)"
-                             if rec.speedup_throughput else "")
-                    split = rec.decomposition
-                    if split:  # the aligned baseline's split: path cost x speculation gain
-                        speed += "\n= " + split_text(
-                            split["path_cost"], split.get("path_cost_spread"),
-                            split["speculation_gain"], split.get("speculation_gain_spread"))
-                    # The upper right (slow yet fast) stays empty at a fixed concurrency, so
-                    # the long label goes there, under the front's top line (at 0.885 of the
-                    # height with these margins), and points at the star.
-                    ax.annotate(f"recommended{speed}\n{_wrap(rec.label or '', 34)}",
-                                (r["mean_tpot_ms"], r["output_throughput"]),
-                                xytext=(0.97, 0.84), textcoords="axes fraction", ha="right",
-                                va="top", fontsize="small", zorder=6,
-                                bbox={"boxstyle": "round,pad=0.3", "fc": "#fffbe6",
-                                      "ec": "0.6"},
-                                arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.9,
-                                            "shrinkB": 9})
+            _mark_baselines(ax, lv)
+            _mark_recommended(ax, lv, recs.get(c))
             ax.margins(x=0.15, y=0.15)
             _draw_front(ax, front)
             ax.set_xlabel("mean TPOT (ms)  \u2190 better")
             ax.set_ylabel("output throughput (tok/s)  \u2192 better")
-            ax.set_title(_title("Throughput vs per-token latency", workload, int(c),
+            ax.set_title(_title("Throughput vs per-token latency", workload, c,
                                 n=lv["config_key"].nunique())
                          + (f" measured, {len(pred)} predicted" if len(pred) else ""))
             _legend_outside(ax, title="method")
-            paths.append(_save(fig, Path(out_dir) / f"pareto_c{int(c)}.png"))
+            paths.append(_save(fig, Path(out_dir) / f"pareto_c{c}.png"))
     return paths
 
 
+def _mark_baselines(ax: Any, lv: pd.DataFrame) -> None:
+    """The plain baseline as a labelled square, the aligned one as a dashed diamond."""
+    base = lv[(lv["method"] == "none") & (lv["role"] == Role.BASELINE)]
+    if not base.empty:
+        b = base.sort_values("trial").iloc[0]
+        ax.scatter([b["mean_tpot_ms"]], [b["output_throughput"]], s=200, marker="s",
+                   facecolor="none", edgecolor=BASELINE_COLOR, lw=1.8, zorder=4,
+                   label="baseline (no speculation)")
+        _annotate(ax, b["mean_tpot_ms"], b["output_throughput"],
+                  f"baseline\n{b['output_throughput']:.1f} tok/s", (-14, -8), "right", "top")
+    aligned = lv[is_aligned_baseline(lv)]
+    if not aligned.empty:
+        a = aligned.sort_values("trial").iloc[0]
+        ax.scatter([a["mean_tpot_ms"]], [a["output_throughput"]], s=170, marker="D",
+                   facecolor="none", edgecolor=BASELINE_COLOR, lw=1.4, ls="--",
+                   zorder=4, label="aligned baseline (speculative path,\nno speculation)")
+
+
+def _mark_recommended(ax: Any, lv: pd.DataFrame, rec: Recommendation | None) -> None:
+    """A star on the recommended config, labelled with its speedup and split."""
+    if rec is None or rec.status != "recommend" or rec.trial is None:
+        return
+    row = lv[lv["trial"] == rec.trial]
+    if row.empty:
+        return
+    r = row.iloc[0]
+    ax.scatter([r["mean_tpot_ms"]], [r["output_throughput"]], s=320, marker="*",
+               facecolor="gold", edgecolor="black", lw=0.8, zorder=5, label="recommended")
+    speed = f" ({rec.speedup_throughput:.2f}x baseline)" if rec.speedup_throughput else ""
+    if rec.decomposition:  # the aligned baseline's split: path cost x speculation gain
+        speed += "\n= " + text.split(rec.decomposition)
+    # The upper right (slow yet fast) stays empty at a fixed concurrency, so the long label
+    # goes there, under the front's top line (at 0.885 of the height with these margins),
+    # and points at the star.
+    ax.annotate(f"recommended{speed}\n{_wrap(rec.label or '', 34)}",
+                (r["mean_tpot_ms"], r["output_throughput"]),
+                xytext=(0.97, 0.84), textcoords="axes fraction", ha="right", va="top",
+                fontsize="small", zorder=6,
+                bbox={"boxstyle": "round,pad=0.3", "fc": "#fffbe6", "ec": "0.6"},
+                arrowprops={"arrowstyle": "->", "color": "0.4", "lw": 0.9, "shrinkB": 9})
+
+
 def speedup_plot(
-    df: pd.DataFrame, out_dir: Path, *, workload: str = "", top_n: int = 4,
+    points: Points, out_dir: Path, *, workload: str = "", top_n: int = 4,
     recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
 ) -> list[Path]:
     """Throughput speedup over the baseline against concurrency for the leading configs. With
     an aligned baseline, two panels: the speedup over the plain baseline with the engine
     path's cost as its own line, and speculation's gain over the aligned baseline; error bars
-    are the run-to-run spreads (frame.decompose), where repeats measured them."""
+    are the run-to-run spreads (tuner.analysis.decomposition), where repeats measured them."""
     import seaborn as sns
 
-    sp = _measured(decompose(speedups(df)))
+    sp = points.measured
     spec = sp[(sp["method"] != "none") & sp["speedup_throughput"].notna()]
     if spec.empty:
         _note(notes, "Speedup vs concurrency: needs a baseline and at least one completed "
@@ -134,63 +140,104 @@ def speedup_plot(
     data = spec[spec["config_key"].isin(leaders)].drop_duplicates(["config_key", "concurrency"])
     data = data.assign(config=data["label"].map(lambda s: _wrap(s, 30)))
     order = [data.loc[data["config_key"] == k, "config"].iloc[0] for k in leaders]
-    colors = dict(zip(order, sns.color_palette("colorblind", len(order)), strict=True))
     aligned = sp[is_aligned_baseline(sp) & sp["path_cost"].notna()].drop_duplicates(
         "concurrency").sort_values("concurrency")
-    levels = sorted(sp["concurrency"].unique())
-    split = not aligned.empty
+    series = _Series(data=data, order=order, aligned=aligned,
+                     colors=dict(zip(order, sns.color_palette("colorblind", len(order)),
+                                     strict=True)))
     with sns.axes_style("whitegrid"):
-        fig = _figure(13.0 if split else 8.6, 4.8)
-        axes = fig.subplots(1, 2 if split else 1, sharey=True, squeeze=False)[0]
+        fig = _figure(13.0 if series.split else 8.6, 4.8)
+        axes = fig.subplots(1, 2 if series.split else 1, sharey=True, squeeze=False)[0]
+        series.draw(axes)
+        _ratio_axes(axes, levels=sorted(sp["concurrency"].unique()), series=series)
+        title = _title(f"Where speculation pays: top {len(leaders)} configs", workload)
+        if series.split:
+            fig.suptitle(title)
+            _one_legend(axes)
+        else:
+            axes[0].set_title(title)
+            _legend_outside(axes[-1], title="config")
+        return [_save(fig, Path(out_dir) / "speedup_vs_concurrency.png")]
+
+
+@dataclass(frozen=True)
+class _Series:
+    """The speedup plot's lines: the leading configs' rows, in legend order with a colour
+    each, and the aligned baseline's rows (the engine path's cost), which split the plot in
+    two panels where the study measured it."""
+
+    data: pd.DataFrame
+    order: list[str]
+    aligned: pd.DataFrame
+    colors: dict[str, Any]
+
+    @property
+    def split(self) -> bool:
+        return not self.aligned.empty
+
+    @property
+    def total(self) -> tuple[str, str | None]:
+        """The column of the total speedup and of its spread."""
+        return ("total_speedup", "total_speedup_spread") if self.split else (
+            "speedup_throughput", None)
+
+    def draw(self, axes: Sequence[Any]) -> None:
         total = axes[0]
         total.axhline(1.0, color=BASELINE_COLOR, ls="--", lw=1.3,
-                      label="plain baseline (no speculation)" if split else
+                      label="plain baseline (no speculation)" if self.split else
                       "baseline (no speculation)")
-        col, err = ("total_speedup", "total_speedup_spread") if split else (
-            "speedup_throughput", None)
-        for name in order:
-            _ratio_line(total, data[data["config"] == name], col, err, name, colors[name])
-        if split:
-            _ratio_line(total, aligned, "path_cost", "path_cost_spread",
-                        "engine path cost:\naligned baseline over plain", BASELINE_COLOR,
-                        ls=":", marker="D")
-            gain = axes[1]
-            gain.axhline(1.0, color=BASELINE_COLOR, ls=":", lw=1.3,
-                         label="aligned baseline (speculative\npath, no speculation)")
-            for name in order:
-                _ratio_line(gain, data[data["config"] == name], "speculation_gain",
-                            "speculation_gain_spread", None, colors[name])
-            gain.set_title("speculation alone: over the aligned baseline", fontsize="medium")
-            total.set_title("total: over the plain baseline = path cost \u00d7 speculation",
-                            fontsize="medium")
-        shown = [data[col], data["speculation_gain"] if split else data[col],
-                 aligned["path_cost"] if split else data[col]]
-        lo = min(float(v.min()) for v in shown)
-        hi = max(float(v.max()) for v in shown)
-        for ax in axes:
-            if len(levels) > 1 and max(levels) / min(levels) >= 4:
-                ax.set_xscale("log", base=2)
-            ax.set_xticks(levels, [str(int(c)) for c in levels])
-            ax.minorticks_off()
-            ax.set_xlabel("concurrency (requests in flight)")
-        total.set_ylim(min(0.9, lo - 0.1), max(1.1, hi + 0.15))
-        total.set_ylabel("output throughput ratio (\u00d7)" if split else
-                         "output throughput vs baseline (\u00d7)")
-        title = _title(f"Where speculation pays: top {len(leaders)} configs", workload)
-        if split:
-            fig.suptitle(title)
-        else:
-            total.set_title(title)
-        _legend_outside(axes[-1] if not split else total, title="config")
-        if split:  # one legend for both panels, right of the second
-            handles, labels = total.get_legend_handles_labels()
-            total.get_legend().remove()
-            more = gain.get_legend_handles_labels()
-            handles, labels = handles + more[0][:1], labels + more[1][:1]
-            axes[-1].legend(handles, labels, title="config", loc="upper left",
-                            bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False,
-                            fontsize="small", title_fontsize="small")
-        return [_save(fig, Path(out_dir) / "speedup_vs_concurrency.png")]
+        col, err = self.total
+        for name in self.order:
+            _ratio_line(total, self.data[self.data["config"] == name], col, err, name,
+                        self.colors[name])
+        if not self.split:
+            return
+        _ratio_line(total, self.aligned, "path_cost", "path_cost_spread",
+                    "engine path cost:\naligned baseline over plain", BASELINE_COLOR,
+                    ls=":", marker="D")
+        gain = axes[1]
+        gain.axhline(1.0, color=BASELINE_COLOR, ls=":", lw=1.3,
+                     label="aligned baseline (speculative\npath, no speculation)")
+        for name in self.order:
+            _ratio_line(gain, self.data[self.data["config"] == name], "speculation_gain",
+                        "speculation_gain_spread", None, self.colors[name])
+        gain.set_title("speculation alone: over the aligned baseline", fontsize="medium")
+        total.set_title("total: over the plain baseline = path cost \u00d7 speculation",
+                        fontsize="medium")
+
+    def shown(self) -> list[pd.Series]:
+        """Every value drawn, for the y range."""
+        col = self.total[0]
+        if not self.split:
+            return [self.data[col]] * 3
+        return [self.data[col], self.data["speculation_gain"], self.aligned["path_cost"]]
+
+
+def _ratio_axes(axes: Sequence[Any], *, levels: list[Any], series: _Series) -> None:
+    """Concurrency on x (log 2 where the levels span 4x or more), the ratio's range on y."""
+    lo = min(float(v.min()) for v in series.shown())
+    hi = max(float(v.max()) for v in series.shown())
+    for ax in axes:
+        if len(levels) > 1 and max(levels) / min(levels) >= 4:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(int(c)) for c in levels])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency (requests in flight)")
+    axes[0].set_ylim(min(0.9, lo - 0.1), max(1.1, hi + 0.15))
+    axes[0].set_ylabel("output throughput ratio (\u00d7)" if series.split else
+                       "output throughput vs baseline (\u00d7)")
+
+
+def _one_legend(axes: Sequence[Any]) -> None:
+    """One legend for both panels, right of the second: the configs and both baselines."""
+    total, gain = axes
+    _legend_outside(total, title="config")
+    handles, labels = total.get_legend_handles_labels()
+    total.get_legend().remove()
+    more = gain.get_legend_handles_labels()
+    handles, labels = handles + more[0][:1], labels + more[1][:1]
+    gain.legend(handles, labels, title="config", loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                borderaxespad=0.0, frameon=False, fontsize="small", title_fontsize="small")
 
 
 def _ratio_line(ax: Any, rows: pd.DataFrame, col: str, err: str | None, label: str | None,
@@ -206,12 +253,12 @@ def _ratio_line(ax: Any, rows: pd.DataFrame, col: str, err: str | None, label: s
 
 
 def acceptance_plot(
-    df: pd.DataFrame, out_dir: Path, *, workload: str = "", notes: list[str] | None = None,
+    points: Points, out_dir: Path, *, workload: str = "", notes: list[str] | None = None,
 ) -> list[Path]:
     """Mean acceptance length against num_speculative_tokens, by method."""
     import seaborn as sns
 
-    data = _measured(df)
+    data = points.measured
     data = data[(data["method"] != "none") & data["num_speculative_tokens"].notna()
                 & data["spec_decode_acceptance_length"].notna()]
     if data.empty:
@@ -242,13 +289,13 @@ def acceptance_plot(
 
 
 def per_position_plot(
-    df: pd.DataFrame, out_dir: Path, *, workload: str = "", top_n: int = 4,
+    points: Points, out_dir: Path, *, workload: str = "", top_n: int = 4,
     recommendations: Sequence[Recommendation] = (), notes: list[str] | None = None,
 ) -> list[Path]:
     """Acceptance rate at each draft position for the leading configs, one panel per level."""
     import seaborn as sns
 
-    sp = _measured(speedups(df))
+    sp = points.measured
     col = "spec_decode_per_position_acceptance_rates"
     has = sp[col].map(lambda v: isinstance(v, (list, tuple)) and len(v) > 0)
     spec = sp[(sp["method"] != "none") & has]
@@ -293,21 +340,23 @@ def per_position_plot(
 
 
 def draw_all(
-    df: pd.DataFrame, out_dir: Path, *, workload: str = "",
+    points: Points, out_dir: Path, *, workload: str = "",
     recommendations: Sequence[Recommendation] = (), predictions: pd.DataFrame | None = None,
 ) -> tuple[dict[str, list[Path]], list[str]]:
-    """Every figure of a report: {plot name: paths} and the notes for plots left out.
-    `predictions` (the replay's predicted table) adds predicted points to the Pareto fronts."""
+    """Every figure of a report from `points` (tuner.analysis.pareto.points): {plot name:
+    paths} and the notes for plots left out. `predictions` (the replay's predicted table) adds
+    predicted points to the Pareto fronts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     kw: dict[str, Any] = {"workload": workload, "notes": notes}
     drawn = {
-        "pareto": pareto_plots(df, out_dir, recommendations=recommendations,
+        "pareto": pareto_plots(points, out_dir, recommendations=recommendations,
                                predictions=predictions, **kw),
-        "speedup": speedup_plot(df, out_dir, recommendations=recommendations, **kw),
-        "acceptance": acceptance_plot(df, out_dir, **kw),
-        "per_position": per_position_plot(df, out_dir, recommendations=recommendations, **kw),
+        "speedup": speedup_plot(points, out_dir, recommendations=recommendations, **kw),
+        "acceptance": acceptance_plot(points, out_dir, **kw),
+        "per_position": per_position_plot(points, out_dir, recommendations=recommendations,
+                                          **kw),
     }
     return drawn, notes
 
@@ -327,13 +376,6 @@ def method_palette(methods: Iterable[str]) -> dict[str, Any]:
 
 
 # --- shared drawing bits ------------------------------------------------------------------
-
-
-def _measured(df: pd.DataFrame) -> pd.DataFrame:
-    """Completed rows with a level, without copied duplicates (they would sit on the original)."""
-    ok = df[(df["state"] == "COMPLETE") & df["concurrency"].notna()
-            & df["output_throughput"].notna()]
-    return ok[ok["duplicate_of"].isna()] if "duplicate_of" in ok else ok
 
 
 def _predicted(predictions: pd.DataFrame | None) -> pd.DataFrame:

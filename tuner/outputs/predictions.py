@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.outputs import files
-from tuner.outputs.console import num, ranked_predictions, signed_pct, times
+from tuner.outputs.console import ranked_predictions
+from tuner.outputs.text import num, times, versus
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,19 +100,13 @@ def prediction_tables(pred: pd.DataFrame | None
              "acceptance length: predicted / measured (error)"],
             [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
               str(r["concurrency"]),
-              _versus(r["pred_output_throughput"], r["meas_output_throughput"],
+              versus(r["pred_output_throughput"], r["meas_output_throughput"],
                       r["err_output_throughput_pct"]),
-              _versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
-              _versus(r["acceptance_length"], r["meas_acceptance_length"],
+              versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
+              versus(r["acceptance_length"], r["meas_acceptance_length"],
                       r["err_acceptance_length_pct"], "{:.2f}")]
              for r in sorted(measured, key=lambda r: r["concurrency"])]))
     return intro, tables
-
-
-def _versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -> str:
-    """One cell: "54.0 / 57.4 (-5.9%)", the error left out where it is unknown."""
-    err = signed_pct(error_pct)
-    return f"{num(predicted, fmt)} / {num(measured, fmt)}" + (f" ({err})" if err != "-" else "")
 
 
 def _isna(value: Any) -> bool:

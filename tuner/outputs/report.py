@@ -5,7 +5,7 @@ analysis on the study's storage and hands the frames here), so every file can be
 Each level's serve flags are also written as a `vllm serve --config` YAML file
 (vllm_config_c<level>.yaml, listed in recommendation.json). The replay's predictions
 (tuner.outputs.predictions) and the engine path / speculation split of a study with an aligned
-baseline (tuner.outputs.decomposition) have their own sections.
+baseline (tuner.outputs.split_table) have their own sections.
 """
 
 from __future__ import annotations
@@ -13,24 +13,19 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.outputs import decisions, decomposition, files
-from tuner.outputs.console import HEADLINES, break_even_text, num, policy_rows
-from tuner.outputs.predictions import (  # noqa: F401  (api writes predictions through here)
-    PREDICTED_CSV,
-    PREDICTION_COLUMNS,
-    load_predictions,
-    prediction_tables,
-    write_predictions,
-)
+from tuner.outputs import decisions, files, split_table
+from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
+from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
+from tuner.outputs.text import num, times
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from tuner.analysis.pareto import Points
     from tuner.records import Recommendation
 
 
@@ -46,10 +41,11 @@ _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
                  "{:.2f}"))
 
 
-def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
+def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame, points: Points,
                   recs: Sequence[Recommendation], out_dir: Path) -> dict[str, Path]:
     """Write trials.csv (`configs`: a row per config and level), trials_raw.csv (`df`: a row per
-    trial and level), recommendation.json, the plots, report.md and report.html.
+    trial and level), recommendation.json, the plots and the split's table (`points`: the
+    measured points, tuner.analysis.pareto.points), report.md and report.html.
 
     The caller computed the analysis from the study's storage (tuner.api.report), so this runs
     as well on a finished study as on one still running or whose driver was killed. A
@@ -63,7 +59,7 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
     meta = dict(df.attrs.get("tuner") or {})
     workload = str((meta.get("workload") or {}).get("name") or "")
     predictions = load_predictions(out_dir)
-    drawn, notes = plots.draw_all(df, out_dir / "plots", workload=workload,
+    drawn, notes = plots.draw_all(points, out_dir / "plots", workload=workload,
                                   recommendations=recs, predictions=predictions)
     policy = _load_policy(out_dir)
     if policy:
@@ -71,6 +67,7 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame,
     doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
     doc.policy, doc.predictions = policy, predictions
+    doc.split_table = split_table.table(points.measured, recs)
     doc.decisions = decisions.decision_rows(decisions.load_decisions(out_dir))
     doc.config_files = write_serve_configs(recs, out_dir, meta=meta)
     paths = {
@@ -129,12 +126,6 @@ def _csv_text(df: pd.DataFrame) -> str:
     return out.to_csv(index=False)
 
 
-def _cell(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
 class _Doc:
     """The content of one report, rendered as JSON summary, Markdown or HTML."""
 
@@ -164,6 +155,8 @@ class _Doc:
         self.policy: dict[str, Any] | None = None
         self.predictions: pd.DataFrame | None = None
         self.decisions: list[tuple[str, list[str]]] = []  # "How it was decided"
+        # The engine path / speculation table (tuner.outputs.split_table.table)
+        self.split_table: tuple[list[str], list[list[str]]] | None = None
         self.config_files: dict[int, Path] = {}
 
     # --- shared content -------------------------------------------------------------------
@@ -242,11 +235,11 @@ class _Doc:
                     row += ["-"] * 4
                     continue
                 r = lv.iloc[0]
-                acc = _cell(r["spec_decode_acceptance_length"], "{:.2f}")
+                acc = num(r["spec_decode_acceptance_length"], "{:.2f}")
                 if acc != "-":
                     acc += f" ({num(r['spec_decode_acceptance_rate'], '{:.0f}%')})"
-                row += [_cell(r["output_throughput"], "{:.1f}"), _cell(r["mean_tpot_ms"], "{:.1f}"),
-                        _cell(r["speedup_throughput"], "{:.2f}x"), acc]
+                row += [num(r["output_throughput"], "{:.1f}"), num(r["mean_tpot_ms"], "{:.1f}"),
+                        times(r["speedup_throughput"]), acc]
             rows.append(row)
         return head, rows
 
@@ -265,35 +258,10 @@ class _Doc:
             out += [f"> **Incomplete:** {e(self.incomplete_note())}", ""]
         out += ["## Recommendation", ""]
         for rec in self.recs:
-            head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
-            out += [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
-            if rec.serve_command:
-                out += [_fence(rec.serve_command), ""]
-            if rec.concurrency in self.config_files:
-                out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.",
-                        ""]
-            split = decomposition.rec_rows(rec.decomposition)
-            if split:
-                out += [f"| {e(rec.decomposition['label'])} | |", "|---|---:|"]
-                out += [f"| {e(k)} | {e(v)} |" for k, v in split]
-                out.append("")
-            if rec.metrics or rec.baseline_metrics:
-                out += ["| metric | this config | baseline |", "|---|---:|---:|"]
-                for key, name, fmt in _METRIC_ROWS:
-                    out.append(f"| {name} | {_cell(rec.metrics.get(key), fmt)} | "
-                               f"{_cell(rec.baseline_metrics.get(key), fmt)} |")
-                out.append("")
-            if rec.confidence:
-                out += [f"Confidence: {e(rec.confidence)}", ""]
-            if rec.verify_command:
-                out += ["Verify:", "", _fence(rec.verify_command), ""]
-        parts = decomposition.table(self.df, self.recs)
-        if parts:
-            head, rows = parts
-            out += ["## Engine path and speculation", "", e(decomposition.INTRO), "",
-                    "| " + " | ".join(e(h) for h in head) + " |", "|" + "---|" * len(head)]
-            out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
-            out.append("")
+            out += self._md_rec(rec)
+        if self.split_table:
+            out += ["## Engine path and speculation", "", e(split_table.INTRO), "",
+                    *_md_table(*self.split_table), ""]
         out += policy_markdown(self.policy, self.out_dir)
         out += ["## What was tuned, on what", "", "| | |", "|---|---|"]
         out += [f"| {e(k)} | {e(v)} |" for k, v in self.context_rows()]
@@ -305,30 +273,9 @@ class _Doc:
                 out.append("")
         if self.notes:
             out += ["Plots left out:", ""] + [f"- {e(n)}" for n in self.notes] + [""]
-        if self.decisions:
-            out += ["## How it was decided", "", e(decisions.INTRO), ""]
-            for title, texts in self.decisions:
-                if len(texts) == 1:
-                    out += [f"- **{e(title)}:** {e(texts[0])}"]
-                else:
-                    out += [f"- **{e(title)}:**"] + [f"  - {e(t)}" for t in texts]
-            out.append("")
-        intro, tables = prediction_tables(self.predictions)
-        if intro:
-            out += ["## Predicted by replay", ""]
-            for text in intro:
-                out += [e(text), ""]
-            for title, head, rows in tables:
-                out += [f"### {e(title)}", "", "| " + " | ".join(head) + " |",
-                        "|" + "---|" * len(head)]
-                out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
-                out.append("")
-        head, rows = self.trial_rows()
+        out += self._md_decisions() + self._md_predictions()
         out += ["## Trials", "", "Values are medians where a config was measured more than once;"
-                " \u2605 marks a recommended config.", "",
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
-        out.append("")
+                " \u2605 marks a recommended config.", "", *_md_table(*self.trial_rows()), ""]
         if not self.failed.empty:
             out += ["## Failures", ""]
             for _, t in self.failed.iterrows():
@@ -337,6 +284,54 @@ class _Doc:
                 if t["log_tail"]:
                     out += [_fence(str(t["log_tail"]), indent="  "), ""]
         return "\n".join(out)
+
+    def _md_rec(self, rec: Recommendation) -> list[str]:
+        e = _md
+        head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
+        out = [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
+        if rec.serve_command:
+            out += [_fence(rec.serve_command), ""]
+        if rec.concurrency in self.config_files:
+            out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.", ""]
+        split = split_table.rec_rows(rec.decomposition)
+        if split:
+            out += [f"| {e(rec.decomposition['label'])} | |", "|---|---:|"]
+            out += [f"| {e(k)} | {e(v)} |" for k, v in split]
+            out.append("")
+        if rec.metrics or rec.baseline_metrics:
+            out += ["| metric | this config | baseline |", "|---|---:|---:|"]
+            for key, name, fmt in _METRIC_ROWS:
+                out.append(f"| {name} | {num(rec.metrics.get(key), fmt)} | "
+                           f"{num(rec.baseline_metrics.get(key), fmt)} |")
+            out.append("")
+        if rec.confidence:
+            out += [f"Confidence: {e(rec.confidence)}", ""]
+        if rec.verify_command:
+            out += ["Verify:", "", _fence(rec.verify_command), ""]
+        return out
+
+    def _md_decisions(self) -> list[str]:
+        if not self.decisions:
+            return []
+        e = _md
+        out = ["## How it was decided", "", e(decisions.INTRO), ""]
+        for title, texts in self.decisions:
+            if len(texts) == 1:
+                out += [f"- **{e(title)}:** {e(texts[0])}"]
+            else:
+                out += [f"- **{e(title)}:**"] + [f"  - {e(t)}" for t in texts]
+        return [*out, ""]
+
+    def _md_predictions(self) -> list[str]:
+        intro, tables = prediction_tables(self.predictions)
+        if not intro:
+            return []
+        out = ["## Predicted by replay", ""]
+        for text in intro:
+            out += [_md(text), ""]
+        for title, head, rows in tables:
+            out += [f"### {_md(title)}", "", *_md_table(head, rows), ""]
+        return out
 
     # --- HTML -------------------------------------------------------------------------------
     def html(self) -> str:
@@ -347,15 +342,10 @@ class _Doc:
         body.append("<h2>Recommendation</h2>")
         for rec in self.recs:
             body.append(self._html_rec(rec))
-        parts = decomposition.table(self.df, self.recs)
-        if parts:
-            head, rows = parts
+        if self.split_table:
             body.append("<h2>Engine path and speculation</h2>"
-                        f"<p class='sub'>{e(decomposition.INTRO)}</p><div class='scroll'>"
-                        "<table class='trials'><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
-                        + "</tr>" + "".join("<tr><td class='cfg'>" + e(r[0]) + "</td>" + "".join(
-                            f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>" for r in rows)
-                        + "</table></div>")
+                        f"<p class='sub'>{e(split_table.INTRO)}</p>"
+                        + _html_table(*self.split_table))
         body.append(policy_html(self.policy))
         body.append("<h2>What was tuned, on what</h2><table class='kv'>")
         body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in self.context_rows()]
@@ -377,17 +367,21 @@ class _Doc:
         intro, tables = prediction_tables(self.predictions)
         if intro:
             body.append("<h2>Predicted by replay</h2>" + "".join(f"<p>{e(t)}</p>" for t in intro))
-            for title, head, rows in tables:
-                body.append(f"<h3>{e(title)}</h3><div class='scroll'><table class='trials'><tr>"
-                            + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>" + "".join(
-                                "<tr><td class='cfg'>" + e(r[0]) + "</td>"
-                                + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>"
-                                for r in rows) + "</table></div>")
+            body += [f"<h3>{e(title)}</h3>" + _html_table(head, rows)
+                     for title, head, rows in tables]
+        body += self._html_trials()
+        return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+                f"<title>{e(self.title())}</title><style>{_CSS}</style></head><body>"
+                + "\n".join(body) + "</body></html>\n")
+
+    def _html_trials(self) -> list[str]:
+        """The trials table, a row per trial coloured by state, then each failure's log."""
+        e = html.escape
         head, rows = self.trial_rows()
-        body.append("<h2>Trials</h2><p class='sub'>Values are medians where a config was "
-                    "measured more than once; \u2605 marks a recommended config.</p>"
-                    "<div class='scroll'><table class='trials'><tr>"
-                    + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+        body = ["<h2>Trials</h2><p class='sub'>Values are medians where a config was "
+                "measured more than once; \u2605 marks a recommended config.</p>"
+                "<div class='scroll'><table class='trials'><tr>"
+                + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
         for r in rows:
             cls = {"FAIL": "fail", "RUNNING": "run", "WAITING": "run"}.get(r[1], "")
             body.append(f"<tr class='{cls}'>" + "".join(
@@ -402,9 +396,7 @@ class _Doc:
                     f"<b>{e(str(t['failure_kind'] or 'failed'))}</b> \u2014 "
                     f"{e(str(t['reason']))}</summary><pre>{e(str(t['log_tail'] or '(no log)'))}"
                     f"</pre></details>")
-        return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-                f"<title>{e(self.title())}</title><style>{_CSS}</style></head><body>"
-                + "\n".join(body) + "</body></html>\n")
+        return body
 
     def _html_rec(self, rec: Recommendation) -> str:
         e = html.escape
@@ -416,7 +408,7 @@ class _Doc:
         if rec.concurrency in self.config_files:
             parts.append(f"<p>Or <code>vllm serve --config "
                          f"{e(self.config_files[rec.concurrency].name)}</code>.</p>")
-        split = decomposition.rec_rows(rec.decomposition)
+        split = split_table.rec_rows(rec.decomposition)
         if split:
             parts.append(f"<table class='split'><tr><th colspan='2'>"
                          f"{e(rec.decomposition['label'])}</th></tr>" + "".join(
@@ -425,8 +417,8 @@ class _Doc:
         if rec.metrics or rec.baseline_metrics:
             parts.append("<table><tr><th>metric</th><th>this config</th><th>baseline</th></tr>")
             for key, name, fmt in _METRIC_ROWS:
-                parts.append(f"<tr><td>{e(name)}</td><td>{_cell(rec.metrics.get(key), fmt)}</td>"
-                             f"<td>{_cell(rec.baseline_metrics.get(key), fmt)}</td></tr>")
+                parts.append(f"<tr><td>{e(name)}</td><td>{num(rec.metrics.get(key), fmt)}</td>"
+                             f"<td>{num(rec.baseline_metrics.get(key), fmt)}</td></tr>")
             parts.append("</table>")
         if rec.confidence:
             parts.append(f"<p><b>Confidence:</b> {e(rec.confidence)}</p>")
@@ -439,6 +431,22 @@ def _isna(value: Any) -> bool:
     import pandas as pd
 
     return bool(pd.isna(value)) if not isinstance(value, (list, tuple)) else False
+
+
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table, every cell escaped (_md)."""
+    return ["| " + " | ".join(_md(h) for h in head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(_md(c) for c in r) + " |" for r in rows)]
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A wide table that scrolls, its first column a config (which wraps; figures do not)."""
+    e = html.escape
+    return ("<div class='scroll'><table class='trials'><tr>"
+            + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr><td class='cfg'>" + e(r[0]) + "</td>"
+                      + "".join(f"<td>{e(c)}</td>" for c in r[1:]) + "</tr>" for r in rows)
+            + "</table></div>")
 
 
 def _md(text: Any) -> str:

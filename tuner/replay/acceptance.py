@@ -25,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from tuner.records import TrialConfig
 from tuner.tokens import RequestTokens, TokenCapture
 
 REPLAYABLE = ("ngram", "suffix")
-DEFAULT_MAX_MODEL_LEN = 4096
+# MAX_MODEL_LEN: an engine without a --max-model-len runs to the model's own context, which is
+# not known here: no limit (vLLM's ngram function takes an int).
+NO_LIMIT = 1 << 30
 
 
 @dataclass
@@ -165,19 +168,29 @@ def replayable(speculative_config: dict[str, Any] | None) -> bool:
 
 
 def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
-           max_model_len: int = DEFAULT_MAX_MODEL_LEN, max_num_seqs: int = 256,
+           max_model_len: int | None = None, max_num_seqs: int | None = None,
            levels: Iterable[int] | None = None, trace: bool = False) -> dict[int, Acceptance]:
     """Acceptance of `speculative_config` at each level of `capture` (measured requests only);
-    with `trace`, also every step of every request (Acceptance.trace).
+    with `trace`, also every step of every request (Acceptance.trace). `max_model_len` and
+    `max_num_seqs` are the engine's (EngineLimits): max_model_len None is no limit;
+    max_num_seqs bounds a K schedule (num_speculative_tokens_per_batch_size), which needs it.
 
-    Raises ValueError for a method the replay cannot run (see REPLAYABLE)."""
+    Raises ValueError for a method the replay cannot run (see REPLAYABLE), and for a config
+    without the K vLLM would need (an n-gram config names num_speculative_tokens)."""
     method = speculative_config.get("method")
     if method not in REPLAYABLE:
         raise ValueError(f"method {method!r} cannot be replayed; replayable: {REPLAYABLE}")
     wanted = set(capture.levels() if levels is None else levels)
-    k = int(speculative_config.get("num_speculative_tokens") or _default_k(speculative_config))
-    lookup = _schedule(speculative_config.get("num_speculative_tokens_per_batch_size"),
-                       max_num_seqs=max_num_seqs, k=k)
+    k = TrialConfig(speculative_config=speculative_config).k
+    if not k:
+        raise ValueError(f"a {method} config needs num_speculative_tokens")
+    max_model_len = NO_LIMIT if max_model_len is None else max_model_len
+    k_schedule = speculative_config.get("num_speculative_tokens_per_batch_size")
+    if method == "suffix" and k_schedule:
+        # vLLM's SuffixDecodingProposer asserts K == num_speculative_tokens every step.
+        raise ValueError("suffix decoding with num_speculative_tokens_per_batch_size: "
+                         "vLLM's suffix proposer accepts no per-batch-size K")
+    lookup = _schedule(k_schedule, max_num_seqs=max_num_seqs, k=k)
     if method == "ngram":
         lo, hi = _window(speculative_config)
         proposer: _Proposer = _Ngram(k=k, min_n=lo, max_n=hi, max_model_len=max_model_len)
@@ -185,10 +198,6 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
             return {c: _independent(capture.level(c, warmup=False), proposer, c, trace)
                     for c in capture.levels() if c in wanted}
     else:
-        if lookup is not None:
-            # vLLM's SuffixDecodingProposer asserts K == num_speculative_tokens every step.
-            raise ValueError("suffix decoding with num_speculative_tokens_per_batch_size: "
-                             "vLLM's suffix proposer accepts no per-batch-size K")
         proposer = _Suffix(speculative_config, k=k, max_model_len=max_model_len)
     out = {}
     for c in capture.levels():  # CLOSED_LOOP: every level, so a suffix cache sees it all
@@ -200,12 +209,6 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
 
 
 # -- configs ------------------------------------------------------------------------------------
-def _default_k(spec: dict[str, Any]) -> int:
-    if spec.get("method") == "suffix":  # vLLM: num_speculative_tokens defaults to the depth
-        return int(spec.get("suffix_decoding_max_tree_depth") or 24)
-    raise ValueError("an n-gram config needs num_speculative_tokens")
-
-
 def _window(spec: dict[str, Any]) -> tuple[int, int]:
     """vLLM's defaults: both 5 when neither is set; one set, the other copies it."""
     lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
@@ -216,9 +219,12 @@ def _window(spec: dict[str, Any]) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def _schedule(spec_schedule, *, max_num_seqs: int, k: int) -> list[int] | None:
+def _schedule(spec_schedule, *, max_num_seqs: int | None, k: int) -> list[int] | None:
     if not spec_schedule:
         return None
+    if max_num_seqs is None:
+        raise ValueError("a K schedule (num_speculative_tokens_per_batch_size) needs the "
+                         "engine's max_num_seqs (EngineLimits.max_num_seqs)")
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
     return build_dynamic_sd_schedule_lookup(spec_schedule, max_num_seqs, k)
@@ -261,6 +267,11 @@ class _Ngram(_Proposer):
     def __init__(self, *, k: int, min_n: int, max_n: int, max_model_len: int) -> None:
         self.k, self.min_n, self.max_n, self.max_model_len = k, min_n, max_n, max_model_len
         self.find = _ngram_fn()
+
+    @property
+    def settings(self) -> tuple[int, int, int, int]:
+        """What the compiled kernel reads: (min_n, max_n, max_model_len, k)."""
+        return self.min_n, self.max_n, self.max_model_len, self.k
 
     def propose(self, batch: Sequence[_Running], k: int) -> None:
         for r in batch:
@@ -335,8 +346,8 @@ def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
         drafted = np.zeros(max(1, len(req.output)), np.int64)
         accepted = np.zeros_like(drafted)
         past = np.zeros(1, np.int64)
-        steps = kernel(tokens, len(req.prompt), len(req.output), proposer.min_n, proposer.max_n,
-                       proposer.max_model_len, proposer.k, drafted, accepted, past)
+        steps = kernel(tokens, len(req.prompt), len(req.output), proposer.settings, drafted,
+                       accepted, past)
         if past[0]:
             stats.past_end.append(int(past[0]))
         stats._count_many(drafted[:steps], accepted[:steps], censored_last=bool(past[0]))
@@ -363,7 +374,8 @@ def _ngram_kernel():
     find = _ngram_fn()
 
     @numba.njit
-    def run(tokens, plen, olen, min_n, max_n, max_model_len, k, drafted, accepted, past):
+    def run(tokens, plen, olen, settings, drafted, accepted, past):
+        min_n, max_n, max_model_len, k = settings  # _Ngram.settings
         pos, steps = 1, 0  # PREFILL_HAS_NO_DRAFT
         while pos < olen:
             length = plen + pos

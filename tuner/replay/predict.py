@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.records import LevelMetrics, TrialConfig
+from tuner.records import LevelMetrics, Measured, SpeedupSplit, TrialConfig
 from tuner.replay import acceptance, cost, schedule, streams
 from tuner.tokens import TokenCapture
 
@@ -84,7 +84,7 @@ class Prediction:
 
 
 def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
-            measured: Sequence[MeasuredTrial], *, max_model_len: int, max_num_seqs: int,
+            measured: Sequence[MeasuredTrial], *, max_model_len: int | None, max_num_seqs: int,
             levels: Sequence[int] | None = None, memo: dict | None = None) -> Prediction:
     """Predict every replayable config of `configs` at every level (default: the capture's).
 
@@ -304,7 +304,7 @@ class _Replayer:
     """Replays configs over one capture, once per (config, capture); with an alternate
     stream (tuner.replay.streams), over the stream each request of the config follows."""
 
-    def __init__(self, capture: TokenCapture, *, max_model_len: int, max_num_seqs: int,
+    def __init__(self, capture: TokenCapture, *, max_model_len: int | None, max_num_seqs: int,
                  levels: Sequence[int], memo: dict | None = None) -> None:
         self.capture, self.levels = capture, list(levels)
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
@@ -452,18 +452,24 @@ def _played_baseline(step: cost.StepCost | None, replay: _Replayer, c: int,
 def _decomposed(row: dict[str, Any], base: dict[str, float] | None,
                 aligned: dict[str, float] | None) -> dict[str, Any]:
     """pred_speedup = path_cost x pred_speculation_gain where the study measured an aligned
-    baseline: the path's cost is measured (aligned over plain throughput at this level), the
-    gain is the predicted throughput over the aligned baseline's. Both None otherwise."""
+    baseline (tuner.records.SpeedupSplit): the path's cost is measured (aligned over plain
+    throughput at this level), the gain is the predicted throughput over the aligned
+    baseline's. Both None otherwise."""
     out: dict[str, Any] = {"path_cost": None, "pred_speculation_gain": None}
     if base is None or aligned is None or not row["speculative_config"]:
         return out
-    thr_base, thr_aligned = base["output_throughput"], aligned["output_throughput"]
-    if not (_finite(thr_base) and _finite(thr_aligned) and thr_base > 0 and thr_aligned > 0):
+    split = SpeedupSplit.of(_throughput(row["pred_output_throughput"]),
+                            plain=_throughput(base["output_throughput"]),
+                            aligned=_throughput(aligned["output_throughput"]))
+    if split is None:
         return out
-    out["path_cost"] = thr_aligned / thr_base
-    if _finite(row["pred_output_throughput"]):
-        out["pred_speculation_gain"] = row["pred_output_throughput"] / thr_aligned
-    return out
+    gain = split.speculation_gain.value
+    return {"path_cost": split.path_cost.value,
+            "pred_speculation_gain": gain if _finite(gain) else None}
+
+
+def _throughput(value: float | None) -> Measured:
+    return Measured(value=value if _finite(value) else math.nan)
 
 
 def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any]) -> dict[str, Any]:

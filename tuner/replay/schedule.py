@@ -95,45 +95,64 @@ def simulate(drafts: Sequence[np.ndarray], lengths: Sequence[int], *, concurrenc
     first token when that step ends."""
     if len(drafts) != len(lengths):
         raise ValueError(f"{len(drafts)} draft traces for {len(lengths)} requests")
-    n_req = len(lengths)
-    prompts = list(prompts) if prompts is not None else [0] * n_req
-    slots = max(1, concurrency)
-    scored = [np.asarray(d, dtype=np.int64) + 1 for d in drafts]
-    full = [np.asarray(d) == k for d in drafts]
-    sent_at = [0.0] * n_req
-    ttft = [0.0] * n_req
-    pos = [0] * n_req
-    n_steps = [0] * n_req
-    n_sum = [0.0] * n_req
-    mixed_sum = [0] * n_req
-    stall = [0.0] * n_req
-    busy = [0.0] * n_req  # ms spent in its decode steps
-    sent, now, end = 0, 0.0, 0.0
-    waiting: list[int] = []  # sent, not yet prefilled
-    decoding: list[int] = []
-    engine_steps = uniform = 0
-
-    def send(at: float) -> None:
-        nonlocal sent
-        while sent < n_req and len(waiting) + len(decoding) < slots:
-            sent_at[sent] = at
-            waiting.append(sent)
-            sent += 1
-
-    send(0.0)
+    play = _Play(drafts, k=k, slots=max(1, concurrency),
+                 prompts=list(prompts) if prompts is not None else [0] * len(lengths))
+    play.send(0.0)
+    waiting, decoding, sent_at = play.waiting, play.decoding, play.sent_at
     while waiting or decoding:
-        admit = [i for i in waiting if sent_at[i] + overhead_ms <= now]
+        admit = [i for i in waiting if sent_at[i] + overhead_ms <= play.now]
         if not admit and not decoding:
-            now = min(sent_at[i] for i in waiting) + overhead_ms
+            play.now = min(sent_at[i] for i in waiting) + overhead_ms
             continue
-        n = float(sum(int(scored[i][pos[i]]) for i in decoding))
-        is_mixed = k > 0 and bool(decoding) and not all(bool(full[i][pos[i]]) for i in decoding)
-        prefill = prefill_ms_per_token * sum(prompts[i] for i in admit)
+        play.step(admit, step_ms, prefill_ms_per_token)
+    return play.schedule(lengths)
+
+
+class _Play:
+    """The state of a level being played: who is waiting for its prefill, who decodes, and
+    per request what its steps held so far."""
+
+    def __init__(self, drafts: Sequence[np.ndarray], *, k: int, slots: int,
+                 prompts: list[int]) -> None:
+        n_req = len(drafts)
+        self.k, self.slots, self.prompts = k, slots, prompts
+        self.scored = [np.asarray(d, dtype=np.int64) + 1 for d in drafts]
+        self.full = [np.asarray(d) == k for d in drafts]
+        self.sent_at = [0.0] * n_req
+        self.ttft = [0.0] * n_req
+        self.pos = [0] * n_req
+        self.n_steps = [0] * n_req
+        self.n_sum = [0.0] * n_req
+        self.mixed_sum = [0] * n_req
+        self.stall = [0.0] * n_req
+        self.busy = [0.0] * n_req  # ms spent in its decode steps
+        self.sent, self.now, self.end = 0, 0.0, 0.0
+        self.waiting: list[int] = []  # sent, not yet prefilled
+        self.decoding: list[int] = []
+        self.engine_steps = self.uniform = 0
+
+    def send(self, at: float) -> None:
+        """Fill the free slots with the next requests, sent at `at`."""
+        while (self.sent < len(self.sent_at)
+               and len(self.waiting) + len(self.decoding) < self.slots):
+            self.sent_at[self.sent] = at
+            self.waiting.append(self.sent)
+            self.sent += 1
+
+    def step(self, admit: list[int], step_ms: StepFn, prefill_ms_per_token: float) -> None:
+        """One engine step: every decoding request advances, `admit` is prefilled."""
+        decoding, pos = self.decoding, self.pos
+        n = float(sum(int(self.scored[i][pos[i]]) for i in decoding))
+        is_mixed = (self.k > 0 and bool(decoding)
+                    and not all(bool(self.full[i][pos[i]]) for i in decoding))
+        prefill = prefill_ms_per_token * sum(self.prompts[i] for i in admit)
         dt = step_ms(n, 1.0 if is_mixed else 0.0) + prefill
-        now += dt
+        self.now += dt
         if decoding:
-            engine_steps += 1
-            uniform += not is_mixed
+            self.engine_steps += 1
+            self.uniform += not is_mixed
+        n_steps, n_sum, mixed_sum, stall, busy = (
+            self.n_steps, self.n_sum, self.mixed_sum, self.stall, self.busy)
         for i in decoding:
             pos[i] += 1
             n_steps[i] += 1
@@ -142,27 +161,30 @@ def simulate(drafts: Sequence[np.ndarray], lengths: Sequence[int], *, concurrenc
             stall[i] += prefill
             busy[i] += dt
         for i in admit:
-            waiting.remove(i)
-            ttft[i] = now - sent_at[i]
+            self.waiting.remove(i)
+            self.ttft[i] = self.now - self.sent_at[i]
             decoding.append(i)
-        finished = [i for i in decoding if pos[i] >= len(scored[i])]
+        finished = [i for i in decoding if pos[i] >= len(self.scored[i])]
         for i in finished:
             decoding.remove(i)
-            end = now
+            self.end = self.now
         if finished:
-            send(now)
-    per = [i for i in range(n_req) if lengths[i] > 1]
-    decoded = sum(lengths[i] - 1 for i in per)
+            self.send(self.now)
 
-    def per_token(values: list[float]) -> float:
-        return sum(values[i] for i in per) / decoded if decoded else 0.0
+    def schedule(self, lengths: Sequence[int]) -> Schedule:
+        per = [i for i in range(len(lengths)) if lengths[i] > 1]
+        decoded = sum(lengths[i] - 1 for i in per)
 
-    return Schedule(
-        duration_ms=end, output_tokens=int(sum(lengths)), ttft_ms=tuple(ttft),
-        tpot_ms=tuple(busy[i] / (lengths[i] - 1) for i in per),
-        coef_a=per_token(n_steps), coef_b=per_token(n_sum), coef_m=per_token(mixed_sum),
-        stall_ms=per_token(stall), steps=engine_steps, uniform_steps=uniform,
-        decode_ms_per_token=per_token(busy))
+        def per_token(values: list[float]) -> float:
+            return sum(values[i] for i in per) / decoded if decoded else 0.0
+
+        return Schedule(
+            duration_ms=self.end, output_tokens=int(sum(lengths)), ttft_ms=tuple(self.ttft),
+            tpot_ms=tuple(self.busy[i] / (lengths[i] - 1) for i in per),
+            coef_a=per_token(self.n_steps), coef_b=per_token(self.n_sum),
+            coef_m=per_token(self.mixed_sum), stall_ms=per_token(self.stall),
+            steps=self.engine_steps, uniform_steps=self.uniform,
+            decode_ms_per_token=per_token(self.busy))
 
 
 def baseline_drafts(lengths: Sequence[int]) -> list[np.ndarray]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure.trial import measure_outcome
 from tuner.records import EngineSpec, Failure, TrialOutcome
@@ -35,6 +36,18 @@ def choose(engine: EngineSpec, *, ray_address: str | None, parallel: int | None,
             f"{' and '.join(f.split()[0] for f in wanted_by)} to run one trial at a time "
             f"without Ray.") from None
     return RayExecutor(address=ray_address, parallel=parallel, num_gpus=logical_gpus)
+
+
+def gpus_per_trial(engine: EngineSpec, *, asked: float | None, logical_gpus: int | None
+                   ) -> float:
+    """GPUs each trial holds on the executor (`--gpus-per-trial`): as asked, else the
+    engine's tensor x pipeline parallel size on GPUs (or Ray's logical ones), none on the
+    CPU."""
+    if asked is not None:
+        return asked
+    if engine.device == "cuda" or logical_gpus:
+        return float(engine_cmdline.gpus_per_engine(engine))
+    return 0.0
 
 
 class InlineExecutor:

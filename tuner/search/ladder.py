@@ -1,4 +1,5 @@
-"""Search stage, campaigns: measure a fixed list of configs on a concurrency ladder, with repeats.
+"""Search stage, the policy ladder: measure a fixed list of configs on a concurrency ladder, with
+repeats.
 
 Used by the load-aware policy step. Runs are interleaved (baseline, A, B, ..., then the next
 repeat) so slow drift of a shared machine hits every config alike. Each run is one engine
@@ -10,84 +11,165 @@ a run's token capture stays in its folder, named in its attrs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.records import EngineSpec, MeasureSettings, TrialAttr, TrialConfig, Workload
+from tuner.records import (
+    EngineSpec,
+    MeasureSettings,
+    TrialAttr,
+    TrialConfig,
+    TrialOutcome,
+    Workload,
+)
+from tuner.search import optuna_compat
 from tuner.search import study as st
+
+# One run measured into its folder: a result or a failure, never an exception.
+MeasureRun = Callable[[TrialConfig, Path], TrialOutcome]
+RunKey = tuple[Any, Any, Any]  # (phase, config key, repeat) as a run's attrs store them
+# A run's attrs that stored_runs returns, by name (TrialAttr values).
+RUN_FIELDS = (TrialAttr.PHASE, TrialAttr.ROLE, TrialAttr.LABEL, TrialAttr.CONFIG_KEY,
+              TrialAttr.REPEAT, TrialAttr.CONFIG, TrialAttr.RESULT, TrialAttr.FAILURE,
+              TrialAttr.TOKENS)
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """What every run of a campaign shares: the study (whose companion keeps the runs), the
+    engine and workload, the ladder (`settings.concurrencies`, with its requests per slot), how
+    many times each config is measured, the study folder, and where progress is said."""
+
+    study: Any
+    engine: EngineSpec
+    workload: Workload
+    settings: MeasureSettings
+    repeats: int
+    out_dir: Path
+    say: Callable[[str], None] = print
+
+    def measure_run(self, config: TrialConfig, run_dir: Path) -> TrialOutcome:
+        """Launch the engine with `config` and measure it on the ladder (tuner.measure)."""
+        from tuner.measure import trial as runner
+
+        return runner.measure_outcome(self.engine, config, self.workload, self.settings,
+                                      str(run_dir))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One launch of a phase: the n-th of its schedule (from 1), repeat `repeat` of `config`."""
+
+    n: int
+    repeat: int
+    role: str
+    config: TrialConfig
 
 
 def companion(study: Any) -> Any:
+    """The study `<study>.policy` in the same storage, created on first use."""
     import optuna
 
     return optuna.create_study(study_name=f"{study.study_name}.policy",
-                               storage=study._storage, direction="maximize",
+                               storage=optuna_compat.storage_of(study), direction="maximize",
                                load_if_exists=True)
 
 
-def measure(
-    *, study: Any, engine: EngineSpec, workload: Workload, ladder: Sequence[int],
-    runs: Sequence[tuple[str, TrialConfig]], repeats: int, phase: str, out_dir: Path,
-    requests_per_slot: int = 4, say: Callable[[str], None] = print,
-) -> list[dict[str, Any]]:
-    """Measure each (role, config) `repeats` times on the ladder; returns every stored run of
-    this phase as {role, label, key, repeat, config, result | failure}."""
+def measure(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]], phase: str,
+            measure_run: MeasureRun | None = None) -> list[dict[str, Any]]:
+    """Measure each (role, config) `campaign.repeats` times on the ladder, interleaved; a run
+    this phase already holds complete is not measured again. `measure_run`: how one run is
+    measured (default: Campaign.measure_run). Returns every stored run of this phase as
+    {role, label, key, repeat, config, result | failure, tokens}."""
+    comp = companion(campaign.study)
+    fail_left_running(comp)
+    done = done_keys(comp)
+    plan = schedule(runs, campaign.repeats)
+    for run in plan:
+        if run_key(phase, run.config, run.repeat) not in done:
+            _measure(comp, campaign, run, phase=phase, total=len(plan),
+                     measure_run=measure_run or campaign.measure_run)
+    return stored_runs(campaign.study, phase)
+
+
+def schedule(runs: Sequence[tuple[str, TrialConfig]], repeats: int) -> list[Run]:
+    """Every launch in order: each repeat measures every config once before the next repeat
+    starts (baseline, A, B, baseline, A, B)."""
+    order = [(rep, role, config) for rep in range(repeats) for role, config in runs]
+    return [Run(n, rep, role, config) for n, (rep, role, config) in enumerate(order, 1)]
+
+
+def run_key(phase: str | None, config: TrialConfig, repeat: int) -> RunKey:
+    """What makes a run the same run on resume: its phase, config and repeat index."""
+    return phase, config.key(), repeat
+
+
+def done_keys(comp: Any) -> set[RunKey]:
+    """The run keys the companion study holds complete (a failed run is measured again)."""
     from optuna.trial import TrialState
 
-    from tuner.measure import trial as runner
-
-    comp = companion(study)
-    settings = MeasureSettings(concurrencies=tuple(ladder), requests_per_slot=requests_per_slot)
-    for t in comp.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        comp._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-    done = {(t.user_attrs.get(TrialAttr.PHASE), t.user_attrs.get(TrialAttr.CONFIG_KEY), t.user_attrs.get(TrialAttr.REPEAT))
+    return {(t.user_attrs.get(TrialAttr.PHASE), t.user_attrs.get(TrialAttr.CONFIG_KEY),
+             t.user_attrs.get(TrialAttr.REPEAT))
             for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    total = len(runs) * repeats
-    n = 0
-    for rep in range(repeats):
-        for role, config in runs:
-            n += 1
-            if (phase, config.key(), rep) in done:
-                continue
-            trial = comp.ask()
-            for k, v in {TrialAttr.PHASE: phase, TrialAttr.ROLE: role,
-                         TrialAttr.CONFIG_KEY: config.key(), TrialAttr.REPEAT: rep,
-                         TrialAttr.LABEL: config.label(), "ladder": list(ladder),
-                         TrialAttr.CONFIG: json.loads(config.model_dump_json())}.items():
-                trial.set_user_attr(k, v)
-            run_dir = out_dir / "policy" / f"run{trial.number}"
-            outcome = runner.measure_outcome(engine, config, workload, settings, str(run_dir))
-            if outcome.failure is not None:
-                trial.set_user_attr(TrialAttr.FAILURE, outcome.failure.model_dump())
-                comp.tell(trial, state=TrialState.FAIL)
-                say(f"  [{phase} {n}/{total}] {config.label()}: FAIL "
-                    f"({outcome.failure.kind}) {outcome.failure.reason[:200]}")
-                continue
-            result = outcome.result
-            assert result is not None  # an outcome holds a result or a failure
-            if outcome.tokens is not None:
-                st.store_tokens(out_dir, trial, outcome.tokens, trial_dir=run_dir)
-            trial.set_user_attr(TrialAttr.RESULT, json.loads(result.model_dump_json()))
-            comp.tell(trial, result.levels[0].output_throughput)
-            say(f"  [{phase} {n}/{total}] {config.label()}: " + " | ".join(
-                f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s" for lv in result.levels))
-    return stored_runs(study, phase)
+
+
+def fail_left_running(comp: Any) -> None:
+    """Mark FAIL the runs a killed driver left RUNNING (the study lock admits one driver, so
+    none is live); they are measured again."""
+    from optuna.trial import TrialState
+
+    storage = optuna_compat.storage_of(comp)
+    for t in comp.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
+
+
+def _run_attrs(run: Run, phase: str, settings: MeasureSettings) -> dict[str, Any]:
+    return {TrialAttr.PHASE: phase, TrialAttr.ROLE: run.role,
+            TrialAttr.CONFIG_KEY: run.config.key(), TrialAttr.REPEAT: run.repeat,
+            TrialAttr.LABEL: run.config.label(), "ladder": list(settings.concurrencies),
+            TrialAttr.CONFIG: run.config.model_dump(mode="json")}
+
+
+def _measure(comp: Any, campaign: Campaign, run: Run, *, phase: str, total: int,
+             measure_run: MeasureRun) -> None:
+    """Measure one run as a trial of the companion study and say how it went."""
+    from optuna.trial import TrialState
+
+    trial = comp.ask()
+    for key, value in _run_attrs(run, phase, campaign.settings).items():
+        trial.set_user_attr(key, value)
+    run_dir = campaign.out_dir / "policy" / f"run{trial.number}"
+    outcome = measure_run(run.config, run_dir)
+    head = f"  [{phase} {run.n}/{total}] {run.config.label()}: "
+    if outcome.failure is not None:
+        trial.set_user_attr(TrialAttr.FAILURE, outcome.failure.model_dump())
+        comp.tell(trial, state=TrialState.FAIL)
+        campaign.say(f"{head}FAIL ({outcome.failure.kind}) {outcome.failure.reason[:200]}")
+        return
+    result = outcome.result
+    assert result is not None  # an outcome holds a result or a failure
+    if outcome.tokens is not None:
+        st.store_tokens(campaign.out_dir, trial, outcome.tokens, trial_dir=run_dir)
+    trial.set_user_attr(TrialAttr.RESULT, st.result_attr(result))
+    comp.tell(trial, result.levels[0].output_throughput)
+    campaign.say(head + " | ".join(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s"
+                                   for lv in result.levels))
 
 
 def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
+    """Every finished run of the companion study (of `phase` only, when given), in launch
+    order, as {phase, role, label, key, repeat, config, result, failure, tokens}; [] before
+    the first campaign."""
     import optuna
     from optuna.trial import TrialState
 
     try:
-        comp = optuna.load_study(study_name=f"{study.study_name}.policy", storage=study._storage)
+        comp = optuna.load_study(study_name=f"{study.study_name}.policy",
+                                 storage=optuna_compat.storage_of(study))
     except KeyError:
         return []
-    out = []
-    for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if phase is not None and t.user_attrs.get(TrialAttr.PHASE) != phase:
-            continue
-        out.append({k: t.user_attrs.get(k) for k in ("phase", "role", "label", "key", "repeat",
-                                                      "config", "result", "failure", "tokens")})
-    return out
+    return [{k: t.user_attrs.get(k) for k in RUN_FIELDS}
+            for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+            if phase is None or t.user_attrs.get(TrialAttr.PHASE) == phase]

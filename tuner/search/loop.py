@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import TrialState
@@ -25,10 +25,9 @@ from optuna.trial import TrialState
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import enginepath
 from tuner.records import (
-    AlignedBaseline,
     BenchResult,
     EngineSpec,
-    MeasureSettings,
+    OptimizeOptions,
     Role,
     TrialAttr,
     TrialConfig,
@@ -131,6 +130,26 @@ def _aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
     return None if gap is None else (aligned, found[0], gap)
 
 
+def _quiet(*_args: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LoopOutput:
+    """What the loop tells, and through what: `say` a line a user must know; `line(result,
+    baseline)` a finished trial's figures; `detail` the lines -v adds (each trial's engine
+    start and levels, the search's working); `note(topic, text, key="")` a fact for the
+    report's "How it was decided" (tuner.outputs.decisions); `tick(done, total)` the progress
+    bar; `show_bar` a bar over each level's requests, for an inline trial. None: not told."""
+
+    say: Callable[[str], None] = _quiet
+    line: Callable[[BenchResult, dict | None], str] = lambda result, _base: result.label()
+    detail: Callable[[str], None] | None = None
+    note: Callable[..., None] | None = None
+    tick: Callable[[int, int], None] | None = None
+    show_bar: bool = False
+
+
 class SearchLoop:
     """Ask/tell in the driver; trials run on the executor (inline or Ray).
 
@@ -139,33 +158,33 @@ class SearchLoop:
     `rejected`); neither counts toward --n-trials.
     """
 
-    def __init__(self, *, study: Any, space: SearchSpace, engine: EngineSpec, workload: Workload,
-                 settings: MeasureSettings, out_dir: Path, objectives: list[str], target: int,
-                 constraints: dict[str, float | None], executor: Any, gpus: float,
-                 say: Callable[[str], None], line: Callable[[BenchResult, dict | None], str],
-                 rates: list[float] | None = None,
-                 tick: Callable[[int, int], None] | None = None, show_bar: bool = False,
-                 aligned: AlignedBaseline = "off", detail: Callable[[str], None] | None = None,
-                 note: Callable[..., None] | None = None) -> None:
-        self.study, self.space, self.engine, self.workload = study, space, engine, workload
-        self.settings, self.out_dir, self.objectives, self.target = settings, out_dir, \
-            objectives, target
-        self.constraints, self.executor, self.gpus, self.rates = constraints, executor, gpus, rates
-        self.say, self.line = say, line
-        # `detail`: the lines -v adds (each trial's engine start and levels, the search's
-        # working); `note(topic, text, key="")`: a fact for the report's "How it was decided"
-        # (tuner.outputs.decisions, through tuner.api).
-        self.detail = detail or (lambda _m: None)
-        self.note = note or (lambda _topic, _text, _key="": None)
-        self.tick = tick or (lambda _done, _total: None)
-        self.show_bar = show_bar  # a bar over each level's requests, for an inline trial
+    def __init__(self, *, options: OptimizeOptions, study: Any, space: SearchSpace,
+                 workload: Workload, executor: Any, gpus: float,
+                 output: LoopOutput | None = None) -> None:
+        """`options` as tuner.api resolved them (tuner.checks.optimize_options): the engine,
+        the levels, the objectives read at the target level, the SLOs, the acceptance
+        profile, the aligned baseline; `gpus`: what each trial holds on the executor."""
+        if not isinstance(options.engine, EngineSpec):
+            raise TypeError("SearchLoop takes resolved options (tuner.api.resolve_optimize)")
+        self.study, self.space, self.engine, self.workload = study, space, options.engine, \
+            workload
+        self.settings, self.out_dir, self.objectives = options.settings, options.out_dir, \
+            list(options.objectives)
+        self.target = options.target_concurrency
+        self.constraints, self.rates = dict(options.constraints), options.acceptance_rates
+        self.executor, self.gpus = executor, gpus
+        output = output or LoopOutput()
+        self.say, self.line, self.show_bar = output.say, output.line, output.show_bar
+        self.detail = output.detail or _quiet
+        self.note = output.note or _quiet
+        self.tick = output.tick or _quiet
         self.launched = 0
-        self.engine_digest = st.engine_digest(engine)
+        self.engine_digest = st.engine_digest(self.engine)
         self.method_choices = st.method_choices(study)
         self._space_keys: frozenset | None = None  # config keys of a finite space
         # --aligned-baseline: "auto" compares engine paths once the first speculative trial
         # ends; a TrialConfig is launched once the plain baseline is measured (align()).
-        self.aligned, self._aligned_decided = aligned, False
+        self.aligned, self._aligned_decided = options.aligned_baseline, False
         self._check_landed = False  # an auto-aligned baseline's own path is still to check
         # The [N/total] of a finished trial's line: trials toward --n-trials (the replay
         # strategy counts engine launches instead, repeats included), plus `extra`, the

@@ -29,9 +29,17 @@ from typing import Any
 from optuna.trial import TrialState
 
 from tuner.errors import ConfigError
-from tuner.records import BenchResult, LevelMetrics, Role, TrialAttr, TrialConfig
+from tuner.records import (
+    BenchResult,
+    EngineLimits,
+    LevelMetrics,
+    Role,
+    TrialAttr,
+    TrialConfig,
+)
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, Prediction, predict
+from tuner.search import optuna_compat
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, SearchSpace
@@ -150,25 +158,30 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
     0.3%, after 37-64 more replays (3-7 s) against 85-96 s for the grid
     (benchmarks/suffix_sample.py). The climb is there for workloads whose top is not flat."""
     added = 0
-    seen = {c.key() for c in configs}
+    by_key = {c.key(): c for c in configs}  # the rows of `pred` are of these configs
     for _ in range(REFINE_ROUNDS):
         if not any(c.calibrated for c in pred.costs.values()):
             break
-        leaders = []
-        for level in sorted(pred.costs):
-            ranked = pred.leaders(level, 10_000)
-            for method in dict.fromkeys(r["method"] for r in ranked):  # best method first
-                leaders += [r for r in ranked if r["method"] == method][:REFINE_TOP]
-        fresh = [c for c in neighbours(space, (TrialConfig.model_validate(
-            {"speculative_config": _spec(r)}) for r in leaders)) if c.key() not in seen]
+        leaders = [by_key[r["key"]] for r in _leading_rows(pred)]
+        fresh = [c for c in neighbours(space, leaders) if c.key() not in by_key]
         fresh = fresh[:limit - added]
         if not fresh:
             break
-        seen |= {c.key() for c in fresh}
+        by_key.update((c.key(), c) for c in fresh)
         configs = [*configs, *fresh]
         added += len(fresh)
         pred = pred.extended(predict_more(fresh))
     return configs, pred, added
+
+
+def _leading_rows(pred: Prediction) -> list[dict[str, Any]]:
+    """The REFINE_TOP best predicted rows of each method at every level."""
+    leaders = []
+    for level in sorted(pred.costs):
+        ranked = pred.leaders(level, 10_000)
+        for method in dict.fromkeys(r["method"] for r in ranked):  # best method first
+            leaders += [r for r in ranked if r["method"] == method][:REFINE_TOP]
+    return leaders
 
 
 def only_method(space: SearchSpace, method: str) -> SearchSpace:
@@ -210,16 +223,19 @@ class _RandomTrial:
 class ReplaySearch:
     """The replay strategy over one SearchLoop (its study, executor and trial telling)."""
 
-    def __init__(self, loop: SearchLoop, *, study_dir: Path, max_model_len: int,
-                 max_num_seqs: int, leaders: int = 2, seed: int = 0,
+    def __init__(self, loop: SearchLoop, *, study_dir: Path, limits: EngineLimits,
+                 leaders: int = 2, seed: int = 0,
                  on_prediction: Callable[[Prediction], None] | None = None) -> None:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
-        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.leaders, self.seed = leaders, seed
+        self.limits, self.leaders, self.seed = limits, leaders, seed
         self.say, self.detail, self.note = loop.say, loop.detail, loop.note
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
+        self._configs: dict[str, TrialConfig] = {}  # the configs replayed, by key
+        # The budget, which run() sets: launches, seconds, and when the run started.
+        self._n_trials, self._t0 = 0, 0.0
+        self._timeout_s: float | None = None
         self._said_stop = False
         loop.done = self.launches  # --n-trials counts launches here, repeats included
 
@@ -227,30 +243,11 @@ class ReplaySearch:
     def run(self, *, n_trials: int, timeout_s: float | None) -> bool:
         """Run the strategy; False when the baseline captured no tokens (the caller then
         falls back to the Optuna search)."""
-        t0 = time.monotonic()
-        self.loop.total = n_trials  # the bar's total: the launch budget
-        self.loop.progress()
-
-        def room() -> bool:
-            why = None
-            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-                why = f"--timeout {timeout_s:.0f} s reached; stopping."
-            elif self.launches() >= n_trials:
-                why = f"--n-trials {n_trials}: every engine launch of the budget is spent."
-            if why and not self._said_stop:
-                self.say(why)
-                self.note("stop", why)
-                self._said_stop = True
-            return why is None
-
-        base = self._first(lambda t: st.is_baseline(t))
+        self._start(n_trials, timeout_s)
+        base = self._baseline()
         if base is None:
-            if not room():
-                return True
-            base = self._launch(self.loop.space.baseline(), Role.BASELINE)
-        if base is None:
-            return True  # the baseline failed: failure_summary tells the user why
-        self._align(room)  # a given aligned baseline; "auto" on a resumed study
+            return True  # no budget, or the baseline failed: failure_summary tells the user why
+        self._align()  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
             text = ("The baseline trial holds no token ids (this vLLM did not return them), "
@@ -258,89 +255,154 @@ class ReplaySearch:
             self.say(text)
             self.note("strategy", text)
             return False
+        leaders = self._pick_leaders(self._replay_space(capture))
+        if leaders:
+            self._confirm(leaders, capture)
+        return True
+
+    def _start(self, n_trials: int, timeout_s: float | None) -> None:
+        self._n_trials, self._timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()
+        self.loop.total = n_trials  # the bar's total: the launch budget
+        self.loop.progress()
+
+    def _room(self) -> bool:
+        """Whether --n-trials and --timeout leave room for another launch (why not, said once)."""
+        why = None
+        if self._timeout_s is not None and time.monotonic() - self._t0 > self._timeout_s:
+            why = f"--timeout {self._timeout_s:.0f} s reached; stopping."
+        elif self.launches() >= self._n_trials:
+            why = f"--n-trials {self._n_trials}: every engine launch of the budget is spent."
+        if why and not self._said_stop:
+            self.say(why)
+            self.note("stop", why)
+            self._said_stop = True
+        return why is None
+
+    def _baseline(self) -> Any:
+        """The study's plain baseline, launched where it has none yet; None where the budget
+        is spent or the launch failed."""
+        base = self._first(st.is_baseline)
+        if base is None and self._room():
+            base = self._launch(self.loop.space.baseline(), Role.BASELINE)
+        return base
+
+    def _replay_space(self, capture: TokenCapture) -> Prediction:
+        """Predict the space over the baseline's tokens, with the calibration launches the
+        step cost needs and the climb around the predicted leaders."""
         configs = candidates(self.loop.space, seed=self.seed)
+        self._configs = {c.key(): c for c in configs}
         self.say(f"Replaying {len(configs)} configs of space '{self.loop.space.name}' over the "
                  "baseline's tokens (no engine) ...")
-        pred = self._predict(capture, configs)
+        pred = self._predict(capture)
         text = (f"Replayed {pred.configs} configs of space '{self.loop.space.name}' over the "
                 f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
                 f"per level in {pred.seconds:.1f} s (no engine).")
         self.detail(text)
         self.note("replay", text)
-        if not any(c.calibrated for c in pred.costs.values()) and room():
-            calib = self._calibration_config(pred)
-            if calib is not None:
-                text = (f"{calib.label()} drafts the most per step "
-                        f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
-                        "spans the space.")
-                self.say(f"Calibration launch: {text}")
-                self.note("calibration", text, "first")
-                self._launch(calib, Role.CALIBRATION)
-                self._align(room)  # "auto": the calibration is the first speculative trial
-                pred = self._predict(capture, configs)
-        if any(c.needs_mixed_point for c in pred.costs.values()) and room():
-            row = self._mixed_calibration_row(pred)
-            if row is not None:
-                calib = TrialConfig.model_validate({"speculative_config": _spec(row)})
-                self.say(f"Second calibration launch: {calib.label()} (this engine splits "
-                         "CUDA graphs by batch shape).")
-                text = (f"{calib.label()} drafts a full K on "
-                        f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
-                        "this engine splits CUDA graphs by batch shape, so the step cost "
-                        "needs a point where most steps are not uniform.")
-                self.detail(f"Second calibration launch: {text}")
-                self.note("calibration", f"Then {text}", "second")
-                self._launch(calib, Role.CALIBRATION)
-                pred = self._predict(capture, configs)
-        t0 = time.monotonic()
-        configs, pred, added = refine(self.loop.space, configs, pred,
+        pred = self._calibrate(capture, pred)
+        pred = self._calibrate_mixed(capture, pred)
+        pred = self._climb(capture, pred)
+        self._print_costs(pred)
+        return pred
+
+    def _calibrate(self, capture: TokenCapture, pred: Prediction) -> Prediction:
+        """Launch the candidate that drafts the most per step, so the step-cost line spans
+        the space, where no launch has calibrated it yet."""
+        if any(c.calibrated for c in pred.costs.values()) or not self._room():
+            return pred
+        calib = self._calibration_config(pred)
+        if calib is None:
+            return pred
+        text = (f"{calib.label()} drafts the most per step "
+                f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
+                "spans the space.")
+        self.say(f"Calibration launch: {text}")
+        self.note("calibration", text, "first")
+        self._launch(calib, Role.CALIBRATION)
+        self._align()  # "auto": the calibration is the first speculative trial
+        return self._predict(capture)
+
+    def _calibrate_mixed(self, capture: TokenCapture, pred: Prediction) -> Prediction:
+        """On an engine that splits CUDA graphs by batch shape, launch a second calibration
+        whose steps are least often uniform (tuner.replay.cost)."""
+        if not any(c.needs_mixed_point for c in pred.costs.values()) or not self._room():
+            return pred
+        row = self._mixed_calibration_row(pred)
+        if row is None:
+            return pred
+        calib = self._config_of(row)
+        self.say(f"Second calibration launch: {calib.label()} (this engine splits "
+                 "CUDA graphs by batch shape).")
+        text = (f"{calib.label()} drafts a full K on "
+                f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
+                "this engine splits CUDA graphs by batch shape, so the step cost "
+                "needs a point where most steps are not uniform.")
+        self.detail(f"Second calibration launch: {text}")
+        self.note("calibration", f"Then {text}", "second")
+        self._launch(calib, Role.CALIBRATION)
+        return self._predict(capture)
+
+    def _climb(self, capture: TokenCapture, pred: Prediction) -> Prediction:
+        """Replay the grid neighbours of the predicted leaders (`refine`)."""
+        started = time.monotonic()
+        configs, pred, added = refine(self.loop.space, list(self._configs.values()), pred,
                                       lambda more: self._predict(capture, more, show=False),
                                       limit=refine_limit(capture))
         if added:
+            self._configs = {c.key(): c for c in configs}
             self._show(pred)
             text = (f"Searched the sampled grids around the predicted leaders: {added} more "
-                    f"configs replayed ({len(configs)} in all, {time.monotonic() - t0:.1f} s).")
+                    f"configs replayed ({len(configs)} in all, "
+                    f"{time.monotonic() - started:.1f} s).")
             self.detail(text)
             self.note("climb", text)
-        self._print_costs(pred)
+        return pred
+
+    def _pick_leaders(self, pred: Prediction) -> list[TrialConfig]:
+        """The predicted leaders at the target level to confirm by launches (`_diverse`)."""
         target = self.loop.target
         top = _diverse(pred.leaders(target, 10_000), self.leaders)
-        leaders = [TrialConfig.model_validate({"speculative_config": _spec(r)}) for r in top]
-        if not leaders:
+        if not top:
             self.say("No predicted leader to confirm.")
             self.note("leaders", "No predicted leader to confirm.")
-            return True
+            return []
         named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f} tok/s "
                           f"({r['pred_speedup']:.2f}x)" for r in top)
         self.say(f"Predicted leaders at c={target}: {named}")
         self.note("leaders", f"At c={target}, launched to confirm them: {named}.")
-        while room():
+        return [self._config_of(r) for r in top]
+
+    def _confirm(self, leaders: list[TrialConfig], capture: TokenCapture) -> None:
+        """Launch the baselines and the leaders in turn until the ranking is decided or the
+        budget is spent."""
+        while self._room():
             verdict = self._verdict(leaders)
             if verdict.startswith("decided"):
                 self._say_verdict(verdict)
-                break
+                return
             pick = self._next(leaders)
             launched = self._launch(pick, None)
-            self._align(room)  # "auto", when no calibration launch came first
-            if launched is None:
-                # A failed launch is recorded as a FAIL trial; launching the same config again
-                # would spend the budget on it, so it leaves the ranking (a baseline ends it).
-                if pick not in leaders:
-                    text = f"{pick.label()} failed to re-measure; stopping the confirmation."
-                    self.say(text)
-                    self.note("confirmation", text, f"failed {pick.key()}")
-                    break
-                leaders.remove(pick)
-                text = f"{pick.label()} failed; it leaves the confirmation."
-                self.say(text)
-                self.note("confirmation", text, f"failed {pick.key()}")
-                if not leaders:
-                    break
-                continue
-            self.prediction = pred = self._predict(capture, configs)
-        else:
-            self._say_verdict(self._verdict(leaders))
-        return True
+            self._align()  # "auto", when no calibration launch came first
+            if launched is not None:
+                self._predict(capture)
+            elif not self._drop(pick, leaders):
+                return
+        self._say_verdict(self._verdict(leaders))
+
+    def _drop(self, pick: TrialConfig, leaders: list[TrialConfig]) -> bool:
+        """A failed launch is recorded as a FAIL trial; launching the same config again would
+        spend the budget on it, so it leaves the ranking. False when the confirmation ends
+        there (a baseline failed, or no leader is left)."""
+        if pick not in leaders:
+            text = f"{pick.label()} failed to re-measure; stopping the confirmation."
+            self.say(text)
+            self.note("confirmation", text, f"failed {pick.key()}")
+            return False
+        leaders.remove(pick)
+        text = f"{pick.label()} failed; it leaves the confirmation."
+        self.say(text)
+        self.note("confirmation", text, f"failed {pick.key()}")
+        return bool(leaders)
 
     def _say_verdict(self, verdict: str) -> None:
         """The ranking's verdict in one line by default ("decided at c=4: first X 1.12x +- 0.01
@@ -375,14 +437,14 @@ class ReplaySearch:
         self.loop._submit(trial, config)
         _, outcome = self.loop.executor.wait_one()
         self.loop._tell(trial, config, outcome, time.monotonic() - started)
-        frozen = self.study._storage.get_trial(trial._trial_id)
+        frozen = optuna_compat.storage_of(self.study).get_trial(optuna_compat.trial_id(trial))
         return frozen if frozen.state == TrialState.COMPLETE else None
 
-    def _align(self, room: Callable[[], bool]) -> None:
+    def _align(self) -> None:
         """Launch the aligned baseline when the loop says it is due (SearchLoop.align: once
         per study). It anchors the step-cost line on the speculative engine path, so the
         predictions carry the path's cost (tuner.replay.cost)."""
-        if room() and (config := self.loop.align()) is not None:
+        if self._room() and (config := self.loop.align()) is not None:
             self._launch(config, Role.ALIGNED_BASELINE)
 
     def _first(self, match: Callable[[Any], bool]) -> Any:
@@ -395,10 +457,12 @@ class ReplaySearch:
     def measured(self) -> list[MeasuredTrial]:
         return measured_trials(self.study, self.study_dir)
 
-    def _predict(self, capture, configs: list[TrialConfig], *, show: bool = True
-                 ) -> Prediction:
-        pred = predict(capture, configs, self.measured(), max_model_len=self.max_model_len,
-                       max_num_seqs=self.max_num_seqs, memo=self._memo)
+    def _predict(self, capture: TokenCapture, configs: list[TrialConfig] | None = None, *,
+                 show: bool = True) -> Prediction:
+        """Predict `configs` (default: every config replayed so far) from the measured trials."""
+        configs = list(self._configs.values()) if configs is None else configs
+        pred = predict(capture, configs, self.measured(), max_model_len=self.limits.max_model_len,
+                       max_num_seqs=self.limits.max_num_seqs, memo=self._memo)
         if show:
             self._show(pred)
         return pred
@@ -419,7 +483,11 @@ class ReplaySearch:
         if not rows:
             return None
         best = max(rows, key=lambda r: (r["drafted_per_step"], r["acceptance_length"] or 0))
-        return TrialConfig.model_validate({"speculative_config": _spec(best)})
+        return self._config_of(best)
+
+    def _config_of(self, row: dict[str, Any]) -> TrialConfig:
+        """The replayed config a predicted row is of."""
+        return self._configs[row["key"]]
 
     def _mixed_calibration_row(self, pred: Prediction) -> dict[str, Any] | None:
         """The predicted row, at the lowest level, of the candidate whose steps are least
@@ -540,36 +608,41 @@ def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return sorted(picked, key=ranked.index)
 
 
-def _spec(row: dict[str, Any]) -> dict[str, Any]:
-    import json
-
-    return json.loads(row["speculative_config"])
-
-
 def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study_dir: Path,
-                       max_model_len: int, max_num_seqs: int, k_max: int | None = None
+                       limits: EngineLimits, k_max: int | None = None
                        ) -> dict[int, dict[int, float]] | None:
     """The load-aware policy's predicted curves: for every K from 1 to k_max (default: the
     chosen config's K) of `chosen`, the predicted speedup over the baseline at each ladder
     level, from the ladder baseline's tokens and a step cost fitted on the ladder's measured
     speculative runs. None when the method cannot be replayed or no baseline run has tokens.
     Returns {K: {concurrency: predicted speedup}}."""
-    from tuner.tokens import TokenCapture
-
     if not acceptance.replayable(chosen.speculative_config) or chosen.engine_args:
         return None
+    measured, base_capture = _ladder_measured(runs, study_dir)
+    if base_capture is None:
+        return None
+    configs = [chosen.with_k(k) for k in range(1, (k_max or chosen.k or 1) + 1)]
+    pred = predict(base_capture, configs, measured, max_model_len=limits.max_model_len,
+                   max_num_seqs=limits.max_num_seqs)
+    k_of = {cfg.key(): cfg.k for cfg in configs}
+    out: dict[int, dict[int, float]] = {}
+    for row in pred.rows:
+        k = k_of.get(row["key"])
+        if k is not None and row["pred_speedup"] is not None:
+            out.setdefault(k, {})[int(row["concurrency"])] = float(row["pred_speedup"])
+    return out or None
+
+
+def _ladder_measured(runs: list[dict[str, Any]], study_dir: Path
+                     ) -> tuple[list[MeasuredTrial], TokenCapture | None]:
+    """The ladder's measured runs as the predictor takes them (numbered by their place in
+    `runs`), and the first baseline run's token capture."""
     measured, base_capture = [], None
     for i, run in enumerate(runs):
         if not run.get("result"):
             continue
         result = BenchResult.model_validate(run["result"])
-        capture = None
-        meta = run.get("tokens")
-        if isinstance(meta, dict) and isinstance(meta.get("file"), str):
-            try:
-                capture = TokenCapture.load(study_dir / meta["file"])
-            except (OSError, ValueError, KeyError):
-                capture = None
+        capture = _run_capture(run, study_dir)
         role = "baseline" if not result.config.speculative_config else "search"
         if run.get("role") == Role.ALIGNED_BASELINE.value:
             role = Role.ALIGNED_BASELINE.value  # anchors the step cost on the speculative path
@@ -578,20 +651,15 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
         measured.append(MeasuredTrial(number=i, config=result.config, role=role,
                                       levels={lv.concurrency: lv for lv in result.levels},
                                       capture=capture))
-    if base_capture is None:
-        return None
-    k_top = k_max or int(chosen.speculative_config.get("num_speculative_tokens") or 1)
-    configs = [TrialConfig(speculative_config={**chosen.speculative_config,
-                                               "num_speculative_tokens": k})
-               for k in range(1, k_top + 1)]
-    pred = predict(base_capture, configs, measured, max_model_len=max_model_len,
-                   max_num_seqs=max_num_seqs)
-    by_key = {cfg.key(): int(cfg.speculative_config["num_speculative_tokens"])
-              for cfg in configs}
-    out: dict[int, dict[int, float]] = {}
-    for row in pred.rows:
-        k = by_key.get(row["key"])
-        if k is not None and row["pred_speedup"] is not None:
-            out.setdefault(k, {})[int(row["concurrency"])] = float(row["pred_speedup"])
-    return out or None
+    return measured, base_capture
 
+
+def _run_capture(run: dict[str, Any], study_dir: Path) -> TokenCapture | None:
+    """A ladder run's token capture, or None when it has none or its file cannot be read."""
+    meta = run.get("tokens")
+    if not (isinstance(meta, dict) and isinstance(meta.get("file"), str)):
+        return None
+    try:
+        return TokenCapture.load(study_dir / meta["file"])
+    except (OSError, ValueError, KeyError):
+        return None

@@ -354,78 +354,101 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
 
 
 def _parse_params(params: Any, where: str) -> dict[str, Any]:
+    """A method's (or the engine's) block: each key a fixed value or a Param to search, in
+    declaration order, so a bound can name a parameter declared before it."""
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: expected a mapping, got {params!r}.")
     out: dict[str, Any] = {}
     for key, spec in params.items():
         if not isinstance(key, str):
             raise ConfigError(f"{where}: parameter names must be strings, got {key!r}.")
-        path = f"{where}.{key}"
-        if not isinstance(spec, dict):
-            if isinstance(spec, (list, set)):
-                raise ConfigError(f"{path}: a list is ambiguous; write "
-                                  f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
-            _check_value(path, key, spec)
-            out[key] = spec  # a fixed value
-            continue
-        try:
-            p = Param(**spec)
-        except Exception as e:  # pydantic's message names the field
-            first = str(e).splitlines()[1:3]
-            raise ConfigError(f"{path}: invalid parameter spec {spec!r} ({' '.join(first)}). "
-                              f"Use type int/float with low and high, or choice with values."
-                              ) from None
-        if p.type not in PARAM_TYPES:
-            raise ConfigError(f"{path}.type: unknown type '{p.type}'. Valid: "
-                              f"{', '.join(PARAM_TYPES)}.")
-        if p.type == "choice":
-            if not p.values:
-                raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
-            for i, value in enumerate(p.values):
-                _check_value(f"{path}.values[{i}]", key, value)
-        else:
-            if p.low is None or p.high is None:
-                raise ConfigError(f"{path}: type {p.type} needs both `low` and `high`.")
-            if not all(math.isfinite(v) for v in (p.low, p.high, p.step or 1.0)):
-                raise ConfigError(f"{path}: bounds and step must be finite numbers, got low "
-                                  f"{p.low}, high {p.high}, step {p.step}.")
-            if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
-                raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
-            for end, value in (("low", p.low), ("high", p.high)):
-                _check_value(f"{path}.{end}", key, int(value) if p.type == "int" else value)
-            if p.step is not None:
-                _check_value(f"{path}.step", None, p.step)
-            if p.low > p.high:
-                raise ConfigError(f"{path}: impossible range: low {p.low} > high {p.high}.")
-            if p.log and p.low <= 0:
-                raise ConfigError(f"{path}: a log range needs low > 0, got {p.low}.")
-            if p.step is not None and p.step <= 0:
-                raise ConfigError(f"{path}.step: must be positive, got {p.step}.")
-            if p.type == "int" and p.step is not None and p.step != int(p.step):
-                raise ConfigError(f"{path}.step: an int range steps by a whole number, got "
-                                  f"{p.step}. Use a whole step, or type float.")
-            for ref in (p.at_most, p.at_least):
-                if ref is not None and ref not in out:
-                    raise ConfigError(f"{path}: bound refers to '{ref}', which is not a parameter "
-                                      f"declared before it in the same block.")
-                if ref is not None and isinstance(out[ref], Param) and out[ref].type == "choice":
-                    raise ConfigError(f"{path}: bound refers to '{ref}', a choice; only int or "
-                                      f"float parameters can bound another.")
-            if p.at_most is not None:
-                ref = out[p.at_most]
-                ref_low = ref.low if isinstance(ref, Param) else ref
-                if not isinstance(ref_low, (int, float)) or ref_low < p.low:
-                    raise ConfigError(f"{path}: impossible range: at_most {p.at_most} can be "
-                                      f"below low {p.low}.")
-            if p.at_least is not None:
-                ref = out[p.at_least]
-                ref_high = ref.high if isinstance(ref, Param) else ref
-                if not isinstance(ref_high, (int, float)) or ref_high > p.high:
-                    raise ConfigError(f"{path}: impossible range: at_least {p.at_least} can be "
-                                      f"above high {p.high}.")
-        _check_distribution(p, path, spec)
-        out[key] = p
+        out[key] = _parse_param(key, spec, f"{where}.{key}", out)
     return out
+
+
+def _parse_param(key: str, spec: Any, path: str, earlier: dict[str, Any]) -> Any:
+    """One block entry: a fixed value (checked), or a Param whose range, references to the
+    `earlier` parameters and Optuna distribution are checked."""
+    if not isinstance(spec, dict):
+        if isinstance(spec, (list, set)):
+            raise ConfigError(f"{path}: a list is ambiguous; write "
+                              f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
+        _check_value(path, key, spec)
+        return spec  # a fixed value
+    p = _param_of(spec, path)
+    if p.type == "choice":
+        if not p.values:
+            raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
+        for i, value in enumerate(p.values):
+            _check_value(f"{path}.values[{i}]", key, value)
+    else:
+        _check_range(p, key, path)
+        _check_references(p, path, earlier)
+    _check_distribution(p, path, spec)
+    return p
+
+
+def _param_of(spec: dict[str, Any], path: str) -> Param:
+    try:
+        p = Param(**spec)
+    except Exception as e:  # pydantic's message names the field
+        first = str(e).splitlines()[1:3]
+        raise ConfigError(f"{path}: invalid parameter spec {spec!r} ({' '.join(first)}). "
+                          f"Use type int/float with low and high, or choice with values."
+                          ) from None
+    if p.type not in PARAM_TYPES:
+        raise ConfigError(f"{path}.type: unknown type '{p.type}'. Valid: "
+                          f"{', '.join(PARAM_TYPES)}.")
+    return p
+
+
+def _check_range(p: Param, key: str, path: str) -> None:
+    """An int or float range: both ends, finite, in the key's bounds, low <= high, a step
+    that is positive (and whole for an int), and low > 0 for a log range."""
+    if p.low is None or p.high is None:
+        raise ConfigError(f"{path}: type {p.type} needs both `low` and `high`.")
+    if not all(math.isfinite(v) for v in (p.low, p.high, p.step or 1.0)):
+        raise ConfigError(f"{path}: bounds and step must be finite numbers, got low "
+                          f"{p.low}, high {p.high}, step {p.step}.")
+    if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
+        raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
+    for end, value in (("low", p.low), ("high", p.high)):
+        _check_value(f"{path}.{end}", key, int(value) if p.type == "int" else value)
+    if p.step is not None:
+        _check_value(f"{path}.step", None, p.step)
+    if p.low > p.high:
+        raise ConfigError(f"{path}: impossible range: low {p.low} > high {p.high}.")
+    if p.log and p.low <= 0:
+        raise ConfigError(f"{path}: a log range needs low > 0, got {p.low}.")
+    if p.step is not None and p.step <= 0:
+        raise ConfigError(f"{path}.step: must be positive, got {p.step}.")
+    if p.type == "int" and p.step is not None and p.step != int(p.step):
+        raise ConfigError(f"{path}.step: an int range steps by a whole number, got "
+                          f"{p.step}. Use a whole step, or type float.")
+
+
+def _check_references(p: Param, path: str, earlier: dict[str, Any]) -> None:
+    """`at_most` / `at_least` name an int or float parameter declared before this one, whose
+    range keeps this one's possible: at_most's low >= this low, at_least's high <= this high."""
+    for ref in (p.at_most, p.at_least):
+        if ref is not None and ref not in earlier:
+            raise ConfigError(f"{path}: bound refers to '{ref}', which is not a parameter "
+                              f"declared before it in the same block.")
+        if ref is not None and isinstance(earlier[ref], Param) and earlier[ref].type == "choice":
+            raise ConfigError(f"{path}: bound refers to '{ref}', a choice; only int or "
+                              f"float parameters can bound another.")
+    if p.at_most is not None:
+        ref = earlier[p.at_most]
+        ref_low = ref.low if isinstance(ref, Param) else ref
+        if not isinstance(ref_low, (int, float)) or ref_low < p.low:
+            raise ConfigError(f"{path}: impossible range: at_most {p.at_most} can be "
+                              f"below low {p.low}.")
+    if p.at_least is not None:
+        ref = earlier[p.at_least]
+        ref_high = ref.high if isinstance(ref, Param) else ref
+        if not isinstance(ref_high, (int, float)) or ref_high > p.high:
+            raise ConfigError(f"{path}: impossible range: at_least {p.at_least} can be "
+                              f"above high {p.high}.")
 
 
 def _check_distribution(p: Param, path: str, spec: dict[str, Any]) -> None:

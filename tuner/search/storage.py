@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from optuna.storages import JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal._storage import JournalStorageReplayResult
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
+from tuner.search import optuna_compat
 
 JOURNAL = "study.journal"
 LOCK = "study.lock"
@@ -62,13 +62,34 @@ class Scan:
     tail_why: str = ""
 
 
-class _Replay:
-    """Optuna's own journal replay, one record at a time, so a record it would choke on (a bad
-    op code, a missing field, a wrong type) is found here with its line number, not as an
-    AssertionError or KeyError traceback from inside Optuna."""
+class _Feed(BaseJournalBackend):
+    """A journal backend that hands Optuna's JournalStorage one record at a time, each once, and
+    notes whether its replay came back for the next one (then the record went through)."""
 
     def __init__(self) -> None:
-        self._result = JournalStorageReplayResult("tuner-check-")
+        self.record: dict[str, Any] | None = None
+        self.applied = False
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        record, self.record = self.record, None
+        if record is not None:
+            yield record
+            self.applied = True
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        raise RuntimeError("the journal check only reads")
+
+
+class _Replay:
+    """Optuna's own journal replay (a JournalStorage), one record at a time, so a record it
+    would choke on (a bad op code, a missing field, a wrong type) is found here with its line
+    number, not as an AssertionError or KeyError traceback from inside Optuna."""
+
+    _NO_STUDY = "\0"  # a study name no record makes: the lookup that makes the storage read
+
+    def __init__(self) -> None:
+        self._feed = _Feed()
+        self._storage = JournalStorage(self._feed)
 
     def accepts(self, line: bytes) -> str | None:
         """None if the line is a record Optuna replays, else why not."""
@@ -82,10 +103,12 @@ class _Replay:
             return f"invalid JSON ({e})"
         if not isinstance(record, dict) or "op_code" not in record:
             return "JSON but not a journal record (no op_code)"
+        self._feed.record, self._feed.applied = record, False
         try:
-            self._result.apply_logs([record])
+            self._storage.get_study_id_from_name(self._NO_STUDY)
         except Exception as e:  # whatever Optuna's replay raises, it would raise on open too
-            return f"a record Optuna's replay rejects ({type(e).__name__}: {str(e)[:80]})"
+            if not self._feed.applied:
+                return f"a record Optuna's replay rejects ({type(e).__name__}: {str(e)[:80]})"
         return None
 
 
@@ -134,13 +157,17 @@ def _bad_lines_message(path: Path, bad: list[tuple[int, str]] | tuple[tuple[int,
 class _Backend(JournalFileBackend):
     """Optuna's journal file, with the path in OS errors: a full disk names the file."""
 
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         try:
             super().append_logs(logs)
         except OSError as e:
             if e.filename:
                 raise
-            raise OSError(e.errno, e.strerror, self._file_path) from e
+            raise OSError(e.errno, e.strerror, self.path) from e
 
 
 def open_journal(study_dir: Path, *, write: bool = False) -> JournalStorage:
@@ -226,7 +253,7 @@ def _clear_stale_mutex(path: Path) -> None:
             mutex.unlink()
 
 
-class _BeatingRDB(RDBStorage):
+class _BeatingRDB(optuna_compat.HookedRDB):
     """An RDBStorage that records heartbeats for the trials this process runs. Optuna beats only
     inside Study.optimize; the tuner asks and tells, so it beats itself, from a thread."""
 
@@ -247,13 +274,9 @@ class _BeatingRDB(RDBStorage):
         super().__setstate__(state)
         self._beats_lock, self._beater = threading.Lock(), None
 
-    def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None
-                          ) -> FrozenTrial:
-        # The private one: Optuna's _CachedStorage wrapper calls it, not create_new_trial.
-        trial = super()._create_new_trial(study_id, template_trial)
+    def trial_created(self, trial: FrozenTrial) -> None:
         if trial.state == TrialState.RUNNING:
-            self._beat_for(trial._trial_id)
-        return trial
+            self._beat_for(optuna_compat.trial_id(trial))
 
     def set_trial_state_values(self, trial_id: int, state: TrialState,
                                values: Any = None) -> bool:
@@ -313,13 +336,11 @@ def open_rdb(url: str) -> RDBStorage:
 def orphans(study: Any) -> list[FrozenTrial]:
     """RUNNING trials whose driver is dead. Under the folder lock that is every one of them; in
     a shared database only those whose heartbeat went stale."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    if is_heartbeat_enabled(study._storage):
-        stale = set(study._storage._get_stale_trial_ids(study._study_id))
-        return [t for t in running if t._trial_id in stale]
-    return running
+    stale = optuna_compat.stale_trial_ids(study)
+    if stale is None:
+        return running
+    return [t for t in running if optuna_compat.trial_id(t) in stale]
 
 
 # --- one driver per study ----------------------------------------------------------------------

@@ -181,15 +181,16 @@ def recover_orphans(study: Any) -> list[dict[str, Any]]:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    from tuner.search import optuna_compat
     from tuner.search import storage as store
 
-    retry = []
+    storage, retry = optuna_compat.storage_of(study), []
     for t in store.orphans(study):
         try:
-            study._storage.set_trial_user_attr(t._trial_id, TrialAttr.FAILURE, {
+            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, {
                 "reason": "the driver stopped while this trial ran (killed or crashed); retried",
                 "kind": "driver_died", "log_tail": ""})
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
         except UpdateFinishedTrialError:
             continue  # another driver of the shared database failed it first and retries it
         if t.params:
@@ -311,9 +312,12 @@ def ask_fresh(study: Any, *, user_attrs: dict[str, Any]) -> Any:
     re-measurement must not take."""
     import optuna
 
-    trial_id = study._storage.create_new_trial(study._study_id)
+    from tuner.search import optuna_compat
+
+    storage = optuna_compat.storage_of(study)
+    trial_id = storage.create_new_trial(optuna_compat.study_id(study))
     for key, value in user_attrs.items():
-        study._storage.set_trial_user_attr(trial_id, key, value)
+        storage.set_trial_user_attr(trial_id, key, value)
     return optuna.trial.Trial(study, trial_id)
 
 
@@ -405,12 +409,18 @@ def tell_result(study: Any, trial: Any, result: BenchResult, *, objectives: list
     except TrialFailed as e:
         tell_failure(study, trial, e)
         return []
-    trial.set_user_attr(TrialAttr.RESULT, json.loads(result.model_dump_json()))
+    trial.set_user_attr(TrialAttr.RESULT, result_attr(result))
     trial.set_user_attr(TrialAttr.CONSTRAINT, constraint_of(result, concurrency, constraints))
     if duplicate_of is not None:
         trial.set_user_attr(TrialAttr.DUPLICATE_OF, duplicate_of)
     study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE)
     return values
+
+
+def result_attr(result: BenchResult) -> dict[str, Any]:
+    """A BenchResult as a trial's RESULT attr: JSON, an undefined metric (NaN) written as null,
+    as pydantic writes JSON (its python dump would keep the NaN)."""
+    return json.loads(result.model_dump_json())
 
 
 def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
@@ -462,7 +472,7 @@ def token_capture(study_dir: Path, trial: Any) -> tokens.TokenCapture | None:
 
 def label_trial(trial: Any, config: TrialConfig, role: str) -> None:
     """Store what a trial is: its config, label, config key and Role (as its plain value)."""
-    trial.set_user_attr(TrialAttr.CONFIG, json.loads(config.model_dump_json()))
+    trial.set_user_attr(TrialAttr.CONFIG, config.model_dump(mode="json"))
     trial.set_user_attr(TrialAttr.LABEL, config.label())
     trial.set_user_attr(TrialAttr.CONFIG_KEY, config.key())
     trial.set_user_attr(TrialAttr.ROLE, Role(role).value)

@@ -32,12 +32,18 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import tuner
+from tuner.records import EngineSpec, TrialConfig
+
 SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
 FAKE_VERSION = "0.0.0+fake"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 SPIN_S = 0.0015  # the precise wait's last stretch: timer slop of asyncio plus a VM's wake-up
 VOCAB_SIZE = 49152  # SmolLM2's, so fake ids look like the embedded model's
 EOS_ID = 2  # the embedded SmolLM2-Instruct's <|im_end|>: an output that stopped on EOS ends with it
+# K where vLLM would take it from the draft model's config (EAGLE, MTP: TrialConfig.k is None),
+# which the fake has none of.
+FAKE_K_WHERE_VLLM_READS_THE_DRAFT_MODEL = 1
 
 
 class FakeScript(BaseModel):
@@ -80,6 +86,27 @@ class FakeScript(BaseModel):
     # vLLM's CUDAGraphMode name for the engine's config line (None: no line, as before); with
     # FULL_AND_PIECEWISE, tuner.replay.cost prices non-uniform steps as the GPU build needs.
     cudagraph_mode: str | None = None
+
+
+# The fake runs as `python -m tuner.testing.fake_engine` in a child process; this package must
+# be importable there whether or not it is installed.
+PYTHONPATH = os.pathsep.join(filter(None, [str(Path(tuner.__file__).resolve().parent.parent),
+                                           os.environ.get("PYTHONPATH")]))
+
+
+def engine_spec(**kwargs: Any) -> EngineSpec:
+    """`engine_spec(ttft_ms=5, stall_requests=True, ready_timeout_s=2)`: the EngineSpec that
+    launches the fake through the real Engine class. Script keys (FakeScript) go to the fake,
+    EngineSpec fields to the spec."""
+    fields = {k: kwargs.pop(k) for k in list(kwargs) if k in EngineSpec.model_fields}
+    script = {"ttft_ms": 5.0, "tpot_ms": 1.0, "startup_s": 0.0, **kwargs}
+    defaults = dict(model="fake-model", served_model_name="fake",
+                    vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
+                    # Flags the fake must ignore, as our CPU defaults pass them to vLLM.
+                    extra_args=("--enforce-eager", "--max-model-len", "4096"),
+                    ready_timeout_s=15.0, request_timeout_s=10.0, level_timeout_s=60.0)
+    env = {SCRIPT_ENV: json.dumps(script), "PYTHONPATH": PYTHONPATH}
+    return EngineSpec(**{**defaults, **fields, "env": {**env, **fields.get("env", {})}})
 
 
 def load_script(source: str | None) -> FakeScript:
@@ -232,7 +259,8 @@ def _spec_tokens(spec: dict[str, Any] | None) -> int:
                   "{...}), input_type=ArgsKwargs]\n    For further information visit "
                   "https://errors.pydantic.dev/2.14/v/value_error", file=sys.stderr, flush=True)
             sys.exit(1)
-    return int(spec.get("num_speculative_tokens") or 1)
+    k = TrialConfig(speculative_config=spec).k
+    return FAKE_K_WHERE_VLLM_READS_THE_DRAFT_MODEL if k is None else k
 
 
 async def _sleep_until(deadline: float, *, precise: bool) -> None:
@@ -303,9 +331,62 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any], *,
-                  t0: float, number: int, served: dict[str, Any]) -> None:
-    """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
+@dataclass(frozen=True)
+class _Completion:
+    """What one request gets: its token ids, the chunks they are streamed in (the index of
+    each chunk's last token) and how it ends."""
+
+    body: dict[str, Any]
+    head: str  # the fields every chunk opens with, as a JSON object left open
+    words: list[str]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    ends: list[int]
+    finish: str
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    @property
+    def usage(self) -> dict[str, int]:
+        n, prompt_tokens = len(self.output_ids), len(self.prompt_ids)
+        return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
+                "completion_tokens": n}
+
+    def text(self, start: int, end: int) -> str:
+        return "".join(" " + self.words[t % len(self.words)] for t in range(start, end + 1)
+                       if self.output_ids[t] != EOS_ID)
+
+    def chunk(self, i: int, start: int, text: str) -> bytes:
+        """Chunk i of the stream, as vLLM writes it."""
+        end = self.ends[i]
+        reason = json.dumps(self.finish) if i == len(self.ends) - 1 else "null"
+        ids = ""
+        if self.body.get("return_token_ids"):
+            ids = (f',"prompt_token_ids":{_compact(self.prompt_ids) if i == 0 else "null"},'
+                   f'"token_ids":{_compact(self.output_ids[start:end + 1])}')
+        return (f'data: {self.head},"choices":[{{"index":0,"text":{json.dumps(text)},'
+                f'"logprobs":null,"finish_reason":{reason},"stop_reason":null'
+                f'{ids}}}]}}\n\n').encode()
+
+    def closing(self, texts: list[str]) -> bytes:
+        """The whole answer when not streamed, else the usage chunk (when asked) and [DONE]."""
+        if not self.stream:
+            choice = {"index": 0, "text": "".join(texts), "logprobs": None,
+                      "finish_reason": self.finish, "stop_reason": None}
+            if self.body.get("return_token_ids"):
+                choice.update(prompt_token_ids=self.prompt_ids, token_ids=self.output_ids)
+            return (f'{self.head},"choices":[{json.dumps(choice)}],"usage":'
+                    f'{json.dumps(self.usage)}}}').encode()
+        tail = ""
+        if (self.body.get("stream_options") or {}).get("include_usage"):
+            tail = (f'data: {self.head},"choices":[],"usage":'
+                    f'{json.dumps(self.usage, separators=(",", ":"))}}}\n\n')
+        return (tail + "data: [DONE]\n\n").encode()
+
+
+def _plan(state: _State, body: dict[str, Any]) -> _Completion:
     script = state.script
     max_tokens = int(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
     n = max_tokens
@@ -316,33 +397,65 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
     # Token i of the output is word i of the prompt, cyclically: ids follow from the prompt
     # alone, so every trial of a workload gets the same baseline tokens.
     prompt_ids = prompt if isinstance(prompt, list) else [token_id(w) for w in words]
-    prompt_tokens = len(prompt_ids)
     output_ids = [token_id(words[t % len(words)]) for t in range(n)]
-    with_ids = bool(body.get("return_token_ids"))
-    stream = bool(body.get("stream"))
-    head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                       "created": int(time.time()), "model": state.model},
-                      separators=(",", ":"))[:-1]  # open: each chunk appends its fields
-    k_now = _k_for_batch(state, state.inflight)
-    tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
-    ends = chunk_ends(n, script.tokens_per_chunk)
     finish = "length" if n == max_tokens else "stop"
     if finish == "stop":
         output_ids[-1] = EOS_ID  # counted in usage, as vLLM counts it, with no text
+    head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                       "created": int(time.time()), "model": state.model},
+                      separators=(",", ":"))[:-1]  # open: each chunk appends its fields
+    return _Completion(body=body, head=head, words=words, prompt_ids=prompt_ids,
+                       output_ids=output_ids, ends=chunk_ends(n, script.tokens_per_chunk),
+                       finish=finish)
+
+
+class _Pace:
+    """When each chunk is due, against absolute deadlines: a late wake-up never delays the
+    tokens after it. Under the load model, K and the step time follow the batch at every
+    step, as vLLM's scheduler decides them; otherwise they are fixed when the request starts."""
+
+    def __init__(self, state: _State, t0: float) -> None:
+        self.state, self.t0 = state, t0
+        self.load_model = bool(state.script.load_per_seq or state.script.verify_cost_per_token)
+        self._step()
+        self.deadline = t0 + state.script.ttft_ms / 1000.0
+
+    def _step(self) -> None:
+        self.k = _k_for_batch(self.state, self.state.inflight)
+        self.tpot_ms = _effective_tpot_ms(self.state.script, self.k, self.state.inflight)
+
+    def due(self, i: int, ends: list[int]) -> float:
+        if not self.load_model:
+            self.deadline = self.t0 + (self.state.script.ttft_ms + ends[i] * self.tpot_ms) / 1e3
+        elif i > 0:
+            self._step()
+            self.deadline += (ends[i] - ends[i - 1]) * self.tpot_ms / 1000.0
+        return self.deadline
+
+
+def _count_chunk(state: _State, i: int, k: int, deadline: float) -> None:
+    """vLLM's spec-decode counters for a chunk after the first, and how late it was written."""
+    if i > 0 and k:
+        state.drafts += 1
+        state.draft_tokens += k
+        state.accepted += k * state.script.accept_rate
+    lag_s = time.monotonic() - deadline
+    state.lag_sum_s += lag_s
+    state.lag_count += 1
+    state.lag_max_s = max(state.lag_max_s, lag_s)
+
+
+async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any], *,
+                  t0: float, number: int, served: dict[str, Any]) -> None:
+    """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
+    script = state.script
+    done = _plan(state, body)
+    pace = _Pace(state, t0)
+    ends = done.ends
     texts: list[str] = []
-    deadline = t0 + script.ttft_ms / 1000.0
     for i, end in enumerate(ends):
-        # Absolute deadlines: a late wake-up never delays the tokens after it. The first and
-        # last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
-        if script.load_per_seq or script.verify_cost_per_token:
-            # The load model decides K and the step time per step from the batch now, as
-            # vLLM's scheduler does, rather than once per request.
-            if i > 0:
-                k_now = _k_for_batch(state, state.inflight)
-                tpot_ms = _effective_tpot_ms(script, k_now, state.inflight)
-                deadline += (end - ends[i - 1]) * tpot_ms / 1000.0
-        else:
-            deadline = t0 + (script.ttft_ms + end * tpot_ms) / 1000.0
+        # The first and last chunk bound TTFT and TPOT, so only they pay for a precise wake-up.
+        deadline = pace.due(i, ends)
         await _sleep_until(deadline, precise=i in (0, len(ends) - 1))
         if (script.die_after_requests is not None and number > script.die_after_requests
                 and i >= len(ends) // 2):
@@ -352,44 +465,16 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
             await resp.write(b'data: {"choices": [{"text": \n\n')
             return
         start = ends[i - 1] + 1 if i else 0
-        text = "".join(" " + words[t % len(words)] for t in range(start, end + 1)
-                       if output_ids[t] != EOS_ID)
-        if i > 0 and k_now:
-            state.drafts += 1
-            state.draft_tokens += k_now
-            state.accepted += k_now * script.accept_rate
-        lag_s = time.monotonic() - deadline
-        state.lag_sum_s += lag_s
-        state.lag_count += 1
-        state.lag_max_s = max(state.lag_max_s, lag_s)
-        if stream:
-            reason = json.dumps(finish) if i == len(ends) - 1 else "null"
-            ids = ""
-            if with_ids:
-                ids = (f',"prompt_token_ids":{_compact(prompt_ids) if i == 0 else "null"},'
-                       f'"token_ids":{_compact(output_ids[start:end + 1])}')
-            await resp.write((f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
-                              f'"logprobs":null,"finish_reason":{reason},"stop_reason":null'
-                              f'{ids}}}]}}\n\n').encode())
+        text = done.text(start, end)
+        _count_chunk(state, i, pace.k, deadline)
+        if done.stream:
+            await resp.write(done.chunk(i, start, text))
             if i == 0:
                 served["first_write"] = time.monotonic()
         else:
             texts.append(text)
-    served["tokens"] = n
-    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
-             "completion_tokens": n}
-    if not stream:
-        choice = {"index": 0, "text": "".join(texts), "logprobs": None, "finish_reason": finish,
-                  "stop_reason": None}
-        if with_ids:
-            choice.update(prompt_token_ids=prompt_ids, token_ids=output_ids)
-        await resp.write(f'{head},"choices":[{json.dumps(choice)}],"usage":'
-                         f'{json.dumps(usage)}}}'.encode())
-        return
-    tail = ""
-    if (body.get("stream_options") or {}).get("include_usage"):
-        tail = f'data: {head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
-    await resp.write((tail + "data: [DONE]\n\n").encode())
+    served["tokens"] = len(done.output_ids)
+    await resp.write(done.closing(texts))
 
 
 async def _health(request: web.Request) -> web.Response:

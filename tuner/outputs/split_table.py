@@ -1,8 +1,9 @@
 """Outputs stage, the engine path and speculation: where a study measured an aligned baseline
 (no speculation on the speculative configs' engine path), each speedup over the plain baseline
 is shown as path cost x speculation gain, each with its spread, in report.md and report.html:
-a few rows per recommendation and one table over the leading configs and every level.
-Studies without an aligned baseline render nothing here.
+a few rows per recommendation and one table over the leading configs and every level, from
+what tuner.analysis.decomposition computed. Studies without an aligned baseline render
+nothing here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import frame
+from tuner.outputs import text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,21 +32,20 @@ def rec_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not split:
         return []
     return [("speedup over the plain baseline (what you get today)",
-             frame.ratio_text(split.get("total_speedup"), split.get("total_speedup_spread"))),
-            ("= engine path cost (aligned baseline over plain)",
-             frame.ratio_text(split.get("path_cost"), split.get("path_cost_spread"))),
+             text.ratio(split, "total_speedup")),
+            ("= engine path cost (aligned baseline over plain)", text.ratio(split, "path_cost")),
             ("\u00d7 speculation gain (this config over the aligned baseline)",
-             frame.ratio_text(split.get("speculation_gain"), split.get("speculation_gain_spread")))]
+             text.ratio(split, "speculation_gain"))]
 
 
-def table(df: pd.DataFrame, recs: Sequence[Recommendation] = ()
+def table(measured: pd.DataFrame, recs: Sequence[Recommendation] = ()
           ) -> tuple[list[str], list[list[str]]] | None:
     """The study-wide table: the aligned baseline's row (the path cost at each level), then the
     recommended configs and the fastest others, each level as "over plain / over aligned".
-    None when the study measured no aligned baseline."""
-    launched = df[df["duplicate_of"].isna()] if "duplicate_of" in df else df
-    parts = frame.decompose(launched)
-    parts = parts[parts["path_cost"].notna()].drop_duplicates(["config_key", "concurrency"])
+    `measured` is tuner.analysis.pareto.Points.measured (its rows carry the split). None when
+    the study measured no aligned baseline."""
+    parts = measured[measured["path_cost"].notna()].drop_duplicates(["config_key",
+                                                                      "concurrency"])
     if parts.empty:
         return None
     levels = sorted(int(c) for c in parts["concurrency"].unique())
@@ -65,9 +66,8 @@ def table(df: pd.DataFrame, recs: Sequence[Recommendation] = ()
                 continue
             r = at.iloc[0]
             # The aligned baseline over itself is 1 by definition: no spread to show.
-            gain = "1.00x" if is_aligned else frame.ratio_text(r["speculation_gain"],
-                                                                r["speculation_gain_spread"])
-            total = frame.ratio_text(r["total_speedup"], r["total_speedup_spread"])
+            gain = "1.00x" if is_aligned else text.ratio(r, "speculation_gain")
+            total = text.ratio(r, "total_speedup")
             cells.append(f"{total} / {gain}")
         return cells
 

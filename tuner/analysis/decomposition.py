@@ -1,0 +1,140 @@
+"""Analysis stage, the engine path and speculation: where a study measured an aligned baseline
+(no speculation on the speculative configs' engine path), a speedup over the plain baseline is
+the path's cost x speculation's own gain. The arithmetic is tuner.records.SpeedupSplit's, one
+copy that the replay's predictions use too; here it is applied to a frame's rows, to a
+recommendation and to the policy's ladder, under the names each document keeps, and put in
+the sentences that carry it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from tuner.analysis import frame
+from tuner.records import Measured, SpeedupSplit, ratio_text, split_text
+
+# Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
+# recommendation's `decomposition` (recommendation.json).
+RATIOS = ("total_speedup", "path_cost", "speculation_gain")
+COLUMNS = tuple(c for r in RATIOS for c in (r, f"{r}_spread"))
+# The policy's ladder stats, whose ratios carry their relative spread as "noise"
+# (tuner.analysis.policy): the split's keys in policy.json.
+POLICY_KEYS = {"path_cost": ("path_cost", "path_noise"),
+               "speculation_gain": ("speculation_gain", "gain_noise")}
+
+
+def columns(split: SpeedupSplit) -> dict[str, float]:
+    """The split as COLUMNS: each ratio's value and its spread in the ratio's units."""
+    out = {}
+    for name in RATIOS:
+        ratio: Measured = getattr(split, name)
+        out[name], out[f"{name}_spread"] = ratio.value, ratio.spread
+    return out
+
+
+def measured(row: Any) -> Measured:
+    """A frame row's throughput (its median where re-measured) with its relative spread."""
+    return Measured(value=frame.number(row["output_throughput"]),
+                    relative_spread=frame.relative_spread(row))
+
+
+# --- a frame's rows ---------------------------------------------------------------------------
+def decompose(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `df` with COLUMNS where the study measured an aligned baseline at the row's
+    level (NaN elsewhere, and for rows that did not complete).
+
+    total_speedup = path_cost x speculation_gain, exactly: throughput over the plain baseline's
+    (what a user gets today), the aligned baseline's over the plain one's (what the engine path
+    the speculative configs run on costs without any speculation), and throughput over the
+    aligned baseline's (what speculation alone gives). Medians where a config was re-measured,
+    the earliest of each baseline, spreads as tuner.records.Measured.over; per study when `df`
+    has several.
+    """
+    out = df.copy()
+    for col in COLUMNS:
+        out[col] = math.nan
+    if df.empty:
+        return out
+    robust = frame.with_medians(df)
+    keys = ["study", "concurrency"] if "study" in robust else ["concurrency"]
+    plain = _earliest(robust, frame.is_baseline, keys)
+    aligned = _earliest(robust, frame.is_aligned_baseline, keys)
+    for i, row in robust.iterrows():
+        at = tuple(row[k] for k in keys)
+        split = _row_split(row, plain.get(at), aligned.get(at))
+        if split is not None:
+            out.loc[i, list(COLUMNS)] = list(columns(split).values())
+    for col in COLUMNS:
+        out[col] = pd.to_numeric(out[col])
+    return out
+
+
+def _earliest(robust: pd.DataFrame, role: Callable[[pd.DataFrame], pd.Series],
+              keys: list[str]) -> dict[tuple, pd.Series]:
+    """Per level (and study), the earliest completed trial of a baseline role."""
+    rows = robust[role(robust)].sort_values("trial", kind="stable")
+    # Reversed, so the earliest trial of each level is the one kept.
+    return {tuple(r[k] for k in keys): r for _, r in rows.iloc[::-1].iterrows()}
+
+
+def _row_split(row: pd.Series, plain: pd.Series | None, aligned: pd.Series | None
+               ) -> SpeedupSplit | None:
+    if row["state"] != "COMPLETE" or plain is None or aligned is None \
+            or math.isnan(frame.number(row["output_throughput"])):
+        return None
+    return SpeedupSplit.of(measured(row), plain=measured(plain), aligned=measured(aligned))
+
+
+# --- a recommendation -------------------------------------------------------------------------
+def record(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A row of `decompose` as a recommendation carries it (label and COLUMNS); None where the
+    study has no aligned baseline at the row's level."""
+    if frame.optional(row.get("path_cost")) is None:
+        return None
+    return {"label": str(row["label"]), **{c: frame.optional(row.get(c)) for c in COLUMNS}}
+
+
+def recommendation_line(split: Mapping[str, Any]) -> str:
+    """One line of a `record`, each ratio with its spread as the report's table shows it:
+    "ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x speculation
+    1.28x \u00b10.04"."""
+    total = ratio_text(split["total_speedup"], split.get("total_speedup_spread"))
+    return (f"{split['label']}: {total} over plain = " + split_text(
+        split["path_cost"], split.get("path_cost_spread"), split["speculation_gain"],
+        split.get("speculation_gain_spread")))
+
+
+# --- the policy's ladder ----------------------------------------------------------------------
+def policy_stats(stat: dict[str, float], split: SpeedupSplit | None) -> dict[str, float]:
+    """One ladder level's stats (speedup and noise over the plain baseline) with the split
+    added under POLICY_KEYS, each ratio's noise its relative spread; unchanged without one."""
+    if split is None:
+        return stat
+    out = dict(stat)
+    for name, (value_key, noise_key) in POLICY_KEYS.items():
+        ratio: Measured = getattr(split, name)
+        out[value_key], out[noise_key] = ratio.value, ratio.relative_spread
+    return out
+
+
+def policy_line(label: str, stats: Mapping[int, Mapping[str, float]]) -> str | None:
+    """One sentence over the ladder: per level, the total speedup as path cost x speculation
+    gain, each with its spread in the ratio's units as the recommendation and the report
+    write them; None when no level is split."""
+    parts = []
+    for c, s in sorted(stats.items()):
+        if "path_cost" not in s:
+            continue
+        total = Measured(value=s["speedup"], relative_spread=s["noise"])
+        split = SpeedupSplit(total_speedup=total, **{
+            name: Measured(value=s[value_key], relative_spread=s[noise_key])
+            for name, (value_key, noise_key) in POLICY_KEYS.items()})
+        parts.append(f"c={c} {ratio_text(total.value, total.spread)} = {split}")
+    if not parts:
+        return None
+    return (f"{label} over the plain baseline, split into the engine path's cost (aligned "
+            f"baseline over plain) and speculation's own gain: " + "; ".join(parts) + ".")
