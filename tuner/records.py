@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -342,6 +342,12 @@ class EngineInfo(Frozen):
     vllm_version: str | None = None
     details: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def launched(self) -> bool:
+        """False for a server that was already running (`tuner bench --base-url`): nobody
+        here started it, so `start_s` says nothing about it."""
+        return "base_url" not in self.details
+
 
 class BenchResult(Frozen):
     """One engine launch, measured at every requested concurrency."""
@@ -439,7 +445,10 @@ def _measure_from(args: Namespace) -> MeasureSettings:
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions:
     """`tuner bench`: one config measured at every level of `settings` in one engine launch;
-    `metadata` (`--metadata KEY=VALUE`) is kept in result.json for the user's records."""
+    `metadata` (`--metadata KEY=VALUE`) is kept in result.json for the user's records.
+    `--engine-env` belongs to `config` (its label, result.json's config.engine_env): in a
+    study it is every engine's environment (EngineOptions.env), but bench has one engine,
+    and what it sets is part of what was measured."""
 
     workload: WorkloadSpec
     engine: EngineSpec | EngineOptions
@@ -450,11 +459,13 @@ class BenchOptions:
 
     @classmethod
     def from_cli_args(cls, args: Namespace) -> BenchOptions:
-        config = TrialConfig(speculative_config=args.speculative_config
+        config = TrialConfig(speculative_config=args.speculative_config,
+                             engine_env=dict(args.engine_env)
                              ).with_acceptance_profile(args.acceptance_profile)
         out = args.output_dir or Path("outputs") / (
             f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}")
-        return cls(workload=_workload_from(args), engine=EngineOptions.from_cli_args(args),
+        engine = replace(EngineOptions.from_cli_args(args), env={})  # in `config` instead
+        return cls(workload=_workload_from(args), engine=engine,
                    settings=_measure_from(args), config=config, out_dir=out,
                    metadata=dict(args.metadata))
 
@@ -689,6 +700,9 @@ class Recommendation(Frozen):
     label: str | None = None
     trial: int | None = None
     serve_command: str | None = None
+    # Said beside the serve command where it names other weights than those measured (the
+    # embedded default: tuner.engine_cmdline.serve_note); None otherwise.
+    serve_note: str | None = None
     metrics: dict[str, float | None] = {}
     baseline_metrics: dict[str, float | None] = {}
     speedup_throughput: float | None = None  # > 1: more output tokens per second

@@ -183,8 +183,10 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
     assert f"measuring the running server at {eng.url}" in said
     assert "engine starting" not in said and "no speculation" not in said
     assert printed.out.startswith(f"live server at {eng.url} (its own config)")
+    assert "engine start" not in said  # no start-up time for a server nobody here started
     summary = json.loads((out / "summary.json").read_text())
     assert {run["label"] for run in summary} == {f"live server at {eng.url} (its own config)"}
+    assert {run["engine_start_s"] for run in summary} == {None}
     # The banner counts what it names: 4 and 8 measured requests, 1 and 2 warm-ups (15 drawn).
     assert "(15 prompts drawn: 4,8 requests and 1,2 warm-ups per level)" in said
 

@@ -11,13 +11,16 @@ import sys
 from conftest import fake_engine_spec
 
 from tuner import api
+from tuner.engine_cmdline import EMBEDDED_HUB_ID, EMBEDDED_SERVE_NOTE
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import MeasureSettings, OptimizeOptions, PolicyOptions, WorkloadSpec
 
 
 def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
+    # Named as the embedded default is: its serve command names the hub id, with a note.
     engine = fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=6,
-                              accept_rate=0.6, load_per_seq=0.05, verify_cost_per_token=0.06)
+                              accept_rate=0.6, load_per_seq=0.05, verify_cost_per_token=0.06,
+                              model_name=EMBEDDED_HUB_ID)
     out = tmp_path / "study"
     api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=24),
@@ -45,6 +48,8 @@ def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
     assert not ver["engine_rejected"] and ver["honoured"]
     assert not ver["worse_at"], ver["rows"]
     assert ver["rows"][0]["policy_speedup"] > 1.5
+    assert doc["serve_command"].startswith(f"vllm serve {EMBEDDED_HUB_ID} --speculative-config")
+    assert doc["serve_note"] == EMBEDDED_SERVE_NOTE
     assert (out / "policy.json").exists() and (out / "plots" / "policy_speedup.png").exists()
     # The report embeds the policy; resuming the policy step measures nothing new.
     r = subprocess.run([sys.executable, "-m", "tuner", "policy", str(out), "--ladder",
@@ -55,3 +60,5 @@ def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
     assert "Load-aware policy" in (out / "report.html").read_text()
     rec = json.loads((out / "recommendation.json").read_text())
     assert rec["policy"]["schedule"] == sched
+    assert rec["policy"]["serve_note"] == EMBEDDED_SERVE_NOTE
+    assert f"Note: {EMBEDDED_SERVE_NOTE}." in (out / "report.md").read_text()

@@ -21,6 +21,7 @@ from tuner.errors import ConfigError
 from tuner.measure import workloads
 from tuner.records import (
     AlignedBaselineFlags,
+    BenchOptions,
     EngineOptions,
     EngineSpec,
     MeasureSettings,
@@ -176,6 +177,12 @@ def test_a_running_server_refuses_the_options_that_launch_one():
     m = refused(checks.live_engine_options, EngineOptions(
         base_url="http://h:1", vllm_cmd=("vllm", "serve"), env={"A": "1"}))
     assert "--base-url http://h:1 with --vllm-cmd, --engine-env" in m
+    # bench carries --engine-env in its config: refused there, named the same.
+    live = EngineSpec(model="m", base_url="http://h:1")
+    m = refused(checks.bench_options, BenchOptions(
+        workload=WorkloadSpec(name="random"), engine=live, out_dir=Path("b"),
+        config=TrialConfig(engine_env={"A": "1"})), live)
+    assert "--base-url http://h:1 with --engine-env: a running server keeps" in m
 
 
 # --- an options record resolved ----------------------------------------------------------------

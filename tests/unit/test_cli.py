@@ -327,6 +327,20 @@ def test_num_warmups_metadata_and_disable_tqdm_reach_the_api(api_calls, tmp_path
     assert [options.settings.warmups_for(c) for c in (1, 4)] == [1, 4]
 
 
+def test_engine_env_is_part_of_the_benched_config_and_every_engine_of_a_study(api_calls,
+                                                                              tmp_path):
+    # bench measures one config: what --engine-env sets is part of it (its label, result.json's
+    # config.engine_env), not a plain run's. A study keeps it as every engine's environment.
+    options, _ = api_calls("bench", "--model", TOK, "--output-dir", str(tmp_path / "b"),
+                           "--engine-env", "VLLM_USE_V2_MODEL_RUNNER=0", "--engine-env", "A=1")
+    assert options.config.engine_env == {"VLLM_USE_V2_MODEL_RUNNER": "0", "A": "1"}
+    assert options.config.label() == "baseline (no speculation) [A=1 VLLM_USE_V2_MODEL_RUNNER=0]"
+    assert dict(options.engine.env) == {}
+    options, _ = api_calls("optimize", "--model", TOK, "--output-dir", str(tmp_path / "s"),
+                           "--engine-env", "A=1")
+    assert dict(options.engine.env) == {"A": "1"}
+
+
 def test_the_output_folder_is_checked_first_and_made_later(tmp_path):
     from tuner import checks
 

@@ -68,6 +68,18 @@ def test_the_serve_command_is_what_was_measured_and_pastes_into_a_shell():
     assert parts[-1] == "--enforce-eager"
 
 
+def test_the_embedded_defaults_serve_command_names_its_hub_id_with_a_note():
+    embedded = EngineSpec(model="/cache/smollm2-bf16", model_name=engine_cmdline.EMBEDDED_HUB_ID)
+    assert engine_cmdline.serve_command(embedded, TrialConfig()) == \
+        f"vllm serve {engine_cmdline.EMBEDDED_HUB_ID}"
+    assert engine_cmdline.serve_note(embedded.model_dump()) == engine_cmdline.EMBEDDED_SERVE_NOTE
+    # The hub checkpoint itself (--model HuggingFaceTB/...), a path, an old study: no note.
+    for engine in ({"model": engine_cmdline.EMBEDDED_HUB_ID,
+                    "model_name": engine_cmdline.EMBEDDED_HUB_ID},
+                   {"model": "/models/x", "model_name": "./x"}, {"model": "/cache/smollm2"}):
+        assert engine_cmdline.serve_note(engine) is None
+
+
 def test_bad_quoting_is_a_user_mistake():
     with pytest.raises(ConfigError, match="check the quotes"):
         engine_cmdline.split("--model 'unterminated", flag="--engine-args")

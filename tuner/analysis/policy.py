@@ -278,7 +278,8 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
         "schedule_problems": validate_schedule(schedule, num_speculative_tokens=max(
             [k for *_, k in schedule] + [1])),
         "speculative_config": spec,
-        "serve_command": None, "verification": None, "fallback_bands": None,
+        "serve_command": None, "serve_note": None, "verification": None,
+        "fallback_bands": None,
         "aligned_baseline": None if aligned is None else {
             "label": aligned.label(), "config": aligned.model_dump(mode="json"),
             "path_cost": {str(c): v for c, v in level_stats(aligned_series, base).items()}},

@@ -1,7 +1,8 @@
 """Analysis stage, the recommendation: per concurrency level, the config to run, "leave
 speculation off", or a refusal with the reason when the data cannot support a choice; each
 says how sure it is (repeats, spread) and carries the serve and verify commands (the model
-named as the user gave it, the serve flags also as a `vllm serve --config` mapping). Where the
+named as the user gave it, the serve flags also as a `vllm serve --config` mapping, and a note
+where the command names other weights than those measured). Where the
 study measured an aligned baseline, the speedup over the plain baseline is split into the
 engine path's cost and speculation's own gain (tuner.analysis.decomposition), in the record
 and its reason.
@@ -158,8 +159,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
         f"{base['output_throughput']:.1f} tok/s). Serve without --speculative-config."
         + _split_sentence(split),
-        serve_command=_serve_command(at.meta, TrialConfig()),
-        serve_config=serve_config(at.meta, TrialConfig()), decomposition=split,
+        **_serving(at.meta, TrialConfig()), decomposition=split,
         metrics=_metrics(base),
         baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
         speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
@@ -203,8 +203,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
         f"({best['output_throughput']:.1f} against {base['output_throughput']:.1f} tok/s, "
         f"{gain:+.1%}), not more than {noise_text}. Serve without --speculative-config. "
         f"{resolve}" + _split_sentence(split),
-        serve_command=_serve_command(at.meta, TrialConfig()),
-        serve_config=serve_config(at.meta, TrialConfig()), decomposition=split,
+        **_serving(at.meta, TrialConfig()), decomposition=split,
         metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
         trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
         n_repeats=int(_int(base["n_repeats"])),
@@ -229,8 +228,7 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
         speculative_config=config.speculative_config, label=str(win["label"]),
-        trial=int(win["trial"]), serve_command=_serve_command(at.meta, config),
-        serve_config=serve_config(at.meta, config), decomposition=split,
+        trial=int(win["trial"]), **_serving(at.meta, config), decomposition=split,
         metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
         baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
@@ -383,9 +381,13 @@ def _shown_engine(meta: dict[str, Any]) -> EngineSpec:
     return spec.model_copy(update={"model": spec.model_name or spec.model})
 
 
-def _serve_command(meta: dict[str, Any], config: TrialConfig) -> str:
-    """`vllm serve MODEL --speculative-config '...'` plus the engine flags it was measured with."""
-    return engine_cmdline.serve_command(_shown_engine(meta), config)
+def _serving(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
+    """A recommendation's serve fields: the command (`vllm serve MODEL --speculative-config
+    '...'` plus the engine flags it was measured with), the same as a `vllm serve --config`
+    mapping, and the note that goes beside them (tuner.engine_cmdline.serve_note)."""
+    return {"serve_command": engine_cmdline.serve_command(_shown_engine(meta), config),
+            "serve_config": serve_config(meta, config),
+            "serve_note": engine_cmdline.serve_note(meta.get("engine_spec") or {})}
 
 
 def serve_config(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:

@@ -34,8 +34,13 @@ def trial_line(result: BenchResult, baseline: dict | None) -> str:
                if lv.spec_decode_acceptance_length is not None else "")
         parts.append(f"c={lv.concurrency} {speed}{lv.output_throughput:.1f} tok/s "
                      f"TPOT {lv.mean_tpot_ms:.1f} ms{acc}")
-    return (f"{result.config.label()}: " + " | ".join(parts)
-            + f" | engine start {result.engine.start_s:.0f} s")
+    start = _engine_start(result)
+    return f"{result.config.label()}: " + " | ".join(parts) + (f" | {start}" if start else "")
+
+
+def _engine_start(result: BenchResult) -> str | None:
+    """"engine start 41 s"; None for a server the tuner did not start (`--base-url`)."""
+    return f"engine start {result.engine.start_s:.0f} s" if result.engine.launched else None
 
 
 class TrialProgress:
@@ -114,8 +119,8 @@ def bench_table(result: BenchResult) -> str:
             num(lv.spec_decode_acceptance_length, "{:.2f}"),
         ])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = [f"{result.label()}  (engine start {result.engine.start_s:.0f} s; "
-             f"latencies in ms)",
+    start = _engine_start(result)
+    lines = [f"{result.label()}  ({start + '; ' if start else ''}latencies in ms)",
              "  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -138,6 +143,8 @@ def format_recommendation(rec: Recommendation) -> str:
         lines.append(f"  confidence: {rec.confidence}")
     if rec.serve_command:
         lines.append(f"  serve:  {rec.serve_command}")
+    if rec.serve_note:
+        lines.append(f"  note:   {rec.serve_note}")
     if rec.verify_command:
         lines.append(f"  verify: {rec.verify_command}")
     return "\n".join(lines)
@@ -152,6 +159,8 @@ def format_policy(policy: dict[str, Any]) -> str:
     lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
     if policy.get("serve_command"):
         lines.append(f"  serve:  {policy['serve_command']}")
+    if policy.get("serve_note"):
+        lines.append(f"  note:   {policy['serve_note']}")
     for band in policy.get("fallback_bands") or []:
         lines.append(f"  router band: {band}")
     head, rows = policy_rows(policy)

@@ -66,7 +66,8 @@ def vllm_runs(result: BenchResult, *, engine: EngineSpec,
              "burstiness": 1.0, "method": result.config.method,
              "speculative_config": result.config.spec_json() if spec else None,
              "num_speculative_tokens": spec.get("num_speculative_tokens"),
-             "engine_start_s": result.engine.start_s, "vllm_version": result.engine.vllm_version}
+             "engine_start_s": result.engine.start_s if result.engine.launched else None,
+             "vllm_version": result.engine.vllm_version}
     # One measured run per level: sweep's run_number counts repeats of one combination.
     return [{**ident, **(metadata or {}), **lv.vllm_record(), "run_number": 0}
             for lv in result.levels]

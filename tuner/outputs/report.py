@@ -109,6 +109,8 @@ def write_serve_configs(recs: Sequence[Recommendation], out_dir: Path, *,
         lines = [f"# Concurrency {rec.concurrency}: {HEADLINES[rec.status]}"
                  + (f" {rec.label}" if rec.status == "recommend" else "") + ".",
                  f"# Serve with: vllm serve --config {path.name}"]
+        if rec.serve_note:
+            lines.append(f"# Note: {rec.serve_note}.")
         if env:
             lines.append("# Measured with the environment: "
                          + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
@@ -291,6 +293,8 @@ class _Doc:
         out = [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
         if rec.serve_command:
             out += [_fence(rec.serve_command), ""]
+        if rec.serve_note:
+            out += [f"Note: {e(rec.serve_note)}.", ""]
         if rec.concurrency in self.config_files:
             out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.", ""]
         split = split_table.rec_rows(rec.decomposition)
@@ -405,6 +409,8 @@ class _Doc:
                  f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
         if rec.serve_command:
             parts.append(f"<pre class='cmd'>{e(rec.serve_command)}</pre>")
+        if rec.serve_note:
+            parts.append(f"<p>Note: {e(rec.serve_note)}.</p>")
         if rec.concurrency in self.config_files:
             parts.append(f"<p>Or <code>vllm serve --config "
                          f"{e(self.config_files[rec.concurrency].name)}</code>.</p>")
@@ -493,7 +499,7 @@ def _policy_summary(policy: dict[str, Any] | None) -> dict[str, Any] | None:
     if not policy:
         return None
     keys = ("verdict", "method", "chosen", "ladder", "repeats", "schedule", "speculative_config",
-            "serve_command", "fallback_bands", "schedule_problems")
+            "serve_command", "serve_note", "fallback_bands", "schedule_problems")
     out = {k: policy.get(k) for k in keys}
     out["break_even"] = {c["label"]: c.get("break_even") for c in policy.get("configs", [])}
     ver = policy.get("verification") or {}
@@ -513,6 +519,8 @@ def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
                 _fence(json.dumps(policy["speculative_config"])), ""]
     if policy.get("serve_command"):
         out += [_fence(policy["serve_command"]), ""]
+    if policy.get("serve_note"):
+        out += [f"Note: {e(policy['serve_note'])}.", ""]
     if policy.get("fallback_bands"):
         out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy["fallback_bands"]]
         out.append("")
@@ -537,6 +545,8 @@ def policy_html(policy: dict[str, Any] | None) -> str:
                      + e(json.dumps(policy["speculative_config"])) + "</pre>")
     if policy.get("serve_command"):
         parts.append(f"<pre>{e(policy['serve_command'])}</pre>")
+    if policy.get("serve_note"):
+        parts.append(f"<p>Note: {e(policy['serve_note'])}.</p>")
     if policy.get("fallback_bands"):
         parts.append("<p>Band table for a router:</p><ul>" + "".join(
             f"<li>{e(b)}</li>" for b in policy["fallback_bands"]) + "</ul>")
