@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_no_tracked_file_names_how_the_work_was_organised():
     try:
         out = subprocess.run(
-            ["git", "grep", "-nIE", r"stop[0-9]+|check session|this box|carry list", "--", "."],
+            # Bracketed spaces, so that this line does not match itself.
+            ["git", "grep", "-nIE", r"stop[0-9]+|check[ ]session|this[ ]box|carry[ ]list", "--",
+             "."],
             cwd=ROOT, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         pytest.skip("git is not installed")
     if out.returncode == 128:
         pytest.skip("not a git checkout")
-    hits = [ln for ln in out.stdout.splitlines() if not ln.startswith("tests/integration/test_tracked_files.py:")]
-    assert not hits, "\n".join(hits[:10])
+    assert not out.stdout, out.stdout[:2000]
