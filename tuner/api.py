@@ -30,6 +30,8 @@ from tuner.records import (
     PolicyOptions,
     Recommendation,
     StudyOutcome,
+    TrafficOptions,
+    TrafficOutcome,
     TrialConfig,
     Workload,
     WorkloadSpec,
@@ -130,9 +132,14 @@ def bench(options: BenchOptions, *, say: Say = print, show_bar: bool = False) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     what = (f"the live server at {engine.base_url} (its own config)" if engine.base_url
             else options.config.label())
+    if options.config.speculative_config:
+        _warn_sampling(engine, workload, say)
     levels = settings.concurrencies
     requests = _per_level([settings.requests_for(c, workload.num_prompts) for c in levels],
                           "request")
+    if settings.stability_pct > 0:  # windows until the last ones agree (tuner.measure.windows)
+        requests = "windows of " + _per_level(
+            [settings.window_requests(c, workload.num_prompts) for c in levels], "request")
     warmups = _per_level([settings.warmups_for(c) for c in levels], "warm-up")
     # The pool holds every level's requests and warm-ups (no prompt twice in one engine).
     say(f"Benchmarking {what} on {Path(engine.model).name}, workload {workload.name} "
@@ -147,6 +154,16 @@ def bench(options: BenchOptions, *, say: Say = print, show_bar: bool = False) ->
         "settings": settings.model_dump(), "engine_spec": engine.model_dump(),
         "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata})
     return result
+
+
+def _warn_sampling(engine: EngineSpec, workload: WorkloadSpec, say: Say) -> None:
+    """Once, up front: speculative launches on vLLM's CPU build sample wrongly at temperature
+    above 0 (tuner.replay.sampling.known_defect)."""
+    from tuner.replay import sampling
+
+    if not engine.base_url and (text := sampling.known_defect(
+            device=engine.device, temperature=workload.temperature)):
+        say(text)
 
 
 def _per_level(counts: list[int], noun: str) -> str:
@@ -188,6 +205,7 @@ def optimize(options: OptimizeOptions, *, say: Say = print, detail: Say | None =
     space, use_replay = _space(options, engine)
     wl = _load_workload(options.workload, engine, options.settings, say)
     study, retry = _create_study(options, space, wl, use_replay=use_replay, say=say)
+    _warn_sampling(engine, options.workload, say)
     executor = executors.choose(engine, ray_address=options.ray_address,
                                 parallel=options.parallel, logical_gpus=options.logical_gpus)
     _say_resumed(study, options, use_replay=use_replay, say=say)
@@ -241,6 +259,7 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload, *, use_rep
              "space": space.name, "objectives": list(o.objectives),
              "target_concurrency": o.target_concurrency, "constraints": dict(o.constraints),
              "acceptance_profile": o.acceptance_rates, "metadata": dict(o.metadata),
+             "confidence": o.confidence, "margin": o.margin,
              "fingerprint": machine.fingerprint(engine, o.workload, wl.digest)}
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
@@ -280,6 +299,7 @@ def _run_search(search: Any, options: OptimizeOptions, retry: list[dict], *,
         search.say(f"Strategy replay: --n-trials {options.n_trials} engine launches at most.")
         replay = replay_strategy.ReplaySearch(
             search, study_dir=out_dir, leaders=options.confirm_leaders, seed=options.seed or 0,
+            confidence=options.confidence, margin=options.margin,
             limits=engine_cmdline.engine_limits(search.engine),
             on_prediction=lambda pred: _write_predictions(pred, out_dir))
         if replay.run(n_trials=options.n_trials, timeout_s=options.timeout_s):
@@ -484,11 +504,12 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     measured = replay_strategy.measured_trials(study, study_dir)
     memo: dict = {}
     limits = engine_cmdline.engine_limits(engine)
+    temperature = WorkloadSpec.sampling_of(meta.get("workload") or {})["temperature"]
 
     def run(cands: list[TrialConfig]) -> Prediction:
         return predict_space(base.capture, cands, measured, max_model_len=limits.max_model_len,
                              max_num_seqs=limits.max_num_seqs, memo=memo,
-                             levels=list(levels or captured))
+                             levels=list(levels or captured), temperature=temperature)
 
     t0 = time.monotonic()
     configs, pred, added = replay_strategy.refine(sp, configs, run(configs), run,
@@ -497,6 +518,100 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
         say(f"Searched the sampled grids around the predicted leaders: {added} more configs "
             f"replayed ({len(configs)} in all).")
     return dataclasses.replace(pred, seconds=time.monotonic() - t0)
+
+
+def predict_traffic(options: TrafficOptions, *, say: Say = print) -> TrafficOutcome:
+    """A space's acceptance over a user's own request logs (tuner.replay.traffic) at each
+    level, a closed loop of c; with a study on the target hardware, also throughput, TPOT and
+    speedup on its step cost. Writes traffic.csv and traffic.json; no engine."""
+    from tuner.outputs import traffic as traffic_out
+    from tuner.replay import traffic
+    from tuner.replay.traffic import prompts
+    from tuner.search import replay_strategy
+    from tuner.search import space as spaces
+
+    levels = list(options.levels or (1,))
+    sp = spaces.load(options.space_name or "ngram")
+    cal, engine = _traffic_study(options, levels) if options.study_dir else (None, None)
+    limits = engine_cmdline.engine_limits(engine) if engine else None
+    say(f"Reading {options.traffic_path} ...")
+    logs = traffic.read(options.traffic_path, tokenizer_for=_traffic_tokenizer,
+                        model=options.model or _study_model(engine),
+                        max_model_len=limits.max_model_len if limits else None,
+                        context_of=prompts.context_len)
+    configs = replay_strategy.candidates(sp)
+    say(f"Replaying {len(configs)} configs of space '{sp.name}' over {len(logs)} requests at "
+        f"c={','.join(map(str, levels))} ...")
+    pred = traffic.predict(logs, configs, levels=levels, max_model_len=logs.max_model_len,
+                           max_num_seqs=limits.max_num_seqs if limits else
+                           engine_cmdline.VLLM_DEFAULT_LIMITS["cuda"][0], calibration=cal)
+    header = {"traffic": str(options.traffic_path), "requests": len(logs), "model": logs.model,
+              "space": sp.name, "levels": levels, "study": pred.study,
+              "max_model_len": logs.max_model_len, "skipped_records": dict(logs.skipped),
+              "notes": pred.notes(), "seconds": round(pred.seconds, 3)}
+    paths = traffic_out.write(pred.rows, header, options.out_dir or Path("outputs") /
+                              f"traffic-{_traffic_stem(options.traffic_path)}")
+    return TrafficOutcome(table=traffic_out.table(pred.rows, top=options.top, levels=levels),
+                          notes=tuple(pred.notes()), rows=tuple(pred.rows), paths=paths,
+                          requests=len(logs), configs=pred.configs, seconds=pred.seconds)
+
+
+def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, EngineSpec]:
+    """The study that prices a traffic: its step cost, fitted as `tuner predict` fits it on
+    its measured trials (tuner.replay.predict with no config to predict), and its engine."""
+    from tuner.replay.predict import predict as predict_space
+    from tuner.replay.traffic import price
+    from tuner.search import replay_strategy
+    from tuner.search import study as st
+
+    study = st.open_existing(options.study_dir, options.storage_url, options.study_name)
+    meta = study.user_attrs.get(st.ATTR) or {}
+    engine = EngineSpec.model_validate(meta["engine_spec"])
+    measured = replay_strategy.measured_trials(study, options.study_dir)
+    base = next((t for t in measured if t.role == "baseline" and t.capture is not None), None)
+    if base is None:
+        raise ConfigError(f"--study {options.study_dir}: no completed baseline with token ids, "
+                          f"so no step cost to price the traffic on. Drop --study for "
+                          f"acceptance only, or pass a study measured with token capture.")
+    limits = engine_cmdline.engine_limits(engine)
+    fitted = predict_space(base.capture, [], measured, max_model_len=limits.max_model_len,
+                           max_num_seqs=limits.max_num_seqs,
+                           levels=[c for c in levels if c in base.capture.levels()])
+    return price.Calibration(costs=fitted.costs, base=base.capture, measured=measured,
+                             max_num_seqs=limits.max_num_seqs,
+                             study=str(options.study_dir)), engine
+
+
+def _study_model(engine: EngineSpec | None) -> str | None:
+    """The model (or tokenizer) a study's engine ran: None for none or the embedded default."""
+    if engine is None or engine_cmdline.embedded_default(engine.model_dump()):
+        return None
+    return engine.tokenizer or engine.model
+
+
+def _traffic_tokenizer(name: str | None) -> Any:
+    """The tokenizer of `name` (a model, its folder or its tokenizer's), the embedded default's
+    for None or its hub id."""
+    from tuner.measure import model as embedded
+    from tuner.measure import workloads
+
+    if name is None or name in (engine_cmdline.EMBEDDED_HUB_ID, embedded.EMBEDDED_NAME):
+        return workloads.load_tokenizer(workloads.EMBEDDED_TOKENIZER)
+    try:
+        return workloads.load_tokenizer(name)
+    except ConfigError as e:
+        cause = str(e).split(" Pass --tokenizer")[0]
+        raise ConfigError(f"{cause} Pass --model with the model's folder or its tokenizer's "
+                          f"(tokenizer.json, tokenizer_config.json), or a hub id this machine "
+                          f"has cached.") from None
+
+
+def _traffic_stem(path: Path) -> str:
+    """requests.jsonl.xz -> requests: the name of a traffic file without its suffixes."""
+    name = Path(path).name
+    for suffix in (".gz", ".xz", ".jsonl", ".ndjson", ".json", ".parquet"):
+        name = name.removesuffix(suffix)
+    return name or "file"
 
 
 @_one_driver

@@ -29,6 +29,7 @@ from typing import Any
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.records import (
+    SAMPLING_OFF,
     AlignedBaseline,
     AlignedBaselineFlags,
     BenchOptions,
@@ -112,6 +113,13 @@ BOUNDS: dict[str, Bound] = {
                             "1M tokens is beyond any served model's context", "128"),
     "temperature": _b("--temperature", float, 0, 2, "",
                       "the OpenAI API's range; above 2 sampling is close to uniform noise", "0"),
+    "top_p": _b("--top-p", float, 0.001, 1, "",
+                "a share of the probability mass: 1 is off, and below 0.001 sampling is "
+                "greedy in all but name", "0.9"),
+    "top_k": _b("--top-k", int, 0, MAX_TOKENS, "tokens",
+                "0 is off (vLLM's -1); no vocabulary holds 1M tokens", "50"),
+    "min_p": _b("--min-p", float, 0, 1, "",
+                "a share of the likeliest token's probability: 0 is off", "0.05"),
     # measurement
     "concurrency": _b("--concurrency", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
                       "1,8,32"),
@@ -124,6 +132,11 @@ BOUNDS: dict[str, Bound] = {
     "num_warmups": _b("--num-warmups", int, 0, 10_000, "requests",
                       "warm-ups are prompts prepared in the driver like measured ones; a few "
                       "per slot warm every code path", "8"),
+    "stability": _b("--stability", float, 0, 50, "percent",
+                    "0 measures each level as one block; windows further apart than half their "
+                    "median do not agree on anything", "3"),
+    "stability_max_s": _b("--stability-max-s", float, 0.1, DAY_S, "seconds",
+                          "a level still unsettled after a day will not settle", "60"),
     # search
     "n_trials": _b("--n-trials", int, 1, 10_000, "trials",
                    "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks", "12"),
@@ -162,6 +175,12 @@ BOUNDS: dict[str, Bound] = {
     "confirm_leaders": _b("--confirm-leaders", int, 1, 16, "configs",
                           "each leader is launched and repeated; 16 exceed any launch budget "
                           "worth predicting for", "2"),
+    "confidence": _b("--confidence", float, 50, 99.9, "percent",
+                     "below 50% an interval says less than a coin toss; beyond 99.9% the t "
+                     "factor of a launch pair exceeds 600 and no launch budget decides", "95"),
+    "margin": _b("--margin", float, 0, 50, "percent",
+                 "the band around 1.00x that counts as no difference; wider than 50% would "
+                 "call a 1.5x speedup the same", "2"),
     "top": _b("--top", int, 1, 100_000, "rows", "more rows than any space has", "10"),
     "k_values": _b("--k-values", int, 1, 64, "draft tokens",
                    "every sequence pays for K drafts each step, and acceptance never reaches "
@@ -626,9 +645,25 @@ def ladder_fits(policy: PolicyOptions, engine: EngineSpec) -> None:
     ensure_open_files(top, flag=flag)
 
 
+def check_sampling(workload: WorkloadSpec, *, speculative: bool = False) -> None:
+    """--top-p, --top-k and --min-p act only when sampling (vLLM resets them at temperature 0,
+    so a study would differ in name only); vLLM refuses min_p with speculative decoding."""
+    flags = {k: f"--{k.replace('_', '-')}" for k in SAMPLING_OFF}
+    given = [f"{flags[k]} {v:g}" for k, v in workload.sampling.items() if k in flags]
+    if given and not workload.temperature:
+        raise ConfigError(f"{', '.join(given)} at --temperature 0: vLLM samples greedily there "
+                          f"and ignores {'them' if len(given) > 1 else 'it'}. Set --temperature "
+                          f"above 0 (e.g. 0.8), or drop {', '.join(g.split()[0] for g in given)}.")
+    if speculative and workload.min_p:
+        raise ConfigError(f"--min-p {workload.min_p:g}: vLLM refuses min_p with speculative "
+                          f"decoding (every request of a speculative config would fail). Drop "
+                          f"--min-p, or use --top-p / --top-k to trim the distribution.")
+
+
 # --- an options record resolved: the checks across its options and against the engine ------
 def measurement(workload: WorkloadSpec, settings: MeasureSettings, engine: EngineSpec) -> None:
     """What bench and optimize measure against the engine and this process's limits."""
+    check_sampling(workload)
     check_requests(settings, workload.num_prompts)
     check_levels_fit_engine(settings.concurrencies, engine)
     ensure_open_files(max(settings.concurrencies))
@@ -647,6 +682,7 @@ def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
                           f"Drop them to measure it as it is, or drop --base-url to let the "
                           f"tuner launch vLLM with this config.")
     measurement(options.workload, options.settings, engine)
+    check_sampling(options.workload, speculative=bool(config.speculative_config))
     output_dir(options.out_dir, keep=False)
     return replace(options, engine=engine)
 
@@ -661,6 +697,7 @@ def optimize_options(options: OptimizeOptions, engine: EngineSpec) -> OptimizeOp
                           f"config, so it cannot use a server that is already running. Measure "
                           f"that server with `tuner bench --base-url`, or drop --base-url.")
     measurement(options.workload, options.settings, engine)
+    check_sampling(options.workload, speculative=True)  # every trial but the baselines
     if options.policy is not None:
         ladder_fits(options.policy, engine)
     target = target_concurrency(options.target_concurrency, options.settings.concurrencies)

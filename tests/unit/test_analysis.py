@@ -310,8 +310,11 @@ def test_a_gain_beside_a_zero_spread_is_no_finding():
     assert rec.spread["relative_throughput_spread"] == 0.0
     assert rec.spread["noise_floor"] == pytest.approx(0.02)
     assert rec.label == "baseline (no speculation)" and rec.speedup_throughput == 1.0
-    assert rec.confidence.startswith("low: 2 measurement(s) of ngram k=8 window 3-3")
-    assert "(a difference must exceed 2% to count)" in rec.confidence
+    # Identical launches: the speedup interval has no width and lies within the 2% margin.
+    assert rec.confidence.startswith("high: 2 launch(es) of ngram k=8 window 3-3, 2 of the "
+                                     "baseline; the 95% interval 1.00-1.00 of its speedup")
+    assert "lies within \u00b12% of 1.00x (no difference that matters)" in rec.confidence
+    assert rec.speedup_interval == pytest.approx((327.7 / 327.6, 327.7 / 327.6))
     assert "ngram" in rec.verify_command
 
 
@@ -351,7 +354,11 @@ def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
     assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
     assert "1.01x the baseline's throughput (2600.6 against 2577.9 tok/s, +0.9%)" in rec.reason
     assert rec.spread["relative_throughput_spread"] == pytest.approx(15.5 / 2577.9)
-    assert "+0.9% against a spread (MAD) of ±0.6%" in rec.confidence
+    # Two launches each: the interval is open, so the noise floor decided as before.
+    assert rec.confidence.startswith("low: 2 launch(es) of ngram k=8 window 3-3")
+    assert "95% interval 0.99-1.03 of its speedup (1.01x) holds 1.00x" in rec.confidence
+    assert "over the baseline: 1.01x (95% interval 0.99-1.03; 2 and 2 launches), not " \
+        "settled" in rec.reason
 
 
 def test_a_gain_beyond_the_spread_and_the_floor_is_recommended():
@@ -361,7 +368,9 @@ def test_a_gain_beyond_the_spread_and_the_floor_is_recommended():
     _twice(study, ngram(3), 1, 100.5, 101.0)  # +0.0%: noise
     rec = recommend(trials_frame(study), concurrency=1)
     assert rec.status == "recommend" and rec.speculative_config == ngram(5)
-    assert rec.confidence.startswith("medium") and "+3.0% against" in rec.confidence
+    assert rec.confidence.startswith("high: 2 launch(es) of ngram k=5 window 2-5")
+    assert "95% interval 1.01-1.05 of its speedup (1.03x) lies above 1.00x" in rec.confidence
+    assert rec.launches == (2, 2) and rec.confidence_level == 0.95
 
 
 def test_the_knee_is_taken_among_measurable_gains_only():
@@ -457,7 +466,98 @@ def test_repeat_trials_of_one_config_are_pooled_and_the_original_is_chosen():
     rec = recommend(df, concurrency=1)
     assert rec.trial == 2 and rec.n_repeats == 2
     assert rec.spread["output_throughput_mad"] == pytest.approx(2.0)
-    assert rec.confidence.startswith("medium: 3 measurement(s)")
+    # The baseline ran once: its interval borrows the 2 degrees of freedom suffix's pooled.
+    assert rec.confidence.startswith("high: 3 launch(es) of suffix k=8")
+    assert rec.launches == (3, 1) and "(2 degrees of freedom)" in rec.confidence
+
+
+# --- speedup intervals across launches (tuner.intervals) -------------------------------------
+
+
+def _thrice(study, spec, first, second, third, *, role="search"):
+    """One config launched three times at c=1 (a trial and two repeats)."""
+    lv = lambda t: [fake_level(1, output_throughput=t, mean_tpot_ms=1000 / t)]  # noqa: E731
+    add_complete(study, spec, lv(first), role=role, repeats=[lv(second), lv(third)])
+
+
+def test_a_settled_interval_counts_a_gain_the_noise_floor_would_not():
+    # ngram k=5 ran once at +4%: alone it is held to the 5% a single run can differ by, but
+    # the baseline's and k=8's launches pool a 0.8% spread, whose interval lies above 1.00x.
+    study = fake_study()
+    _thrice(study, None, 100.0, 101.0, 99.0, role="baseline")
+    _thrice(study, ngram(8, 3, 3), 100.5, 101.3, 99.7)
+    add_complete(study, ngram(5), [fake_level(1, output_throughput=104.0, mean_tpot_ms=9.6)])
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "recommend" and rec.speculative_config == ngram(5)
+    assert rec.spread["noise_floor"] == pytest.approx(0.05)  # what the floor asked for
+    lo, hi = rec.speedup_interval
+    assert 1.0 < lo < 1.04 < hi and rec.launches == (1, 3)
+    assert (f"Across launches, ngram k=5 window 2-5 over the baseline: 1.04x (95% interval "
+            f"{lo:.2f}-{hi:.2f}; 1 and 3 launches), above 1.00x.") in rec.reason
+    assert ("Its gain is within the noise floor (\u00b15.0% of the MADs), but where the "
+            "interval is settled, it decides.") in rec.reason
+    assert rec.confidence.startswith("high: 1 launch(es) of ngram k=5 window 2-5, 3 of the "
+                                     "baseline")
+
+
+def test_leave_it_off_says_the_best_configs_interval_within_the_margin():
+    study = fake_study()
+    _thrice(study, None, 100.0, 100.4, 99.6, role="baseline")
+    _thrice(study, ngram(8, 3, 3), 100.5, 100.9, 100.1)
+    _thrice(study, ngram(5), 95.0, 95.4, 94.6)
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
+    lo, hi = rec.speedup_interval
+    assert 0.98 < lo < 1.0 < hi < 1.02
+    # The interval's point is the ratio of the launches' geometric means (1.005 here).
+    assert (f"over the baseline: 1.01x (95% interval {lo:.2f}-{hi:.2f}; 3 and 3 launches), "
+            "within \u00b12% of 1.00x.") in rec.reason
+    assert "lies within \u00b12% of 1.00x (no difference that matters)" in rec.confidence
+    assert rec.equivalence_margin == 0.02
+
+
+def test_within_a_wider_margin_the_interval_overrules_the_noise_floor():
+    # +3% passes the 2% floor; with --margin 5 the interval (about 1.02-1.04) says it is no
+    # difference that matters, and the reason says the interval decided.
+    study = fake_study()
+    _thrice(study, None, 100.0, 100.4, 99.6, role="baseline")
+    _thrice(study, ngram(8, 3, 3), 103.0, 103.4, 102.6)
+    _thrice(study, ngram(5), 95.0, 95.4, 94.6)
+    df = trials_frame(study)
+    assert recommend(df, concurrency=1).status == "recommend"  # the default 2% margin
+    rec = recommend(df, concurrency=1, meta={**df.attrs["tuner"], "margin": 0.05})
+    assert rec.status == "speculation_off" and rec.speculative_config is None
+    lo, hi = rec.speedup_interval
+    assert ("+3.0%), beyond the noise floor (\u00b12.0%), but its 95% interval "
+            f"{lo:.2f}-{hi:.2f} lies within \u00b15% of 1.00x: where the interval is settled, "
+            "it decides.") in rec.reason
+    assert rec.equivalence_margin == 0.05
+    # A higher --confidence widens the interval past the band: at 99.9% it is no longer
+    # within 5% of 1.00x, but still above it, and it is recommended again.
+    wide = recommend(df, concurrency=1, meta={**df.attrs["tuner"], "margin": 0.05,
+                                              "confidence": 0.999})
+    assert wide.status == "recommend" and wide.confidence.startswith("high")
+    assert "99.9% interval 1.01-1.05 of its speedup (1.03x) lies above 1.00x" in wide.confidence
+
+
+def test_speculation_off_states_the_fastest_configs_interval():
+    study = fake_study()
+    _thrice(study, None, 100.0, 101.0, 99.0, role="baseline")
+    _thrice(study, ngram(8, 3, 3), 90.0, 91.0, 89.0)
+    _thrice(study, ngram(5), 80.0, 81.0, 79.0)
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "speculation_off"
+    assert "over the baseline: 0.90x (95% interval 0.8" in rec.reason
+    assert "; 3 and 3 launches), below 1.00x. Serve without --speculative-config." in rec.reason
+    assert rec.confidence.startswith("high") and "lies below 1.00x" in rec.confidence
+
+
+def test_without_repeats_there_is_no_interval_and_the_old_words_stay():
+    study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
+                       (suffix(8), {1: (50.0, 20.0)}))
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.speedup_interval is None and rec.launches is None
+    assert "Across launches" not in rec.reason and rec.confidence.startswith("medium")
 
 
 # --- engine path and speculation (an aligned baseline) ---------------------------------------
@@ -535,3 +635,21 @@ def test_serve_config_maps_every_flag_form_as_vllm_reads_it():
         "tensor-parallel-size": 2, "async-scheduling": False, "gpu-memory-utilization": 0.85,
         "compilation-config": {"level": 0}, "max-model-len": "4k", "seed": -1,
         "enable-prefix-caching": True}
+
+
+def test_a_single_launch_says_how_far_its_own_windows_spread():
+    from tuner.analysis.recommend import _window_spreads
+
+    def row(label, pct, converged, thr):
+        return pd.Series({"label": label, "stability_pct": pct, "converged": converged,
+                          "speedup_throughput": thr})
+
+    said, unsettled = _window_spreads(row("k4", 2.9, True, 1.42), row("base", 17.0, False, 1.0))
+    assert said == ("; within one launch the windows spread ±2.9% (k4) and ±17.0% "
+                    "(the baseline, not converged)")
+    assert unsettled  # the baseline never settled: one launch of it says little
+    said, unsettled = _window_spreads(row("k4", 1.0, True, 1.42), row("base", 2.0, True, 1.0))
+    assert not unsettled and "±1.0% (k4) and ±2.0% (the baseline)" in said
+    # a spread as large as the gain itself leaves it unsettled too
+    assert _window_spreads(row("k4", 9.0, True, 1.05), row("base", 1.0, True, 1.0))[1]
+    assert _window_spreads(row("k4", None, None, 1.4), row("base", None, None, 1.0)) == ("", False)

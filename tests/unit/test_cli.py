@@ -381,3 +381,22 @@ def test_optunas_info_lines_follow_quiet_and_verbose(tmp_path: Path):
     finally:
         logging.getLogger("optuna").removeHandler(handler)
         optuna.logging.set_verbosity(before)
+
+
+def test_confidence_and_margin_reach_the_search_as_fractions(api_calls, tmp_path, capsys):
+    from tuner import cli
+
+    options, _ = api_calls("optimize", "--model", TOK, "--output-dir", str(tmp_path / "o"))
+    assert (options.confidence, options.margin) == (0.95, 0.02)
+    options, _ = api_calls("optimize", "--model", TOK, "--output-dir", str(tmp_path / "o"),
+                           "--confidence", "99", "--margin", "0.5")
+    assert options.confidence == pytest.approx(0.99) and options.margin == pytest.approx(0.005)
+    for flag, value, fragment in (("--confidence", "100", "between 50 and 99.9"),
+                                  ("--margin", "-1", "between 0 and 50"),
+                                  ("--confidence", "ninety", "--confidence")):
+        out = tmp_path / "bad"
+        assert cli.main(["optimize", "--model", TOK, "--output-dir", str(out), flag,
+                         value]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and fragment in err and "Traceback" not in err, err
+        assert not out.exists()

@@ -1,7 +1,7 @@
 """The package's structure is part of the product: imports point one way.
 
     cli -> api -> {search, measure, replay, analysis, outputs} -> {checks, engine_cmdline}
-        -> records, errors, tokens, speculative
+        -> records, errors, tokens, speculative, intervals
 
 cli imports only api, records, errors, checks and outputs.console: it parses the command line
 into options records, makes one api call and prints. measure knows nothing of Optuna or Ray;
@@ -10,9 +10,10 @@ before it launches); replay runs vLLM's proposers over recorded tokens and knows
 storage or sampler; analysis never touches an engine (no measure, no vLLM); outputs render
 what analysis computed (no measure, no search); checks imports no stage (tuner.api resolves
 the embedded model and probes the machine, and hands checks the answers); nothing imports
-api or cli; records, errors, tokens (the token capture every stage may pass on) and
+api or cli; records, errors, tokens (the token capture every stage may pass on),
 speculative (what vLLM's SpeculativeConfig accepts, which checks and search both check names
-against) import no stage. No exception is whitelisted. Every import counts, including the
+against) and intervals (the speedup intervals the search stops on and the analysis
+recommends by) import no stage. No exception is whitelisted. Every import counts, including the
 ones inside functions (heavy imports are deferred there, and that is where layering slips).
 """
 
@@ -30,13 +31,14 @@ STAGES = ("measure", "replay", "search", "analysis", "outputs", "testing")
 
 # Base modules: any module may import them (unless FORBIDDEN names one), and they import no
 # other tuner module.
-BASE = ("records", "errors", "tokens", "speculative")
+BASE = ("records", "errors", "tokens", "speculative", "intervals")
 # module group -> tuner groups it must never import
 FORBIDDEN = {
     "records": {"*"},
     "errors": {"*"},
     "tokens": {"*"},
     "speculative": {"*"},
+    "intervals": {"*"},
     "engine_cmdline": {"api", "cli", "checks", *STAGES},
     "checks": {"api", "cli", "measure", "replay", "search", "analysis", "outputs", "testing"},
     "measure": {"api", "cli", "replay", "search", "analysis", "outputs", "testing"},

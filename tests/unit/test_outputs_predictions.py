@@ -37,9 +37,11 @@ def _tpot(c: int, thr: float) -> float:
 
 
 def row(spec: dict[str, Any] | None, c: int, *, thr: float | None, acc: float | None,
-        measured: tuple[float, float] | None = None, calibration: bool = False
-        ) -> dict[str, Any]:
-    """A predicted row as tuner.replay.predict writes it; `measured` = (tok/s, acc. length)."""
+        measured: tuple[float, float] | None = None, calibration: bool = False,
+        spread: float | None = 2.0) -> dict[str, Any]:
+    """A predicted row as tuner.replay.predict writes it; `measured` = (tok/s, acc. length),
+    `spread` its own launches' half-range in percent (None: launched once; the level's
+    pooled SD is 1.5%)."""
     cfg = TrialConfig(speculative_config=spec)
     k = (spec or {}).get("num_speculative_tokens", 0)
     r: dict[str, Any] = {
@@ -54,13 +56,17 @@ def row(spec: dict[str, Any] | None, c: int, *, thr: float | None, acc: float | 
         "measured_trials": 0, "meas_output_throughput": None, "meas_mean_tpot_ms": None,
         "meas_mean_ttft_ms": None, "meas_acceptance_length": None,
         "err_output_throughput_pct": None, "err_mean_tpot_pct": None,
-        "err_acceptance_length_pct": None, "calibration": calibration,
-        "per_position": "[0.7, 0.5]", "steps_per_request": 60.0}
+        "err_acceptance_length_pct": None, "meas_output_throughput_spread_pct": None,
+        "level_output_throughput_sd_pct": 1.5, "calibration": calibration,
+        "per_position": "[0.7, 0.5]", "steps_per_request": 60.0,
+        # sampling error: none at temperature 0 (tuner.replay.sampling)
+        **dict.fromkeys(("acceptance_rate_pm", "acceptance_length_pm",
+                         "pred_output_throughput_pm", "pred_mean_tpot_ms_pm"))}
     if measured is not None:
         m_thr, m_acc = measured
         r.update(measured_trials=3, meas_output_throughput=m_thr,
                  meas_mean_tpot_ms=_tpot(c, m_thr), meas_mean_ttft_ms=45.0,
-                 meas_acceptance_length=m_acc)
+                 meas_acceptance_length=m_acc, meas_output_throughput_spread_pct=spread)
         if thr:
             r.update(err_output_throughput_pct=100 * (thr - m_thr) / m_thr,
                      err_mean_tpot_pct=100 * (_tpot(c, thr) - _tpot(c, m_thr)) / _tpot(c, m_thr))
@@ -79,7 +85,7 @@ def predicted_rows(*, priced: bool = True) -> list[dict[str, Any]]:
         rows.append(row(ngram(5), c, thr=50.0 if c == 1 else 120.0, acc=3.2,
                         measured=MEASURED["ngram5"][c], calibration=True))
         rows.append(row(suffix(8), c, thr=54.0 if c == 1 else 150.0, acc=4.1,
-                        measured=MEASURED["suffix8"][c]))
+                        measured=MEASURED["suffix8"][c], spread=None))
         for i, (k, lo) in enumerate((k, lo) for k in range(2, 8) for lo in (1, 2)):
             rows.append(row(ngram(k, lo, 6), c, thr=30.3 + 2.5 * i if c == 1 else 100.0 + 3 * i,
                             acc=1.5 + 0.2 * i))
@@ -182,10 +188,13 @@ def test_the_report_shows_predictions_beside_measurements(tmp_path, drawn):
     assert body[0].startswith("| ngram k=7 window 2-6 | 3.70 | 57.8 |")
     assert body[2].startswith("| suffix k=8 ") and "| 2.37x |" in body[2]
     versus = section[section.index("### Predicted vs measured"):]
+    # Each error beside the measured spread between launches: the config's own, or the
+    # level's pooled SD where it ran once.
     assert "| ngram k=5 window 2-5 (calibration, in-sample) | 1 | 50.0 / 47.7 (+4.8%) | " \
-        "18.4 / 19.3 (-4.6%) | 3.20 / 3.31 (-3.3%) |" in versus
-    assert "| 8 | 150.0 / 159.7 (-6.1%) | 49.1 / 46.1 (+6.5%) | 4.10 / 3.90 (+5.1%) |" \
+        "\u00b12.0% | 18.4 / 19.3 (-4.6%) | 3.20 / 3.31 (-3.3%) |" in versus
+    assert "| 8 | 150.0 / 159.7 (-6.1%) | sd 1.5% | 49.1 / 46.1 (+6.5%) | 4.10 / 3.90 (+5.1%) |" \
         in versus
+    assert "Spread: how far the measured throughput moves between launches" in section
     assert "baseline" not in versus  # speculative configs only
 
     page = paths["report_html"].read_text()
@@ -237,7 +246,7 @@ def test_a_report_before_calibration_shows_acceptance_only(tmp_path, drawn):
     first = [line for line in section.splitlines() if line.startswith("| suffix")][0]
     assert first.startswith("| suffix k=8 ") and first.endswith("| 4.10 | - | - | - |")
     # measured beside an unknown prediction; acceptance has both, and its error
-    assert "| 1 | - / 47.7 | - / 19.3 | 3.20 / 3.31 (-3.3%) |" in section
+    assert "| 1 | - / 47.7 | \u00b12.0% | - / 19.3 | 3.20 / 3.31 (-3.3%) |" in section
     assert "predicted (replay)" not in drawn["pareto_c1.png"]["labels"]
 
 
@@ -261,8 +270,9 @@ def test_predict_table_ranks_by_predicted_throughput_and_shows_errors():
         ["ngram", "k=6", "window"]]
     assert [line.split()[3] for line in (body[1], body[2], body[4])] == ["2-6", "1-6", "2-6"]
     assert body[1].split()[4:6] == ["3.70", "57.8"]
-    assert body[3].split()[-7:] == ["4.10", "54.0", "17.0", "50", "2.37x", "57.4", "-5.9%"]
-    assert body[0].split()[-2:] == ["22.8", "+0.0%"]
+    assert body[3].split()[-9:] == ["4.10", "54.0", "17.0", "50", "2.37x", "57.4", "-5.9%",
+                                    "sd", "1.5%"]
+    assert body[0].split()[-3:] == ["22.8", "+0.0%", "\u00b12.0%"]
     assert not any(line.startswith("ngram k=5 ") for line in body)  # 6th best, cut by top=4
 
     c8 = "\n".join(_block(text, 8))
@@ -275,21 +285,20 @@ def test_predict_table_marks_the_calibration_launch_as_in_sample():
     text = predict_table(predicted_rows(), top=20, levels=[1])
     assert "Concurrency 8" not in text
     cal = next(line for line in text.splitlines() if line.startswith("ngram k=5 window 2-5 *"))
-    assert cal.split()[-2:] == ["47.7", "+4.8%"]
+    assert cal.split()[-3:] == ["47.7", "+4.8%", "\u00b12.0%"]
     unmeasured = next(line for line in text.splitlines()
                       if line.startswith("ngram k=2 window 1-6"))
     # never launched: its predictions, and no measured figure or error after them
     assert unmeasured.split()[-5:] == ["1.50", "30.3", "30.4", "50", "1.33x"]
-    assert text.endswith("* calibration launch: the step cost was fitted on it, so its error "
-                         "is in-sample.")
+    assert ("* calibration launch: the step cost was fitted on it, so its error is "
+            "in-sample.\n\nSpread: how far") in text
 
 
 def test_predict_table_without_a_step_cost_ranks_by_acceptance():
     text = predict_table(predicted_rows(priced=False), top=3, levels=[1, 2])
     lines = _block(text, 1)
     assert "top 3 by acceptance length (no speculative launch calibrates" in lines[0]
-    assert lines[4].startswith("suffix k=8") and lines[4].split()[-7:] == ["4.10", "-", "-",
-                                                                            "-", "-", "57.4",
-                                                                            "-"]
+    assert lines[4].startswith("suffix k=8") and lines[4].split()[-9:] == [
+        "4.10", "-", "-", "-", "-", "57.4", "-", "sd", "1.5%"]
     assert "Concurrency 2: nothing predicted at this level." in text
     assert predict_table([]).startswith("Nothing predicted")

@@ -138,6 +138,27 @@ def test_predictions_recover_a_known_step_cost_out_of_sample():
     assert best["method"] == "ngram"
 
 
+def test_each_error_has_the_measured_spread_between_launches_beside_it():
+    cap = _capture()
+    base = _synthetic_trial(0, cap, None, "baseline")
+    # The baseline launched again, 4% faster at every level: its own half-range is 2% of
+    # the median; the other configs ran once, so the level's pooled SD is the baseline's.
+    again = dataclasses.replace(base, number=3, levels={
+        c: lv.model_copy(update={"output_throughput": lv.output_throughput * 1.04})
+        for c, lv in base.levels.items()})
+    measured = [base, _synthetic_trial(1, cap, NG, "calibration"),
+                _synthetic_trial(2, cap, SMALL, "confirm"), again]
+    pred = predict(cap, [TrialConfig(speculative_config=NG), TrialConfig(speculative_config=SMALL)],
+                   measured, max_model_len=4096, max_num_seqs=16)
+    sd = 100 * abs(math.log(1.04)) / math.sqrt(2)  # two launches: |log ratio| / sqrt(2)
+    for r in pred.rows:
+        assert r["level_output_throughput_sd_pct"] == pytest.approx(sd)
+        if r["method"] == "none":
+            assert r["meas_output_throughput_spread_pct"] == pytest.approx(100 * 0.04 / 2.04)
+        else:  # launched once: no spread of its own
+            assert r["meas_output_throughput_spread_pct"] is None
+
+
 def test_the_fit_reads_decode_time_per_token_not_mean_tpot():
     # One request of two tokens whose only gap held another's prefill can triple a level's
     # mean TPOT (sharegpt, c=4: 57 then 145 ms for one baseline) while its decode time per

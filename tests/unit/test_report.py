@@ -229,7 +229,7 @@ def test_a_gain_within_the_noise_is_reported_as_no_measurable_difference(tmp_pat
     text = format_recommendation(recommendations(trials_frame(reopen(tmp_path)))[1])
     assert text.startswith("Concurrency 8: Leave speculation off\n  Leave speculation off at "
                            "concurrency 8: no measurable difference.")
-    assert "+0.9% against a spread (MAD) of ±0.6%" in text
+    assert "95% interval 0.99-1.03 of its speedup (1.01x) holds 1.00x" in text
     assert "Turn on" not in paths["report_html"].read_text()
 
 
@@ -258,6 +258,13 @@ def test_every_level_shows_path_cost_times_speculation_gain(aligned_outputs):
         assert "1.06x \u00b10.02 / 1.28x \u00b10.04" in text  # k3 at c=1
         # The recommendation's sentence carries the table's spreads.
         assert "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04" in text
+        # ... and the speedup's interval across launches (three each of k3 and the baseline).
+        assert "Across launches, ngram k=3 window 1-3 over the baseline: 1.06x (95% interval " \
+            in text
+    on = doc["levels"][0]
+    assert on["launches"] == [3, 3] and on["confidence_level"] == 0.95
+    lo, hi = on["speedup_interval"]
+    assert lo < on["speedup_throughput"] < hi and f"{lo:.2f}-{hi:.2f}" in on["reason"]
 
 
 def test_serve_config_yaml_per_level_is_listed_and_names_the_model_as_given(aligned_outputs):

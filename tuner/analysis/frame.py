@@ -50,6 +50,8 @@ _NOT_FINISHED = {
 }
 # df.attrs key of config key -> TrialConfig (configs_of).
 CONFIGS_ATTR = "configs"
+# df.attrs key of (config key, level) -> each measurement's throughput (launch_throughputs).
+RUNS_ATTR = "runs"
 
 
 # --- the frame ----------------------------------------------------------------------------
@@ -77,6 +79,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     df.attrs["tuner"] = dict(study.user_attrs.get("tuner") or {})
     df.attrs["study_name"] = study.study_name
     df.attrs[CONFIGS_ATTR] = Configs(seen.configs)
+    df.attrs[RUNS_ATTR] = {key: tuple(r[0] for r in runs) for key, runs in seen.pooled.items()}
     return df
 
 
@@ -98,6 +101,14 @@ class Configs(Mapping[str, TrialConfig]):
 
     def __deepcopy__(self, memo: dict) -> Configs:
         return self
+
+
+def launch_throughputs(df: pd.DataFrame, concurrency: int) -> dict[str, tuple[float, ...]]:
+    """Each config's output throughput at `concurrency`, one figure per measurement (its
+    launches and their repeats, copies answered from storage left out), by config key: what a
+    speedup's interval is computed from (tuner.intervals). Empty for a frame built by hand."""
+    runs = df.attrs.get(RUNS_ATTR) or {}
+    return {key: values for (key, level), values in runs.items() if level == concurrency}
 
 
 def configs_of(df: pd.DataFrame) -> Mapping[str, TrialConfig]:

@@ -5,7 +5,9 @@ named as the user gave it, the serve flags also as a `vllm serve --config` mappi
 where the command names other weights than those measured). Where the
 study measured an aligned baseline, the speedup over the plain baseline is split into the
 engine path's cost and speculation's own gain (tuner.analysis.decomposition), in the record
-and its reason.
+and its reason. The speedup carries its interval across launches (tuner.intervals, at the
+study's --confidence): where the interval is settled (above 1.00x, below, or within --margin)
+it decides whether a gain counts; where it is open, the gain must pass the noise floor.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from tuner import engine_cmdline
+from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
-from tuner.records import EngineSpec, Recommendation, Role, TrialConfig
+from tuner.records import SAMPLING_MISMATCH, EngineSpec, Recommendation, Role, TrialConfig
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
@@ -35,10 +38,44 @@ class _Level:
     single_run_spread: float = 0.05
     # config key -> TrialConfig (frame.configs_of): the records behind the rows.
     configs: Mapping[str, TrialConfig] = field(default_factory=dict)
+    # config key -> each launch's throughput at this level (frame.launch_throughputs), their
+    # between-launch spread pooled (tuner.intervals), and the plain baseline's key.
+    runs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    pool: intervals.Pool = field(default_factory=intervals.Pool)
+    base_key: str = ""
+
+    @property
+    def confidence(self) -> float:
+        """The study's --confidence (a fraction), stored with its settings."""
+        return float(self.meta.get("confidence") or intervals.CONFIDENCE)
+
+    @property
+    def margin(self) -> float:
+        """The study's --margin (a fraction): within it of 1.00x is no difference."""
+        stored = self.meta.get("margin")
+        return intervals.MARGIN if stored is None else float(stored)
+
+    def interval(self, row: pd.Series) -> intervals.Interval | None:
+        """The row's speedup over the plain baseline across launches, with its interval."""
+        return intervals.speedup(self.runs.get(row["config_key"], ()),
+                                 self.runs.get(self.base_key, ()), pool=self.pool,
+                                 confidence=self.confidence)
+
+    def decision(self, row: pd.Series) -> intervals.Decision | None:
+        """What the row's interval says against 1.00x (intervals.decide); None without one."""
+        iv = self.interval(row)
+        return None if iv is None else intervals.decide(iv, self.margin)
 
     def refuse(self, status: str, reason: str, **extra: Any) -> Recommendation:
-        return Recommendation(concurrency=self.concurrency, status=status, reason=reason,
-                              slos=self.slos, **extra)
+        return Recommendation(concurrency=self.concurrency, status=status,
+                              reason=reason + self.caveat, slos=self.slos, **extra)
+
+    @property
+    def caveat(self) -> str:
+        """The line, after a space, where the engine's measured acceptance at this level did not match the
+        replay at temperature > 0 (SAMPLING_MISMATCH, written by the replay strategy)."""
+        line = (self.meta.get(SAMPLING_MISMATCH) or {}).get(str(self.concurrency))
+        return f" {line}" if line else ""
 
     def config(self, row: pd.Series) -> TrialConfig:
         return self.configs[row["config_key"]]
@@ -73,7 +110,9 @@ def recommend(
     if base_rows.empty:
         return _no_baseline(df, at)
     base = base_rows.iloc[0]
-    at = replace(at, single_run_spread=_single_run_spread(level))
+    runs = frame.launch_throughputs(df, concurrency)
+    at = replace(at, single_run_spread=_single_run_spread(level), runs=runs,
+                 pool=intervals.Pool.of(runs.values()), base_key=str(base["config_key"]))
     candidates = level[level["method"] != "none"]
     if candidates["config_key"].nunique() < MIN_CANDIDATES:
         return _too_few_configs(candidates, base, at)
@@ -86,12 +125,12 @@ def recommend(
     if front.empty:
         return _nothing_meets_the_slos(level, base, at)
     base_feasible = base.name in feasible.index
-    # Only a measurable gain is a finding: where the baseline meets the SLOs, a config is a
-    # candidate only if it raises throughput over it by more than the noise (noise_floor).
-    # Where the baseline misses them, every config meeting them is a finding.
+    # Only a measurable gain is a finding (_finding): where the baseline meets the SLOs, a
+    # config is a candidate only if it raises throughput over it beyond the noise. Where the
+    # baseline misses them, every config meeting them is a finding.
     speculative = front[front["method"] != "none"]
-    measurable = speculative.loc[[not base_feasible or _gain(row) > noise_floor(
-        _spread(row, base, at)["relative_throughput_spread"]) for _, row in speculative.iterrows()]]
+    measurable = speculative.loc[[not base_feasible or _finding(row, base, at)
+                                  for _, row in speculative.iterrows()]]
     if measurable.empty:
         fastest = front.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
                                     ascending=[False, True, True]).iloc[0]
@@ -112,6 +151,42 @@ def recommend(
 def _gain(row: pd.Series) -> float:
     """The row's throughput gain over the plain baseline, as a fraction (+0.05: 5% more)."""
     return float(row["speedup_throughput"]) - 1.0
+
+
+def _beyond_floor(row: pd.Series, base: pd.Series, at: _Level) -> bool:
+    """Whether the row's gain exceeds the noise floor (noise_floor of the MADs)."""
+    return _gain(row) > noise_floor(_spread(row, base, at)["relative_throughput_spread"])
+
+
+def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
+    """Whether the row's gain over the baseline counts: where its speedup interval is
+    settled, the interval decides (above 1.00x counts; below, or within --margin, does
+    not); where it is open or there is none, the gain must pass the noise floor."""
+    decision = at.decision(row)
+    if decision is not None and decision != intervals.OPEN:
+        return decision == intervals.ABOVE
+    return _beyond_floor(row, base, at)
+
+
+def _interval_fields(row: pd.Series, at: _Level) -> dict[str, Any]:
+    """The Recommendation fields of the row's speedup interval (none where it has none)."""
+    iv = at.interval(row)
+    if iv is None:
+        return {}
+    return {"speedup_interval": (iv.lo, iv.hi), "confidence_level": iv.confidence,
+            "equivalence_margin": at.margin, "launches": (iv.n_a, iv.n_b)}
+
+
+def _interval_sentence(row: pd.Series, at: _Level) -> str:
+    """The row's speedup across launches, as the reason's sentence ("" without one)."""
+    iv = at.interval(row)
+    if iv is None:
+        return ""
+    where = {intervals.ABOVE: "above 1.00x", intervals.BELOW: "below 1.00x",
+             intervals.EQUIVALENT: f"within \u00b1{intervals.percent(at.margin)} of 1.00x",
+             intervals.OPEN: "not settled: the interval holds 1.00x and reaches beyond "
+                             f"\u00b1{intervals.percent(at.margin)}"}[intervals.decide(iv, at.margin)]
+    return f" Across launches, {row['label']} over the baseline: {iv.text()}, {where}."
 
 
 def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
@@ -157,41 +232,35 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         f"Leave speculation off at concurrency {at.concurrency}: no speculative config beat "
         f"the baseline (no speculation){among}. The fastest one, {best['label']}, reached "
         f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
-        f"{base['output_throughput']:.1f} tok/s). Serve without --speculative-config."
-        + _split_sentence(split),
+        f"{base['output_throughput']:.1f} tok/s).{_interval_sentence(best, at)} Serve without "
+        "--speculative-config." + _split_sentence(split),
         **_serving(at.meta, TrialConfig()), decomposition=split,
         metrics=_metrics(base),
         baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
         speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
-        n_repeats=int(_int(base["n_repeats"])),
+        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
         confidence=_confidence(win=best, base=base, gain=ratio - 1.0,
-                               spread_rel=spread["relative_throughput_spread"]),
+                               spread_rel=spread["relative_throughput_spread"], at=at),
         verify_command=at.verify_against_baseline(at.config(best)))
 
 
 def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
                               ) -> Recommendation:
-    """Speculation gains, but no more than the noise: not a finding, so it stays off."""
+    """Speculation gains, but no more than the noise (or, where its speedup interval is
+    settled, within --margin of 1.00x): not a finding, so it stays off."""
     spread = _spread(best, base, at)
     spread_rel = spread["relative_throughput_spread"]
     gain = _gain(best)
-    if spread_rel is None:
-        noise_text = (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
-                      f"measured)")
-        resolve = "Rerun the study with --repeats 3 to measure the spread."
-    elif spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
-        noise_text = (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
-                      "by here (it ran once; the largest spread of this level's repeated "
-                      f"speculative configs, at least {UNMEASURED_NOISE:.0%})")
-        resolve = ("The verify command re-measures this config and the baseline; more "
-                   "repeats (--repeats) measure its own spread.")
-    else:
-        noise_text = (f"the measured run-to-run spread (±{spread_rel:.1%})"
-                      if spread_rel >= MIN_DIFFERENCE else
-                      f"the {MIN_DIFFERENCE:.0%} a difference must exceed to count (the measured "
-                      f"spread, ±{spread_rel:.1%}, is below that floor)")
-        resolve = ("More repeats (--repeats) can resolve a smaller difference; the verify "
-                   "command re-measures this config and the baseline.")
+    noise_text, resolve = _noise_words(spread)
+    noise_text = f"not more than {noise_text}"
+    iv = at.interval(best)
+    if iv is not None and _beyond_floor(best, base, at):  # the interval decided (_finding)
+        where = (f"lies within \u00b1{intervals.percent(at.margin)} of 1.00x"
+                 if at.decision(best) == intervals.EQUIVALENT else "lies below 1.00x")
+        noise_text = (f"more than the launches' spread (\u00b1{spread['noise_floor']:.1%}), "
+                      f"but its {iv.bounds()} {where}, and the interval over all launches "
+                      "decides")
+        resolve = "A smaller --margin and more launches can tell a difference this small."
     among = (f" meeting {_slo_text(at.slos)}"
              if any(v is not None for v in at.slos.values()) else "")
     split = decomposition.record(best)
@@ -201,14 +270,34 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
         f"The fastest config{among}, {best['label']}, reached "
         f"{float(best['speedup_throughput']):.2f}x the baseline's throughput "
         f"({best['output_throughput']:.1f} against {base['output_throughput']:.1f} tok/s, "
-        f"{gain:+.1%}), not more than {noise_text}. Serve without --speculative-config. "
-        f"{resolve}" + _split_sentence(split),
+        f"{gain:+.1%}), {noise_text}.{_interval_sentence(best, at)} Serve without "
+        f"--speculative-config. {resolve}" + _split_sentence(split),
         **_serving(at.meta, TrialConfig()), decomposition=split,
         metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
         trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
-        n_repeats=int(_int(base["n_repeats"])),
-        confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel),
+        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
+        confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel, at=at),
         verify_command=at.verify_against_baseline(at.config(best)))
+
+
+def _noise_words(spread: dict[str, float | None]) -> tuple[str, str]:
+    """The noise a gain did not exceed, in words, and what would resolve a smaller one."""
+    spread_rel = spread["relative_throughput_spread"]
+    if spread_rel is None:
+        return (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
+                f"measured)", "Rerun the study with --repeats 3 to measure the spread.")
+    if spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
+        return (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
+                "by here (it ran once; the largest spread of this level's repeated "
+                f"speculative configs, at least {UNMEASURED_NOISE:.0%})",
+                "The verify command re-measures this config and the baseline; more "
+                "repeats (--repeats) measure its own spread.")
+    return ((f"the measured run-to-run spread (±{spread_rel:.1%})"
+             if spread_rel >= MIN_DIFFERENCE else
+             f"the {MIN_DIFFERENCE:.0%} a difference must exceed to count (the measured "
+             f"spread, ±{spread_rel:.1%}, is below that floor)"),
+            "More repeats (--repeats) can resolve a smaller difference; the verify "
+            "command re-measures this config and the baseline.")
 
 
 def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
@@ -223,8 +312,12 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         reason += f" The baseline itself misses {_slo_text(at.slos)}."
     if float(win["speedup_tpot"]) < 1.0:
         reason += " It pays for the throughput with a higher per-token latency."
+    reason += _interval_sentence(win, at)
+    if base_feasible and not _beyond_floor(win, base, at):  # the interval decided (_finding)
+        reason += (f" Its gain is within the noise floor (\u00b1{spread['noise_floor']:.1%} of "
+                   "the MADs), but where the interval is settled, it decides.")
     split = decomposition.record(win)
-    reason += _split_sentence(split)
+    reason += _split_sentence(split) + at.caveat
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
         speculative_config=config.speculative_config, label=str(win["label"]),
@@ -232,8 +325,9 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
         baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
+        **_interval_fields(win, at),
         confidence=_confidence(win=win, base=base, gain=gain,
-                               spread_rel=spread["relative_throughput_spread"]),
+                               spread_rel=spread["relative_throughput_spread"], at=at),
         verify_command=at.verify(config))
 
 
@@ -330,15 +424,29 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
 
 
 def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
-                spread_rel: float | None) -> str:
+                spread_rel: float | None, at: _Level | None = None) -> str:
+    """How sure the answer is: from the speedup interval where the launches give one (high
+    where it is settled, low where it is open), else from the gain against the MADs."""
+    iv = at.interval(win) if at is not None else None
+    if at is not None and iv is not None:
+        said = {intervals.ABOVE: "lies above 1.00x", intervals.BELOW: "lies below 1.00x",
+                intervals.EQUIVALENT: f"lies within \u00b1{intervals.percent(at.margin)} of "
+                                      "1.00x (no difference that matters)",
+                intervals.OPEN: f"holds 1.00x and reaches beyond \u00b1"
+                                f"{intervals.percent(at.margin)}: more launches narrow it"}
+        decision = intervals.decide(iv, at.margin)
+        return (f"{'low' if decision == intervals.OPEN else 'high'}: {iv.n_a} launch(es) of "
+                f"{win['label']}, {iv.n_b} of the baseline; the {iv.bounds()} of its speedup "
+                f"({iv.point:.2f}x) {said[decision]} ({at.pool.text()}).")
     n_win, n_base = int(_int(win["n_measurements"])), int(_int(base["n_measurements"]))
     runs = (f"{n_win} measurement(s) of {win['label']}, {n_base} of the baseline")
     if spread_rel is None:
-        if abs(gain) >= 0.25:
+        windows, unsettled = _window_spreads(win, base)
+        if abs(gain) >= 0.25 and not unsettled:
             return (f"medium: {runs}; spread not measured, but a {gain:+.0%} difference is far "
-                    f"beyond typical run-to-run noise (a few percent).")
+                    f"beyond typical run-to-run noise (a few percent){windows}.")
         return (f"low: {runs}; spread not measured, and a {gain:+.1%} difference can be "
-                f"run-to-run noise. Re-measure before relying on it.")
+                f"run-to-run noise{windows}. Re-measure before relying on it.")
     margin = abs(gain) / noise_floor(spread_rel)
     level = "high" if min(n_win, n_base) >= 3 and margin >= 2 else (
         "medium" if margin > 1 else "low")
@@ -346,6 +454,23 @@ def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
              if spread_rel < MIN_DIFFERENCE else "")
     return (f"{level}: {runs}; throughput difference {gain:+.1%} against a spread (MAD) of "
             f"±{spread_rel:.1%}{floor}.")
+
+
+def _window_spreads(win: pd.Series, base: pd.Series) -> tuple[str, bool]:
+    """Where the two rows' levels were measured in windows (tuner.measure.windows): how far
+    each launch's own windows spread, as a clause, and whether one did not settle (its
+    figure then moved within one launch by its spread, and a single launch says less)."""
+    parts, unsettled = [], False
+    for row, who in ((win, str(win["label"])), (base, "the baseline")):
+        pct, converged = frame.optional(row.get("stability_pct")), row.get("converged")
+        if pct is None:
+            continue
+        settled = not (isinstance(converged, (bool, np.bool_)) and not converged)
+        unsettled |= not settled or pct >= 100 * abs(_gain(win))
+        parts.append(f"±{pct:.1f}% ({who}{'' if settled else ', not converged'})")
+    if not parts:
+        return "", False
+    return f"; within one launch the windows spread {' and '.join(parts)}", unsettled
 
 
 def _slo_text(slos: dict[str, float | None]) -> str:

@@ -49,12 +49,15 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 @dataclass(frozen=True)
 class RequestSettings:
     """What every request of a level sends, and how long it may take: the served model name
-    and API key, the sampling (`temperature`, `ignore_eos`), and the time limits of one
-    request and of the whole level."""
+    and API key, the sampling (`temperature`, `top_p`, `top_k`, `min_p`, `ignore_eos`), and
+    the time limits of one request and of the whole level."""
 
     model: str
     api_key: str
     temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
     ignore_eos: bool = False
     request_timeout_s: float = 300.0
     level_timeout_s: float = 3600.0
@@ -742,7 +745,7 @@ async def _one_request(level: _Level, target: _Target, slot: _Slot, index: int, 
     settings = level.settings
     request = target.request({
         "model": settings.model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
-        "temperature": settings.temperature, "stream": True,
+        "temperature": settings.temperature, **_sampling(settings), "stream": True,
         "stream_options": {"include_usage": True}, "ignore_eos": settings.ignore_eos,
         "return_token_ids": True})
     resp = await slot.send(request, timeout_s=settings.request_timeout_s)
@@ -758,6 +761,15 @@ async def _one_request(level: _Level, target: _Target, slot: _Slot, index: int, 
         return RequestRecord(**fields, prompt_token_ids=prompt_ids, output_token_ids=output_ids)
     except ValidationError:  # ids that are not integers: keep the timing only
         return RequestRecord(**fields)
+
+
+def _sampling(settings: RequestSettings) -> dict[str, float]:
+    """top_p, top_k and min_p where they are not off; when sampling, all three: a server fills
+    in what a request leaves out from the model's generation config (vLLM's default), which
+    may trim the distribution the study records as untrimmed."""
+    values = {"top_p": (settings.top_p, 1.0), "top_k": (settings.top_k, 0),
+              "min_p": (settings.min_p, 0.0)}
+    return {k: v for k, (v, off) in values.items() if settings.temperature > 0 or v != off}
 
 
 class _RequestError(Exception):

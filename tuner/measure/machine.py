@@ -55,7 +55,7 @@ def fingerprint(engine: EngineSpec, workload: WorkloadSpec, digest: str) -> dict
             "vllm_entry_point": engines.entry_point(engine)[1],
             "torch": version("torch"), "device": device, "model": engine.model,
             "workload": workload.name, "workload_digest": digest,
-            "temperature": workload.temperature, "ignore_eos": workload.ignore_eos}
+            **workload.sampling, "ignore_eos": workload.ignore_eos}
 
 
 def live_engine(base_url: str, *, model: str | None, tokenizer: str | None,

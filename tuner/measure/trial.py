@@ -18,7 +18,7 @@ import numpy as np
 
 from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
-from tuner.measure import loadgen, metrics
+from tuner.measure import loadgen, metrics, windows
 from tuner.measure.engine import Engine, log_tail
 from tuner.records import (
     BenchResult,
@@ -60,8 +60,10 @@ def measure(
         for c in settings.concurrencies:
             level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool,
                                    sent)
+            note = level.windows_text()
             say(f"c={c}: {level.output_throughput:.1f} tok/s, mean TPOT "
-                f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok")
+                f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok"
+                + (f" ({note})" if note else ""))
             levels.append(level)
         info = eng.info
     capture, why_not = capture_tokens(sent)
@@ -127,33 +129,39 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
                    records_path: Path, show_bar: bool, pool: _PromptPool,
                    sent: list[_Sent]) -> LevelMetrics:
     spec = workload.spec
-    n = settings.requests_for(c, spec.num_prompts)
     # Warm-up: short requests (--num-warmups, by default one per slot), excluded from figures.
     warm_prompts, _ = pool.take(settings.warmups_for(c))
     warm = [Prompt(prompt=p.prompt, prompt_len=p.prompt_len,
                    output_len=min(p.output_len, settings.warmup_output_len))
             for p in warm_prompts]
-    measured, reused = pool.take(n)
+    windowed = settings.stability_pct > 0
+    size = (settings.window_requests(c, spec.num_prompts) if windowed
+            else settings.requests_for(c, spec.num_prompts))
     client = loadgen.RequestSettings(
         model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
-        ignore_eos=spec.ignore_eos, request_timeout_s=eng.spec.request_timeout_s,
-        level_timeout_s=eng.spec.level_timeout_s)
+        top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, ignore_eos=spec.ignore_eos,
+        request_timeout_s=eng.spec.request_timeout_s, level_timeout_s=eng.spec.level_timeout_s)
     warm_records = _run(eng, warm, c, warmup=True, client=client, bar=None)[0] if warm else []
-    before = _scrape(eng)
-    bar = _bar(n, f"c={c}") if show_bar else None
-    records, wall_s = _run(eng, measured, c, warmup=False, client=client, bar=bar)
+    bar = _bar(size * (settings.stable_windows if windowed else 1), f"c={c}") if show_bar else None
+    if windowed:
+        phases, reused = _windowed(eng, c, settings, pool, size=size, warmups=len(warm),
+                                   client=client, bar=bar)
+    else:
+        measured, reused = pool.take(size)
+        phases = _block(eng, measured, c, client=client, bar=bar)
     if bar is not None:
         bar.close()
-    after = _scrape(eng)
-    sent += [(warm_records, warm), (records, measured)]
+    sent += [(warm_records + phases.settling, warm + phases.settling_prompts),
+             (phases.records, phases.prompts)]
     with open(records_path, "a") as f:
-        for r in warm_records + records:
+        for r in warm_records + phases.settling + phases.records:
             f.write(r.model_dump_json() + "\n")
-    level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
-                                  warmup_requests=len(warm), counts=metrics.delta(before, after),
+    level = metrics.level_metrics(phases.records, concurrency=c, duration_s=phases.wall_s,
+                                  warmup_requests=len(warm) + len(phases.settling),
+                                  counts=phases.counts,
                                   percentile_metrics=settings.percentile_metrics,
                                   metric_percentiles=settings.metric_percentiles)
-    level = level.model_copy(update={"reused_prompts": reused})
+    level = level.model_copy(update={"reused_prompts": reused, **phases.fields})
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
             f"c={c}: {level.failed} of {level.num_requests} requests failed "
@@ -162,11 +170,50 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
     return level
 
 
+def _block(eng: Engine, prompts: list[Prompt], c: int, *, client: loadgen.RequestSettings,
+           bar) -> windows.Split:
+    """The level as one closed-loop block of `prompts`, every request measured."""
+    before = _scrape(eng)
+    records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar)
+    after = _scrape(eng)
+    return windows.Split(settling=[], settling_prompts=[], records=records, prompts=prompts,
+                         counts=metrics.delta(before, after), wall_s=wall_s, fields={})
+
+
+def _windowed(eng: Engine, c: int, settings: MeasureSettings, pool: _PromptPool, *, size: int,
+              warmups: int, client: loadgen.RequestSettings, bar) -> tuple[windows.Split, int]:
+    """The level as windows of `size` requests back to back, on one clock, /metrics read at
+    each boundary, until tuner.measure.windows says it is done; and how many of the measured
+    (stable) windows' prompts were reused."""
+    done: list[windows.Window] = []
+    reused: list[int] = []
+    t0 = time.perf_counter()
+    before = _scrape(eng)
+    sized = 0  # the first window of the current size: only windows of one size are compared
+    while not windows.finished(done[sized:], settings, elapsed_s=time.perf_counter() - t0):
+        if done and (grown := windows.grown(size, done[-1].wall_s, c, settings)) != size:
+            size, sized = grown, len(done)
+        prompts, again = pool.take(size)
+        if bar is not None and len(done) >= settings.stable_windows:
+            bar.total += size
+            bar.refresh()
+        records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar,
+                               origin_s=t0)
+        after = _scrape(eng)
+        done.append(windows.Window(records=tuple(records), prompts=tuple(prompts),
+                                   wall_s=wall_s, before=before, after=after))
+        reused.append(again)
+        before = after
+    phases = windows.split(done, settings, warmups=warmups, measure_s=time.perf_counter() - t0)
+    return phases, sum(reused[len(done) - phases.fields["stable_windows"]:])
+
+
 def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool,
-         client: loadgen.RequestSettings, bar) -> tuple[list[RequestRecord], float]:
+         client: loadgen.RequestSettings, bar, origin_s: float | None = None
+         ) -> tuple[list[RequestRecord], float]:
     records, wall_s = loadgen.run_requests(
         eng.url, prompts, client, concurrency=c, warmup=warmup,
-        on_done=(lambda _r: bar.update(1)) if bar is not None else None)
+        on_done=(lambda _r: bar.update(1)) if bar is not None else None, origin_s=origin_s)
     if not eng.alive():
         raise EngineDied(f"vLLM exited during the c={c} {'warm-up' if warmup else 'level'}",
                          log_tail=log_tail(eng.log_path))

@@ -14,7 +14,15 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tuner.outputs.text import num, signed_pct, times, with_noise
+from tuner.outputs.text import (
+    LAUNCH_SPREAD_NOTE,
+    launch_spread,
+    num,
+    signed_pct,
+    times,
+    with_noise,
+    with_pm,
+)
 from tuner.records import BenchResult, Recommendation
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
@@ -118,6 +126,10 @@ def bench_table(result: BenchResult) -> str:
             num(lv.spec_decode_acceptance_rate),  # already in percent, as vLLM's
             num(lv.spec_decode_acceptance_length, "{:.2f}"),
         ])
+    if any(lv.converged is not None for lv in result.levels):  # measured in windows
+        head.append("windows")
+        for row, lv in zip(rows, result.levels, strict=True):
+            row.append(lv.stability_text(lv.converged, lv.stability_pct) or "-")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     start = _engine_start(result)
     lines = [f"{result.label()}  ({start + '; ' if start else ''}latencies in ms)",
@@ -201,6 +213,12 @@ def break_even_text(cfg: dict[str, Any]) -> str:
 
 
 # --- the replay's predicted table -----------------------------------------------------------
+SAMPLED_NOTE = ("The baseline sampled (temperature > 0): each \u00b1 is the half-width of a 90% "
+                "interval for what a measured run of as many requests would show, from "
+                "resampling the baseline's requests; throughput and TPOT carry it through "
+                "tokens per step.")
+
+
 def ranked_predictions(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The speculative predicted rows, best first: by predicted throughput, then (for rows
     the step cost cannot price yet) by acceptance length; unknown figures last."""
@@ -220,8 +238,8 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
         return "Nothing predicted: the study needs a baseline with captured tokens."
     present = sorted({int(c) for r in rows if (c := _finite(r.get("concurrency"))) is not None})
     head = ["config", "acc len", "pred tok/s", "pred TPOT ms", "pred TTFT ms", "speedup",
-            "meas tok/s", "err"]
-    blocks, in_sample = [], False
+            "meas tok/s", "err", "spread"]
+    blocks, in_sample, sampled, any_measured = [], False, False, False
     for c in levels or present:
         at = [r for r in rows if _finite(r.get("concurrency")) == c]
         spec = ranked_predictions(at)
@@ -234,15 +252,20 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
         table = []
         for r in [r for r in at if r.get("method") == "none"][:1] + spec[:max(top, 0)]:
             measured = (_finite(r.get("measured_trials")) or 0) > 0
+            any_measured |= measured
             in_sample |= bool(r.get("calibration")) and r.get("method") != "none"
+            sampled |= _finite(r.get("acceptance_length_pm")) is not None
             table.append([
                 str(r.get("label")) + (" *" if r.get("calibration") and
                                        r.get("method") != "none" else ""),
-                num(r.get("acceptance_length"), "{:.2f}"), num(r.get("pred_output_throughput")),
-                num(r.get("pred_mean_tpot_ms")), num(r.get("pred_mean_ttft_ms"), "{:.0f}"),
+                with_pm(r.get("acceptance_length"), r.get("acceptance_length_pm"), "{:.2f}"),
+                with_pm(r.get("pred_output_throughput"), r.get("pred_output_throughput_pm")),
+                with_pm(r.get("pred_mean_tpot_ms"), r.get("pred_mean_tpot_ms_pm")),
+                num(r.get("pred_mean_ttft_ms"), "{:.0f}"),
                 times(r.get("pred_speedup")),
                 num(r.get("meas_output_throughput")) if measured else "",
-                signed_pct(r.get("err_output_throughput_pct")) if measured else ""])
+                signed_pct(r.get("err_output_throughput_pct")) if measured else "",
+                launch_spread(r) if measured else ""])
         widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(head)]
         blocks.append("\n".join(
             [f"Concurrency {c}: {len(spec)} configs predicted; top {min(len(spec), top)} by "
@@ -251,6 +274,10 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
     if in_sample:
         blocks.append("* calibration launch: the step cost was fitted on it, so its error is "
                       "in-sample.")
+    if sampled:
+        blocks.append(SAMPLED_NOTE)
+    if any_measured:
+        blocks.append(LAUNCH_SPREAD_NOTE)
     return "\n\n".join(blocks)
 
 

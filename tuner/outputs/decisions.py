@@ -25,6 +25,7 @@ TOPICS = {
     "streams": "Token streams",
     "leaders": "Predicted leaders",
     "confirmation": "Confirmation",
+    "sampling": "Sampling (temperature > 0)",
     "stop": "Why the search stopped",
 }
 INTRO = ("What the search did and why, recorded as it ran (tuner optimize -v prints it too). "

@@ -9,21 +9,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.outputs import files
-from tuner.outputs.console import ranked_predictions
-from tuner.outputs.text import num, times, versus
+from tuner.outputs.console import SAMPLED_NOTE, ranked_predictions
+from tuner.outputs.text import LAUNCH_SPREAD_NOTE, launch_spread, times, versus, with_pm
 
 if TYPE_CHECKING:
     import pandas as pd
 
 PREDICTED_CSV = "predicted.csv"
-# One row per config and level (tuner.replay.predict); the order is predicted.csv's.
+# One row per config and level (tuner.replay.predict); the order is predicted.csv's. A `_pm`
+# column is the half-width of a 90% interval where the baseline sampled (tuner.replay.sampling).
 PREDICTION_COLUMNS = (
     "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
-    "acceptance_length", "drafted_per_step", "tokens_per_step", "uniform_share",
-    "alternate_stream_requests", "pred_output_throughput",
-    "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
+    "acceptance_rate_pm", "acceptance_length", "acceptance_length_pm", "drafted_per_step",
+    "tokens_per_step", "uniform_share", "alternate_stream_requests", "pred_output_throughput",
+    "pred_output_throughput_pm", "pred_mean_tpot_ms", "pred_mean_tpot_ms_pm",
+    "pred_mean_ttft_ms", "pred_speedup", "path", "measured_trials",
     "meas_output_throughput", "meas_mean_tpot_ms", "meas_mean_ttft_ms", "meas_acceptance_length",
-    "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct", "calibration")
+    "err_output_throughput_pct", "err_mean_tpot_pct", "err_acceptance_length_pct",
+    "meas_output_throughput_spread_pct", "level_output_throughput_sd_pct", "calibration")
 _TOP_PREDICTED = 5
 
 
@@ -82,6 +85,8 @@ def prediction_tables(pred: pd.DataFrame | None
     intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
                  "No speculative launch calibrates the step cost yet: only acceptance is "
                  "predicted, ranked by acceptance length.")
+    if any(not _isna(r["acceptance_length_pm"]) for r in spec):
+        intro.append(SAMPLED_NOTE)
     tables = []
     for c in levels:
         top = [r for r in spec if r["concurrency"] == c][:_TOP_PREDICTED]
@@ -89,19 +94,22 @@ def prediction_tables(pred: pd.DataFrame | None
             tables.append((f"Concurrency {c}: top {len(top)} predicted",
                            ["config", "acceptance length", "pred. tok/s", "pred. TPOT ms",
                             "pred. speedup"],
-                           [[str(r["label"]), num(r["acceptance_length"], "{:.2f}"),
-                             num(r["pred_output_throughput"]), num(r["pred_mean_tpot_ms"]),
+                           [[str(r["label"]),
+                             with_pm(r["acceptance_length"], r["acceptance_length_pm"], "{:.2f}"),
+                             with_pm(r["pred_output_throughput"], r["pred_output_throughput_pm"]),
+                             with_pm(r["pred_mean_tpot_ms"], r["pred_mean_tpot_ms_pm"]),
                              times(r["pred_speedup"])] for r in top]))
     if measured:
+        intro.append(LAUNCH_SPREAD_NOTE)
         tables.append((
             "Predicted vs measured",
             ["config", "concurrency", "tok/s: predicted / measured (error)",
-             "TPOT ms: predicted / measured (error)",
+             "tok/s spread between launches", "TPOT ms: predicted / measured (error)",
              "acceptance length: predicted / measured (error)"],
             [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
               str(r["concurrency"]),
               versus(r["pred_output_throughput"], r["meas_output_throughput"],
-                      r["err_output_throughput_pct"]),
+                      r["err_output_throughput_pct"]), launch_spread(r),
               versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
               versus(r["acceptance_length"], r["meas_acceptance_length"],
                       r["err_acceptance_length_pct"], "{:.2f}")]

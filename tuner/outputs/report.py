@@ -21,6 +21,7 @@ from tuner.outputs import decisions, files, split_table
 from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
+from tuner.records import LevelMetrics
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -240,8 +241,8 @@ class _Doc:
                 acc = num(r["spec_decode_acceptance_length"], "{:.2f}")
                 if acc != "-":
                     acc += f" ({num(r['spec_decode_acceptance_rate'], '{:.0f}%')})"
-                row += [num(r["output_throughput"], "{:.1f}"), num(r["mean_tpot_ms"], "{:.1f}"),
-                        times(r["speedup_throughput"]), acc]
+                row += [num(r["output_throughput"], "{:.1f}") + _steadiness(r),
+                        num(r["mean_tpot_ms"], "{:.1f}"), times(r["speedup_throughput"]), acc]
             rows.append(row)
         return head, rows
 
@@ -431,6 +432,14 @@ class _Doc:
         if rec.verify_command:
             parts.append(f"<p>Verify:</p><pre class='cmd'>{e(rec.verify_command)}</pre>")
         return "".join(parts) + "</div>"
+
+
+def _steadiness(row: pd.Series) -> str:
+    """' (±1.2%)' or ' (not converged ±6.1%)' after a level measured in windows, else ''."""
+    converged, pct = row.get("converged"), row.get("stability_pct")
+    text = LevelMetrics.stability_text(None if _isna(converged) else bool(converged),
+                                       None if _isna(pct) else float(pct))
+    return f" ({text})" if text else ""
 
 
 def _isna(value: Any) -> bool:

@@ -36,6 +36,34 @@ def with_noise(ratio: float, noise: float) -> str:
     return f"{ratio:.2f}x \u00b1{noise:.0%}"
 
 
+def with_pm(value: Any, pm: Any, fmt: str = "{:.1f}") -> str:
+    """A predicted figure with the half-width of its sampling error where it has one:
+    "1.43 \u00b10.05" (tuner.replay.sampling), else as `num` writes it."""
+    text = num(value, fmt)
+    try:
+        half = float(pm)
+    except (TypeError, ValueError):
+        return text
+    return f"{text} \u00b1{fmt.format(half)}" if text != "-" and math.isfinite(half) else text
+
+
+# Said once below a table whose rows carry `launch_spread`.
+LAUNCH_SPREAD_NOTE = ("Spread: how far the measured throughput moves between launches, to set "
+                      "each error against: \u00b1 half the config's own launches' range over "
+                      "their median; sd, where it was launched once, the level's between-launch "
+                      "SD pooled over the configs launched twice.")
+
+
+def launch_spread(row: Mapping[str, Any]) -> str:
+    """A predicted row's measured noise (tuner.replay.predict): "\u00b14.1%" over the config's
+    own launches, "sd 3.0%" pooled over the level's where it ran once, "-" where neither."""
+    own = number(row.get("meas_output_throughput_spread_pct"))
+    if not math.isnan(own):
+        return f"\u00b1{own:.1f}%"
+    level = number(row.get("level_output_throughput_sd_pct"))
+    return "-" if math.isnan(level) else f"sd {level:.1f}%"
+
+
 def versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -> str:
     """One cell: "54.0 / 57.4 (-5.9%)", the error left out where it is unknown."""
     err = signed_pct(error_pct)

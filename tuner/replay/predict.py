@@ -7,7 +7,8 @@ mean TPOT, output throughput and TTFT, with the measured figures and the error b
 where the config was measured. Predicted throughput is the baseline's measured throughput times
 the ratio of the two played durations, so what the play leaves out cancels. Where the study
 measured an aligned baseline, each speculative row also splits its predicted speedup into
-path_cost (measured) x pred_speculation_gain.
+path_cost (measured) x pred_speculation_gain. Where the baseline sampled (temperature > 0),
+acceptance, throughput and TPOT carry the half-width of a 90% interval (tuner.replay.sampling).
 
 Recommendations never come from here: a predicted point only decides what to launch.
 """
@@ -26,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from tuner import intervals
 from tuner.records import LevelMetrics, Measured, SpeedupSplit, TrialConfig
-from tuner.replay import acceptance, cost, schedule, streams
+from tuner.replay import acceptance, cost, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
 BASELINE_ROLES = ("baseline", "aligned_baseline")
@@ -63,6 +65,7 @@ class Prediction:
     configs: int
     skipped: list[str] = field(default_factory=list)  # configs that could not be replayed, why
     streams: str = ""  # STREAMS: where a speculative launch's tokens part from the baseline's
+    temperature: float = 0.0  # the capture's; above 0 the rows carry sampling.PM_COLUMNS
 
     def extended(self, more: Prediction) -> Prediction:
         """This table with `more`'s configs added: a prediction of other configs from the same
@@ -85,20 +88,26 @@ class Prediction:
 
 def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             measured: Sequence[MeasuredTrial], *, max_model_len: int | None, max_num_seqs: int,
-            levels: Sequence[int] | None = None, memo: dict | None = None) -> Prediction:
+            levels: Sequence[int] | None = None, memo: dict | None = None,
+            temperature: float = 0.0) -> Prediction:
     """Predict every replayable config of `configs` at every level (default: the capture's).
 
     `memo` (a dict the caller keeps) carries replays from one call to the next: a search
-    re-predicts after every launch, and the acceptance of a config never changes."""
+    re-predicts after every launch, and the acceptance of a config never changes.
+    `temperature`: the capture's (the study's workload); above 0 each row carries the
+    half-widths of its sampling error (tuner.replay.sampling), and no alternate stream is
+    followed: there every launch parts from the baseline by sampling, not by bf16 rounding,
+    and picking a stream by how a config drafts on it would bias its acceptance."""
     t0 = time.monotonic()
     levels = [c for c in (levels or base_capture.levels()) if base_capture.level(c, warmup=False)]
     replay = _Replayer(base_capture, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        levels=levels, memo=memo)
-    replay.alternate = _alternate(replay, measured)
+    replay.alternate = _alternate(replay, measured) if temperature <= 0 else None
     baseline = _pooled([m for m in measured if m.role == "baseline"])
     aligned = _pooled([m for m in measured if m.aligned])
     costs = calibrate(replay, measured, levels)
     by_key = _by_config(measured)
+    level_sd = _level_sds(by_key, levels)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     todo = [cfg for cfg in configs if acceptance.replayable(cfg.speculative_config)]
@@ -121,13 +130,15 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
         for c in levels:
             row = _row(cfg, c, acc.get(c), costs.get(c), baseline.get(c),
                        replay, slots[c], yardstick.get(c))
-            row.update(_measured(by_key.get(cfg.key()), c, row))
+            row.update(sampling.columns(row, acc.get(c), temperature=temperature))
+            row.update(_measured(by_key.get(cfg.key()), c, row, level_sd=level_sd.get(c)))
             row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
             row["calibration"] = cfg.label() in calibrated_on
             row["alternate_stream_requests"] = replay.switched.get(cfg.key(), 0)
             rows.append(row)
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
-                      configs=len(todo), skipped=skipped, streams=_streams_line(replay))
+                      configs=len(todo), skipped=skipped, streams=_streams_line(replay),
+                      temperature=temperature)
 
 
 def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
@@ -472,14 +483,25 @@ def _throughput(value: float | None) -> Measured:
     return Measured(value=value if _finite(value) else math.nan)
 
 
-def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any]) -> dict[str, Any]:
+def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any], *,
+              level_sd: float | None = None) -> dict[str, Any]:
+    """The measured figures beside the prediction, its errors, and the measured noise an
+    error compares with: the config's own between-launch spread (half its launches' range
+    over their median, in percent) and the level's (`level_sd`: _level_sds)."""
     out: dict[str, Any] = {"measured_trials": 0, "meas_output_throughput": None,
                            "meas_mean_tpot_ms": None, "meas_mean_ttft_ms": None,
                            "meas_acceptance_length": None, "err_output_throughput_pct": None,
-                           "err_mean_tpot_pct": None, "err_acceptance_length_pct": None}
+                           "err_mean_tpot_pct": None, "err_acceptance_length_pct": None,
+                           "meas_output_throughput_spread_pct": None,
+                           "level_output_throughput_sd_pct": level_sd}
     lv = _median_level(group or [], c)
     if lv is None:
         return out
+    runs = [m.levels[c].output_throughput for m in group or [] if c in m.levels]
+    runs = [v for v in runs if _finite(v) and v > 0]
+    if len(runs) >= 2:
+        out["meas_output_throughput_spread_pct"] = \
+            100.0 * (max(runs) - min(runs)) / 2 / statistics.median(runs)
     out.update(measured_trials=len(group), meas_output_throughput=lv["output_throughput"],
                meas_mean_tpot_ms=lv["mean_tpot_ms"], meas_mean_ttft_ms=lv["mean_ttft_ms"],
                meas_acceptance_length=lv["spec_decode_acceptance_length"])
@@ -490,6 +512,20 @@ def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any]) ->
              lv["spec_decode_acceptance_length"])):
         if _finite(pred) and _finite(meas) and meas:
             out[name] = 100.0 * (pred - meas) / meas
+    return out
+
+
+def _level_sds(by_key: dict[str, list[MeasuredTrial]], levels: Sequence[int]
+               ) -> dict[int, float]:
+    """Per level, the between-launch SD of throughput (in percent of it) pooled over every
+    config launched there at least twice (tuner.intervals.Pool); levels with none are left
+    out."""
+    out = {}
+    for c in levels:
+        pool = intervals.Pool.of([m.levels[c].output_throughput for m in group if c in m.levels]
+                                 for group in by_key.values())
+        if pool.df:
+            out[c] = 100.0 * pool.sd
     return out
 
 

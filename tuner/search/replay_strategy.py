@@ -5,8 +5,9 @@
     step, so the step-cost line spans the space; on an engine that splits CUDA graphs by
     batch shape, a second one whose steps are least often uniform, tuner.replay.cost)
     -> predicted table per level -> confirm the
-    predicted leaders with real launches, interleaved with the baseline and repeated until the
-    ranking they decide is outside their spread, or the launch budget or --timeout runs out.
+    predicted leaders with real launches, interleaved with the baseline and repeated until
+    speedup intervals decide the ranking (tuner.intervals, at --confidence, within --margin),
+    or the launch budget or --timeout runs out.
 
 Where the calibration launch left the plain baseline's engine path, the aligned baseline
 (tuner.search.loop SearchLoop.align) is launched next, anchors the step-cost line, and is
@@ -20,16 +21,18 @@ always; predictions only choose what to launch. --n-trials is the number of engi
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
+from tuner import intervals
 from tuner.errors import ConfigError
 from tuner.records import (
+    SAMPLING_MISMATCH,
     BenchResult,
     EngineLimits,
     LevelMetrics,
@@ -37,7 +40,7 @@ from tuner.records import (
     TrialAttr,
     TrialConfig,
 )
-from tuner.replay import acceptance
+from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, predict
 from tuner.search import optuna_compat
 from tuner.search import study as st
@@ -225,9 +228,15 @@ class ReplaySearch:
 
     def __init__(self, loop: SearchLoop, *, study_dir: Path, limits: EngineLimits,
                  leaders: int = 2, seed: int = 0,
-                 on_prediction: Callable[[Prediction], None] | None = None) -> None:
+                 on_prediction: Callable[[Prediction], None] | None = None,
+                 confidence: float = intervals.CONFIDENCE,
+                 margin: float = intervals.MARGIN) -> None:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
         self.limits, self.leaders, self.seed = limits, leaders, seed
+        # The confirm launches end when speedup intervals at this confidence decide the
+        # ranking; within `margin` of 1.00x two configs are as good as each other.
+        self.confidence, self.margin = confidence, margin
+        self._looks = 1  # how many times _confirm may look at the ranking (set there)
         self.say, self.detail, self.note = loop.say, loop.detail, loop.note
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
@@ -359,25 +368,41 @@ class ReplaySearch:
         return pred
 
     def _pick_leaders(self, pred: Prediction) -> list[TrialConfig]:
-        """The predicted leaders at the target level to confirm by launches (`_diverse`)."""
+        """The predicted leaders at the target level to confirm by launches (`_diverse`);
+        where the baseline sampled, which of them (and how many more) the replay cannot
+        order against the best (sampling.within)."""
         target = self.loop.target
-        top = _diverse(pred.leaders(target, 10_000), self.leaders)
+        ranked = pred.leaders(target, 10_000)
+        top = _diverse(ranked, self.leaders)
         if not top:
             self.say("No predicted leader to confirm.")
             self.note("leaders", "No predicted leader to confirm.")
             return []
-        named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f} tok/s "
+        named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f}{_pm(r)} tok/s "
                           f"({r['pred_speedup']:.2f}x)" for r in top)
         self.say(f"Predicted leaders at c={target}: {named}")
         self.note("leaders", f"At c={target}, launched to confirm them: {named}.")
+        tied = [r for r in ranked[1:] if sampling.within(r, ranked[0])]
+        if tied:
+            launched = ", ".join(r["label"] for r in tied if r in top) or "none"
+            text = (f"At temperature {pred.temperature:g}, {len(tied)} configs' 90% throughput "
+                    f"intervals overlap the best's ({ranked[0]['label']}): the replay cannot "
+                    f"order them, the confirm launches decide (launched among them: "
+                    f"{launched}; --confirm-leaders launches more).")
+            self.detail(text)
+            self.note("leaders", text, "tied")
         return [self._config_of(r) for r in top]
 
     def _confirm(self, leaders: list[TrialConfig], capture: TokenCapture) -> None:
         """Launch the baselines and the leaders in turn until the ranking is decided or the
-        budget is spent."""
+        budget is spent. The ranking is looked at before every launch, so each look's
+        intervals are taken at 1 - (1 - confidence) / looks (Bonferroni over the looks the
+        budget allows): the chance of a wrong decision over the whole confirmation stays
+        within the stated confidence."""
+        self._looks = max(1, self._n_trials - self.launches() + 1)
         while self._room():
             verdict = self._verdict(leaders)
-            if verdict.startswith("decided"):
+            if verdict.decided:
                 self._say_verdict(verdict)
                 return
             pick = self._next(leaders)
@@ -404,17 +429,15 @@ class ReplaySearch:
         self.note("confirmation", text, f"failed {pick.key()}")
         return bool(leaders)
 
-    def _say_verdict(self, verdict: str) -> None:
-        """The ranking's verdict in one line by default ("decided at c=4: first X 1.12x +- 0.01
-        (2 runs)"), every config's median and spread with -v and in the report."""
-        head, _, figures = verdict.partition(": ")
-        if head == "undecided" or ";" not in figures:  # "undecided: X has fewer than 2 runs"
-            self.say(f"Ranking {verdict}.")
+    def _say_verdict(self, verdict: _Verdict) -> None:
+        """The ranking's verdict in one line by default ("decided at c=4: first X 1.12x (95%
+        interval 1.08-1.16; 3 and 3 launches)"), every interval with -v and in the report."""
+        if not verdict.full:  # "undecided at c=4: X has 1 launch; ..."
+            self.say(f"Ranking {verdict.short}.")
         else:
-            best = f": first {figures.split('; ')[0]}" if head.startswith("decided") else ""
-            self.say(f"Ranking {head}{best}; every figure: -v or the report.")
-            self.detail(f"Ranking {verdict}")
-        self.note("confirmation", f"Ranking {verdict}.", "ranking")
+            self.say(f"Ranking {verdict.short}; every figure: -v or the report.")
+            self.detail(f"Ranking {verdict.full}.")
+        self.note("confirmation", f"Ranking {verdict.full or verdict.short}.", "ranking")
 
     # -- launching --------------------------------------------------------------------------
     def launches(self) -> int:
@@ -462,7 +485,8 @@ class ReplaySearch:
         """Predict `configs` (default: every config replayed so far) from the measured trials."""
         configs = list(self._configs.values()) if configs is None else configs
         pred = predict(capture, configs, self.measured(), max_model_len=self.limits.max_model_len,
-                       max_num_seqs=self.limits.max_num_seqs, memo=self._memo)
+                       max_num_seqs=self.limits.max_num_seqs, memo=self._memo,
+                       temperature=self.loop.workload.spec.temperature)
         if show:
             self._show(pred)
         return pred
@@ -476,6 +500,40 @@ class ReplaySearch:
             self.note("step_cost", pred.costs[c].describe(), f"c={c}")
         if pred.streams:
             self.note("streams", pred.streams)
+        self._check_sampling(pred)
+
+    def _check_sampling(self, pred: Prediction) -> None:
+        """At temperature > 0, a launch whose measured acceptance lies outside the replay's
+        interval (sampling.mismatch): said once, noted, and kept per level in the study's
+        settings (SAMPLING_MISMATCH), where the recommendation's reason reads it."""
+        found: dict[int, dict[str, Any]] = {}
+        for r in pred.rows:
+            if sampling.mismatch(r, temperature=pred.temperature):
+                found.setdefault(int(r["concurrency"]), r)
+        if not found:
+            return
+        lines = {str(c): sampling.mismatch_line(
+            r, temperature=pred.temperature, vllm_version=self._vllm_version(r["key"]),
+            device=self.loop.engine.device) for c, r in sorted(found.items())}
+        meta = dict(self.study.user_attrs.get(st.ATTR) or {})
+        known = dict(meta.get(SAMPLING_MISMATCH) or {})
+        fresh = {c: text for c, text in lines.items() if c not in known}
+        if not fresh:
+            return
+        if not known:
+            self.say(fresh.get(str(self.loop.target)) or next(iter(fresh.values())))
+        for c, text in fresh.items():
+            self.note("sampling", text, f"c={c}")
+        self.study.set_user_attr(st.ATTR, {**meta, SAMPLING_MISMATCH: {**known, **fresh}})
+
+    def _vllm_version(self, key: str) -> str | None:
+        """The vLLM version a completed launch of config `key` reported (EngineInfo)."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get(TrialAttr.CONFIG_KEY) == key:
+                engine = (t.user_attrs.get(TrialAttr.RESULT) or {}).get("engine") or {}
+                if engine.get("vllm_version"):
+                    return str(engine["vllm_version"])
+        return None
 
     def _calibration_config(self, pred: Prediction) -> TrialConfig | None:
         top = max(self.loop.settings.concurrencies)
@@ -513,11 +571,14 @@ class ReplaySearch:
             self.detail("  " + pred.streams)
 
     # -- confirming -------------------------------------------------------------------------
-    def _samples(self, cfg: TrialConfig) -> list[float]:
-        c = self.loop.target
-        return [lv.output_throughput for m in measured_trials(self.study, self.study_dir,
-                                                               captures=False)
-                if m.config.key() == cfg.key() and (lv := m.levels.get(c)) is not None]
+    def _runs(self) -> dict[str, list[float]]:
+        """Every config's output throughput at the target level, one figure per launch, by
+        config key (missing and zero figures are no measurement)."""
+        c, out = self.loop.target, {}
+        for m in measured_trials(self.study, self.study_dir, captures=False):
+            if (lv := m.levels.get(c)) is not None and intervals.logs([lv.output_throughput]):
+                out.setdefault(m.config.key(), []).append(lv.output_throughput)
+        return out
 
     def _baselines(self) -> list[TrialConfig]:
         """The plain baseline, and the aligned one where the study measured it."""
@@ -527,49 +588,101 @@ class ReplaySearch:
     def _next(self, leaders: list[TrialConfig]) -> TrialConfig:
         """The least-measured of the baselines and the leaders (the plain baseline first on
         ties, then the aligned one), so launches interleave and every ratio gets repeats."""
+        runs = self._runs()
         pool = [*self._baselines(), *leaders]
-        return min(pool, key=lambda cfg: (len(self._samples(cfg)), pool.index(cfg)))
+        return min(pool, key=lambda cfg: (len(runs.get(cfg.key(), ())), pool.index(cfg)))
 
-    def _verdict(self, leaders: list[TrialConfig]) -> str:
-        """'decided: ...' once the best leader's ratio to the baseline is separated from the
-        runner-up's and from 1.0 by more than their spreads (half ranges, >= 2 runs each).
-        An aligned baseline is ranked too (its ratio is the engine path's cost), and each
-        leader's ratio to it, speculation's own gain, is said with its spread."""
+    def _verdict(self, leaders: list[TrialConfig]) -> _Verdict:
+        """Decided once two comparisons are resolved by their speedup intervals
+        (tuner.intervals.decide: above, below, or within --margin of 1.00x): the best leader
+        against the plain baseline, and the best of leaders and baselines against the
+        runner-up. The between-launch spread is pooled over every config launched twice at
+        the target level. An aligned baseline is ranked too (its ratio is the engine path's
+        cost), and each leader's ratio to it, speculation's own gain, is said with its
+        interval."""
+        at, runs = f"c={self.loop.target}", self._runs()
+        pool = intervals.Pool.of(runs.values())
         baselines = self._baselines()
-        base = self._samples(baselines[0])
-        if len(base) < 2:
-            return "undecided: the baseline has fewer than 2 runs"
-        ref = statistics.median(base)
-        stats = []
-        for cfg in [*baselines, *leaders]:
-            ratios = [x / ref for x in self._samples(cfg)]
-            if len(ratios) < 2:
-                return f"undecided: {cfg.label()} has fewer than 2 runs"
-            stats.append((statistics.median(ratios), (max(ratios) - min(ratios)) / 2,
-                          cfg.label(), len(ratios)))
-        ranked = sorted(stats, reverse=True)
-        text = "; ".join(f"{lbl} {m:.2f}x +- {s:.2f} ({n} runs)" for m, s, lbl, n in ranked)
+        plain, ranked = baselines[0], [*baselines, *leaders]
+        for cfg in ranked:
+            n = len(runs.get(cfg.key(), ()))
+            if not intervals.enough(n, pool):
+                return _Verdict(False, f"undecided at {at}: {cfg.label()} has {n} launch(es); "
+                                "an interval needs 2, or 1 once the others were launched "
+                                f"twice ({intervals.ONE_LAUNCH_DF} degrees of freedom pooled)")
+        if not leaders:
+            return _Verdict(False, f"undecided at {at}: no leader is left to rank")
+        over = {cfg.key(): self._interval(runs, cfg, plain, pool) for cfg in ranked[1:]}
+        points = {plain.key(): 1.0, **{k: iv.point for k, iv in over.items()}}
+        order = sorted(ranked, key=lambda cfg: -points[cfg.key()])  # the plain one on ties
+        best = max(leaders, key=lambda cfg: points[cfg.key()])
+        first, second = order[0], order[1]
+        pairs = [(best, plain, over[best.key()])]
+        if {first.key(), second.key()} != {best.key(), plain.key()}:
+            pairs.append((first, second, self._interval(runs, first, second, pool)))
+        decisions = [intervals.decide(iv, self.margin) for _, _, iv in pairs]
+        figures = "; ".join(f"{cfg.label()} {over[cfg.key()].text()}" for cfg in order
+                            if cfg.key() != plain.key())
+        full = "; ".join(self._compared(x, y, iv, d) for (x, y, iv), d in zip(
+            pairs, decisions, strict=True))
+        full += f". Over the plain baseline: {figures}; {pool.text()}"
         if len(baselines) > 1:
-            text += "; " + self._split(baselines[1], leaders, ref)
-        (m1, s1, _, _), (m2, s2, _, _) = ranked[0], ranked[1]
-        if m1 - m2 > s1 + s2:
-            return f"decided at c={self.loop.target}: {text}"
-        return f"undecided at c={self.loop.target} (gap {m1 - m2:.2f} <= spread " \
-               f"{s1 + s2:.2f}): {text}"
+            full += "; " + self._split(baselines[1], leaders, runs, pool)
+        if intervals.OPEN in decisions:
+            opened = [self._compared(x, y, iv, d) for (x, y, iv), d in zip(
+                pairs, decisions, strict=True) if d == intervals.OPEN]
+            return _Verdict(False, f"undecided at {at}: " + "; ".join(opened),
+                            f"undecided at {at}: {full}")
+        lead = (f"{first.label()} {over[first.key()].text()}" if first.key() != plain.key()
+                else f"{plain.label()}; best speculative {best.label()} "
+                     f"{over[best.key()].text()}")
+        same = "".join(f"; {x.label()} and {y.label()} within \u00b1"
+                       f"{intervals.percent(self.margin)}: either will do"
+                       for (x, y, _), d in zip(pairs, decisions, strict=True)
+                       if d == intervals.EQUIVALENT)
+        return _Verdict(True, f"decided at {at}: first {lead}{same}", f"decided at {at}: {full}")
 
-    def _split(self, aligned: TrialConfig, leaders: list[TrialConfig], ref: float) -> str:
-        """Each leader's speedup as path cost x speculation gain (medians, half-range spreads)."""
-        runs = self._samples(aligned)
-        path = [x / ref for x in runs]
-        mid = statistics.median(runs)
-        gains = []
-        for cfg in leaders:
-            ratios = [x / mid for x in self._samples(cfg)]
-            gains.append(f"{cfg.label()} {statistics.median(ratios):.2f}x +- "
-                         f"{(max(ratios) - min(ratios)) / 2:.2f}")
-        return (f"engine path {statistics.median(path):.2f}x +- "
-                f"{(max(path) - min(path)) / 2:.2f} (aligned over plain baseline), speculation "
+    def _interval(self, runs: dict[str, list[float]], a: TrialConfig, b: TrialConfig,
+                  pool: intervals.Pool) -> intervals.Interval | None:
+        """A's speedup over B with its interval at the study's --confidence."""
+        return intervals.speedup(runs.get(a.key(), ()), runs.get(b.key(), ()), pool=pool,
+                                 confidence=1 - (1 - self.confidence) / self._looks)
+
+    def _compared(self, a: TrialConfig, b: TrialConfig, iv: intervals.Interval | None,
+                  decision: intervals.Decision) -> str:
+        """One comparison in words: "X beats Y: 1.12x (95% interval 1.08-1.16; ...)"."""
+        said = _iv_text(iv)
+        if decision == intervals.ABOVE:
+            return f"{a.label()} beats {b.label()}: {said}"
+        if decision == intervals.BELOW:
+            return f"{a.label()} trails {b.label()}: {said}"
+        if decision == intervals.EQUIVALENT:
+            return (f"{a.label()} and {b.label()} are within \u00b1"
+                    f"{intervals.percent(self.margin)} (either will do): {said}")
+        return f"{a.label()} against {b.label()} is open: {said}"
+
+    def _split(self, aligned: TrialConfig, leaders: list[TrialConfig],
+               runs: dict[str, list[float]], pool: intervals.Pool) -> str:
+        """Each leader's speedup as path cost x speculation gain, each with its interval."""
+        path = self._interval(runs, aligned, self._baselines()[0], pool)
+        gains = [f"{cfg.label()} {_iv_text(self._interval(runs, cfg, aligned, pool))}"
+                 for cfg in leaders]
+        return (f"engine path {_iv_text(path)} (aligned over plain baseline), speculation "
                 f"alone (over the aligned baseline): " + ", ".join(gains))
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The ranking at the target level: whether it is decided, the line said by default, and
+    every figure (-v, decisions.json; empty where the short line says it all)."""
+
+    decided: bool
+    short: str
+    full: str = ""
+
+
+def _iv_text(iv: intervals.Interval | None) -> str:
+    return iv.text() if iv is not None else "no interval yet (too few launches)"
 
 
 def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
@@ -594,6 +707,13 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
             capture=st.token_capture(study_dir, t) if captures else None,
             cudagraph_mode=path.get("cudagraph_mode")))
     return out
+
+
+def _pm(row: dict[str, Any]) -> str:
+    """A predicted throughput's sampling half-width as the leaders line shows it, " ±3.1"
+    (tuner.replay.sampling); nothing at temperature 0."""
+    pm = row.get("pred_output_throughput_pm")
+    return f" \u00b1{pm:.1f}" if isinstance(pm, float) and pm == pm else ""
 
 
 def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
-from tuner.records import BenchResult, EngineSpec, Role, TrialAttr, TrialConfig
+from tuner.records import BenchResult, EngineSpec, Role, TrialAttr, TrialConfig, WorkloadSpec
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
@@ -155,14 +155,22 @@ def create(
     if old is None:
         study.set_user_attr(ATTR, settings)
     else:
-        for key in ("objectives", "workload_digest", "target_concurrency"):
-            if old.get(key) != settings.get(key):
+        pairs = [(key, old.get(key), settings.get(key))
+                 for key in ("objectives", "workload_digest", "target_concurrency")]
+        # The sampling belongs to the workload: a study at other sampling is another study.
+        pairs.append(("sampling", WorkloadSpec.sampling_of(old.get("workload") or {}),
+                      WorkloadSpec.sampling_of(settings.get("workload") or {})))
+        for key, was, asked in pairs:
+            if was != asked:
                 raise ConfigError(
-                    f"Study '{name}' in {out_dir} was started with {key}={old.get(key)!r}, this "
-                    f"command asks for {settings.get(key)!r}. Resume with the same options, or "
+                    f"Study '{name}' in {out_dir} was started with {key}={was!r}, this "
+                    f"command asks for {asked!r}. Resume with the same options, or "
                     f"pass --study-name NEW (or another --output-dir) to start a new study.")
+        # The latest command's SLOs, measurement and decision rule (--confidence, --margin)
+        # are what the report renders.
         merged = {**old, "constraints": settings.get("constraints"),
-                  "settings": settings.get("settings")}
+                  "settings": settings.get("settings"),
+                  **{k: settings[k] for k in ("confidence", "margin") if k in settings}}
         study.set_user_attr(ATTR, merged)
     # Named values: optuna-dashboard and Optuna's plots then say "output_throughput" where they
     # said "Objective 0". A study stored before this line gets its names when it resumes.

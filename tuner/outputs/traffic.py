@@ -1,0 +1,72 @@
+"""Outputs stage, traffic replay: the table `tuner predict --traffic` prints, and its
+traffic.csv and traffic.json (the rows, with the file, space, levels and notes that produced
+them), written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tuner.outputs import files
+from tuner.outputs.console import ranked_predictions
+from tuner.outputs.text import num, times
+
+TRAFFIC_CSV = "traffic.csv"
+TRAFFIC_JSON = "traffic.json"
+# One row per config and level (tuner.replay.traffic); the order is traffic.csv's.
+COLUMNS = ("key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
+           "acceptance_length", "drafted_per_step", "tokens_per_step", "per_position",
+           "num_drafts", "num_draft_tokens", "num_accepted_tokens", "pred_output_throughput",
+           "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup")
+
+
+def write(rows: list[dict[str, Any]], header: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """traffic.csv (COLUMNS, empty cells for missing values) and traffic.json (`header`, then
+    the rows) in `out_dir`. Returns {"csv": path, "json": path}."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return {"csv": files.write_atomic(out_dir / TRAFFIC_CSV, frame.to_csv(index=False)),
+            "json": files.write_json(out_dir / TRAFFIC_JSON,
+                                     {**header, "rows": [{k: r.get(k) for k in COLUMNS}
+                                                         for r in rows]})}
+
+
+def table(rows: list[dict[str, Any]], *, top: int, levels: list[int]) -> str:
+    """A block per level: the baseline, then the `top` configs by predicted throughput where
+    a study priced the level, else by acceptance length."""
+    blocks = []
+    for c in levels:
+        at = [r for r in rows if r.get("concurrency") == c]
+        spec = ranked_predictions(at)
+        priced = any(r.get("pred_output_throughput") is not None for r in at)
+        head = ["config", "acc rate", "acc len", "drafted/step"]
+        head += ["pred tok/s", "pred TPOT ms", "speedup"] if priced else []
+        body = []
+        for r in [r for r in at if r.get("method") == "none"][:1] + spec[:max(top, 0)]:
+            cells = [str(r.get("label")), num(_pct(r.get("acceptance_rate")), "{:.1f}%"),
+                     num(r.get("acceptance_length"), "{:.2f}"),
+                     num(r.get("drafted_per_step"), "{:.2f}")]
+            if priced:
+                cells += [num(r.get("pred_output_throughput")), num(r.get("pred_mean_tpot_ms")),
+                          times(r.get("pred_speedup"))]
+            body.append(cells)
+        order = "predicted throughput" if priced else "acceptance length"
+        widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
+        blocks.append("\n".join(
+            [f"Concurrency {c}: {len(spec)} configs replayed; top {min(len(spec), top)} by "
+             f"{order}", _line(head, widths), _line(["-" * w for w in widths], widths)]
+            + [_line(row, widths) for row in body]))
+    return "\n\n".join(blocks)
+
+
+def _pct(rate: Any) -> float | None:
+    return 100.0 * rate if isinstance(rate, (int, float)) else None
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                     for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()

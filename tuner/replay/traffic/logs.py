@@ -1,0 +1,138 @@
+"""Replay stage, traffic logs: a file of recorded requests, read one record at a time.
+
+JSONL (one JSON object a line; plain, .gz or .xz, told apart by their first bytes) or
+parquet (read a batch of rows at a time with pyarrow). Nothing holds more than one batch of
+the file: a log of millions of requests reads in bounded memory. Each record comes with its
+line (JSONL) or row (parquet) number, so a message can name it. A file that is neither, an
+empty one, or a line that is not one JSON object is refused with a ConfigError that says
+where and what to do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tuner.errors import ConfigError
+
+MAX_LINE_BYTES = 16 << 20  # one record; no model's context holds a prompt that long
+PARQUET_BATCH_ROWS = 1024
+_GZIP, _XZ, _PARQUET = b"\x1f\x8b", b"\xfd7zXZ\x00", b"PAR1"
+EXAMPLE = '{"messages": [{"role": "user", "content": "..."}], "completion": "..."}'
+
+
+def records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for every record of `path`, in file order; `where` names it in a
+    message: "FILE: line 7" (JSONL) or "FILE: row 7" (parquet)."""
+    path = Path(path)
+    with _open(path) as raw:
+        head = raw.read(8)
+        raw.seek(0)
+        if head.startswith(_PARQUET):
+            yield from _parquet(path)
+            return
+        packed = (gzip.GzipFile(fileobj=raw) if head.startswith(_GZIP) else
+                  lzma.LZMAFile(raw) if head.startswith(_XZ) else None)
+        try:
+            yield from _jsonl(path, packed or raw)
+        except (OSError, EOFError, lzma.LZMAError) as e:
+            if packed is None:
+                raise
+            kind = ".gz" if head.startswith(_GZIP) else ".xz"
+            raise ConfigError(f"--traffic {path}: not a readable {kind} file ({e}). Check it "
+                              f"with `{'gzip' if kind == '.gz' else 'xz'} -t`, or pass the "
+                              f"decompressed file.") from None
+        finally:
+            if packed is not None:
+                packed.close()
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a fifo must not wait for a writer
+    except OSError as e:
+        raise ConfigError(f"--traffic {path}: cannot be read ({e.strerror}). Pass a JSONL or "
+                          f"parquet file of recorded requests.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"--traffic {path}: not a regular file. Pass a JSONL or parquet "
+                          f"file of recorded requests.")
+    return os.fdopen(fd, "rb")
+
+
+def _jsonl(path: Path, f: BinaryIO) -> Iterator[tuple[str, dict[str, Any]]]:
+    n = seen = 0
+    while chunk := f.readline(MAX_LINE_BYTES + 1):
+        if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            raise ConfigError(f"{path}: line {n + 1} is longer than "
+                              f"{MAX_LINE_BYTES >> 20} MiB, the limit for one record. "
+                              f"Shorten or drop it.")
+        n += 1
+        text = chunk.strip()
+        if not text:
+            continue
+        if seen == 0 and not text.startswith(b"{"):
+            raise ConfigError(_not_jsonl(path, text))
+        seen += 1
+        where = f"{path}: line {n}"
+        yield where, _parsed(where, text)
+    if seen == 0:
+        raise ConfigError(f"--traffic {path} is empty: no requests to replay. Pass a JSONL "
+                          f"file with one request a line, e.g. {EXAMPLE}")
+
+
+def _not_jsonl(path: Path, text: bytes) -> str:
+    if text.startswith(b"["):
+        return (f"--traffic {path} holds a JSON array, not one JSON object a line. Convert "
+                f"it with `jq -c '.[]' {path.name} > {path.stem}.jsonl` and pass that.")
+    return (f"--traffic {path} is neither JSONL (one JSON object a line) nor parquet: its "
+            f"first line starts with {text[:20]!r}. Pass one of those, e.g. a line {EXAMPLE}")
+
+
+def _parsed(where: str, text: bytes) -> dict[str, Any]:
+    try:
+        row = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where} is not UTF-8 text ({e.reason}). Fix or drop "
+                          f"that line.") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where} is not valid JSON ({e.msg} at column "
+                          f"{e.colno}). Each line must be one JSON object; fix or drop that "
+                          f"line.") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is JSON nested too deeply to hold a request. "
+                          f"Fix or drop that line.") from None
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where} is a JSON {type(row).__name__}, not an "
+                          f"object. Each line must be one request, e.g. {EXAMPLE}")
+    return row
+
+
+def _parquet(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise ConfigError(f"--traffic {path}: reading parquet needs pyarrow, which is not "
+                          f"installed. Install it with `pip install 'spec-tuner[parquet]'`, "
+                          f"or convert the file to JSONL.")
+    import pyarrow.parquet as pq
+
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        n = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                n += 1
+                yield f"{path}: row {n}", row
+    except (OSError, ValueError) as e:  # pyarrow's errors derive from these
+        raise ConfigError(f"--traffic {path}: not a readable parquet file ({e}). Check the "
+                          f"file, or pass it as JSONL.") from None
+    if n == 0:
+        raise ConfigError(f"--traffic {path} is empty: the parquet file has no rows to "
+                          f"replay.")
