@@ -160,9 +160,11 @@ def _warn_sampling(engine: EngineSpec, workload: WorkloadSpec, say: Say) -> None
     """Once, up front: speculative launches on vLLM's CPU build sample wrongly at temperature
     above 0 (tuner.replay.sampling.known_defect)."""
     from tuner.replay import sampling
+    from tuner.speculative import vllm_version
 
     if not engine.base_url and (text := sampling.known_defect(
-            device=engine.device, temperature=workload.temperature)):
+            device=engine.device, temperature=workload.temperature,
+            version=None if engine.vllm_cmd else vllm_version())):
         say(text)
 
 

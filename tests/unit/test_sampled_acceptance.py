@@ -159,7 +159,7 @@ def test_a_sampler_that_accepts_the_argmax_greedily_is_told_apart(runs):
     assert not sampling.mismatch(row, temperature=0.0)  # greedy: the replay is exact there
     line = sampling.mismatch_line(row, temperature=0.8, vllm_version="0.32.0", device="cpu")
     assert line.startswith("vLLM 0.32.0 (cpu) accepted ")
-    assert "vLLM #55005" in line and line.endswith("the ranking uses measured figures only.")
+    assert "vLLM #55005" in line and line.endswith("reflect this build, not the method.")
 
 
 def _row(acc: Acceptance, *, measured: float | None = None) -> dict:

@@ -130,3 +130,12 @@ def test_the_cpu_build_is_warned_about_once_up_front_when_sampling():
                        WorkloadSpec(name="sharegpt", temperature=0.8), said.append)
     assert said == [sampling.known_defect(device="cpu", temperature=0.8)]
     assert "vLLM #55005" in said[0] and said[0].count("\n") == 0
+
+
+def test_the_cpu_defect_warning_names_the_releases_known_to_carry_it():
+    assert sampling.known_defect(device="cpu", temperature=0.8, version="0.32.0")
+    assert sampling.known_defect(device="cpu", temperature=0.8, version="0.31.2")
+    assert sampling.known_defect(device="cpu", temperature=0.8, version=None)  # unknown: warn
+    assert sampling.known_defect(device="cpu", temperature=0.8, version="0.33.0") is None
+    assert sampling.known_defect(device="cpu", temperature=0.0, version="0.32.0") is None
+    assert sampling.known_defect(device="cuda", temperature=0.8, version="0.32.0") is None
