@@ -167,7 +167,7 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
         code = cli.main(["bench", "--base-url", eng.url + "/", "--model", str(EMBEDDED_TOKENIZER),
                          "--workload", "random", "--num-prompts", "4", "--random-input-len", "8",
                          "--random-output-len", "6", "--concurrency", "1,2", "--output-dir",
-                         str(out)])
+                         str(out), "--stability", "0"])
         assert code == 0
         assert eng.alive(), "bench --base-url stopped the server it did not start"
         served = fake_stats(eng.url)["fake:requests_total"]

@@ -528,9 +528,9 @@ def test_within_a_wider_margin_the_interval_overrules_the_noise_floor():
     rec = recommend(df, concurrency=1, meta={**df.attrs["tuner"], "margin": 0.05})
     assert rec.status == "speculation_off" and rec.speculative_config is None
     lo, hi = rec.speedup_interval
-    assert ("+3.0%), beyond the noise floor (\u00b12.0%), but its 95% interval "
-            f"{lo:.2f}-{hi:.2f} lies within \u00b15% of 1.00x: where the interval is settled, "
-            "it decides.") in rec.reason
+    assert ("+3.0%), more than the launches' spread (\u00b12.0%), but its 95% interval "
+            f"{lo:.2f}-{hi:.2f} lies within \u00b15% of 1.00x, and the interval over all "
+            "launches decides.") in rec.reason
     assert rec.equivalence_margin == 0.05
     # A higher --confidence widens the interval past the band: at 99.9% it is no longer
     # within 5% of 1.00x, but still above it, and it is recommended again.
