@@ -67,8 +67,8 @@ def rows(check_dir: Path) -> list[dict]:
                 "pred_al": p.get("acceptance_length"),
                 "meas_al": lv.spec_decode_acceptance_length,
                 "err_al": _pct(p.get("acceptance_length"), lv.spec_decode_acceptance_length),
-                "window_pm": getattr(lv, "stability_pct", None),
-                "converged": getattr(lv, "converged", None),
+                "window_pm": lv.stability_pct,
+                "converged": lv.converged,
             })
     return out
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU host with the bundle installed, after scripts/gpu_demo.sh: check the study's
 # predictions out of sample. It replays the study (`tuner predict`, no engine), picks N configs
-# the study never launched, spread over the predicted ranking at the first level (the best
-# unlaunched one, then evenly further down), saves those predictions, and measures the configs
+# the study never launched, from the predicted ranking at the first level (the best unlaunched
+# one, then others spread over the top quarter), saves those predictions, and measures them
 # with scripts/gpu_bench.sh (one launch each; resumable the same way).
 #
 #   scripts/gpu_check_study.sh [BUDGET_S]     (default 300 seconds)
