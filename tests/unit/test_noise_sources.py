@@ -3,28 +3,15 @@ reading, and the statistics and tables of `analyze`, on made-up figures."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from tuner.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ns = _load("noise_sources")
+ns = load_benchmark("noise_sources")
 
 
 def _plan(suspects: str, levels=(1, 8), reps: int = 3):

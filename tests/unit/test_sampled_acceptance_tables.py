@@ -3,26 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_benchmark
 
 from tuner.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sa = _load("sampled_acceptance")
+sa = load_benchmark("sampled_acceptance")
 
 
 def _row(config: str, rep: int, pred, pm, measured, *, temperature: float = 0.8):

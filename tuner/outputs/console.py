@@ -269,8 +269,8 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
         widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(head)]
         blocks.append("\n".join(
             [f"Concurrency {c}: {len(spec)} configs predicted; top {min(len(spec), top)} by "
-             f"{order}", _line(head, widths), _line(["-" * w for w in widths], widths)]
-            + [_line(row, widths) for row in table]))
+             f"{order}", table_line(head, widths), table_line(["-" * w for w in widths], widths)]
+            + [table_line(row, widths) for row in table]))
     if in_sample:
         blocks.append("* calibration launch: the step cost was fitted on it, so its error is "
                       "in-sample.")
@@ -281,7 +281,7 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
     return "\n\n".join(blocks)
 
 
-def _line(cells: list[str], widths: list[int]) -> str:
+def table_line(cells: list[str], widths: list[int]) -> str:
     """The first cell (a label) left-aligned, figures right-aligned."""
     return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                      for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()

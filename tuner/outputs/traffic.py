@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.outputs import files
-from tuner.outputs.console import ranked_predictions
+from tuner.outputs.console import ranked_predictions, table_line
 from tuner.outputs.text import num, times
 
 TRAFFIC_CSV = "traffic.csv"
@@ -58,15 +58,10 @@ def table(rows: list[dict[str, Any]], *, top: int, levels: list[int]) -> str:
         widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
         blocks.append("\n".join(
             [f"Concurrency {c}: {len(spec)} configs replayed; top {min(len(spec), top)} by "
-             f"{order}", _line(head, widths), _line(["-" * w for w in widths], widths)]
-            + [_line(row, widths) for row in body]))
+             f"{order}", table_line(head, widths), table_line(["-" * w for w in widths], widths)]
+            + [table_line(row, widths) for row in body]))
     return "\n\n".join(blocks)
 
 
 def _pct(rate: Any) -> float | None:
     return 100.0 * rate if isinstance(rate, (int, float)) else None
-
-
-def _line(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                     for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
