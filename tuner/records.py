@@ -33,6 +33,10 @@ class Prompt(Frozen):
     prompt: str
     prompt_len: int
     output_len: int
+    # Sent as vLLM's cache_salt where set: a prompt sent to one engine again (its workload's
+    # pool exhausted) is salted per pass, so the prefix cache cannot serve it from the pass
+    # before. None: the request carries no salt.
+    cache_salt: str | None = None
 
 
 class WorkloadSpec(Frozen):
@@ -333,7 +337,8 @@ class LevelMetrics(Frozen):
     spec_decode_acceptance_length: float | None = None
     spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()  # fractions, as vLLM's
     errors: tuple[str, ...] = ()
-    # Requests whose prompt was already sent to this engine (pool exhausted). Suffix decoding
+    # Requests whose prompt was already sent to this engine (pool exhausted). They carry a
+    # cache_salt of their pass, so the prefix cache does not serve them; suffix decoding still
     # learns from earlier outputs, so reused prompts would inflate its acceptance.
     reused_prompts: int = 0
     # vLLM's own mean TTFT over the level (delta of its histogram), beside ours: it starts when

@@ -11,6 +11,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.measure import windows
+from tuner.measure.trial import _PromptPool
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records import LevelMetrics, MeasureSettings, Prompt, RequestRecord, SpecDecodeCounts
 
@@ -259,3 +260,16 @@ def test_bench_table_and_report_say_whether_each_level_converged():
         " (not converged ±6.1%)"
     assert report._steadiness(pd.Series({"converged": None, "stability_pct": math.nan})) == ""
     assert report._steadiness(pd.Series({"output_throughput": 1.0})) == ""
+
+
+def test_the_pool_salts_each_pass_after_the_first_so_the_prefix_cache_cannot_serve_it() -> None:
+    prompts = tuple(Prompt(prompt=f"q{i}", prompt_len=1, output_len=4) for i in range(3))
+    pool = _PromptPool(prompts)
+    first, reused = pool.take(2)
+    assert reused == 0 and [p.cache_salt for p in first] == [None, None]
+    wrapped, reused = pool.take(5)  # q2, then q0 q1 q2 again, then q0 a third time
+    assert reused == 4
+    assert [p.prompt for p in wrapped] == ["q2", "q0", "q1", "q2", "q0"]
+    assert [p.cache_salt for p in wrapped] == [None, "spec-tuner-pass-1", "spec-tuner-pass-1",
+                                               "spec-tuner-pass-1", "spec-tuner-pass-2"]
+    assert wrapped[1].model_copy(update={"cache_salt": None}) == prompts[0]  # text unchanged

@@ -83,8 +83,9 @@ def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None,
 def repeats_note(workload: Workload, *, requests: int, fewer: str) -> str | None:
     """One line, where an engine will send more `requests` (warm-ups included) than `workload`
     has distinct prompts: prompts then repeat within that engine (tuner.measure.trial counts
-    them per level as reused_prompts), which an engine that learns from earlier requests
-    (suffix decoding, the prefix cache) must not see. `fewer` names the flags that lower
+    them per level as reused_prompts; each pass carries its own cache_salt, so the prefix
+    cache does not serve them), which an engine that learns from earlier outputs (suffix
+    decoding) must not see. `fewer` names the flags that lower
     `requests`. None where every request gets a prompt of its own."""
     distinct = len(workload.prompts)
     if requests <= distinct:
