@@ -88,6 +88,25 @@ def test_windows_agree_when_their_per_token_latency_does():
     assert windows.throughput_spread_pct(other_prompts) == pytest.approx(10.0)
 
 
+def test_a_window_weighs_per_token_latency_by_tokens_so_one_short_stalled_request_is_noise():
+    base = _window(1000.0, tpot_ms=10.0)  # 4 requests of 11 tokens, 10 ms a token
+    # A fifth request of 2 tokens whose one gap held another request's 30 ms prefill: the
+    # mean TPOT of the five goes from 10 to 14 ms (+40 %), their decode time per token to
+    # 10.5 ms (+4.9 %).
+    stalled = RequestRecord(concurrency=2, index=4, warmup=False, start_s=0.5, ttft_s=0.05,
+                            e2e_s=0.08, output_tokens=2, prompt_tokens=3)
+    one = windows.Window(records=base.records + (stalled,),
+                         prompts=base.prompts + (Prompt(prompt="p4", prompt_len=3,
+                                                        output_len=2),),
+                         wall_s=base.wall_s, before=base.before, after=base.after)
+    assert base.decode_ms_per_token == pytest.approx(10.0)
+    assert one.decode_ms_per_token == pytest.approx((400.0 + 30.0) / 41)
+    failed = RequestRecord(concurrency=2, index=0, warmup=False, start_s=0.0, error="boom")
+    empty = windows.Window(records=(failed,), prompts=base.prompts[:1], wall_s=1.0,
+                           before=base.before, after=base.after)
+    assert math.isnan(empty.decode_ms_per_token)
+
+
 def test_a_level_stops_once_its_last_windows_agree_or_its_time_is_up():
     settling = [_window(500.0), _window(800.0), _window(1000.0), _window(1010.0),
                 _window(1000.0)]
