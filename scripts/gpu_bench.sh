@@ -13,7 +13,8 @@
 # into one file to bring back, OUT/gpu-bench.tar.gz (result.json, tokens.npz, requests.jsonl and
 # the engine-path lines of each launch).
 # env: SITE (~/spec-tuner-gpu/site), WORK, OUT (./gpu-results), WORKLOAD, NUM_PROMPTS,
-#      OUTPUT_LEN, CONCURRENCY (as gpu_demo.sh: instructcoder, 64, 128, 1,8,32), TRIAL_S (150).
+#      OUTPUT_LEN, CONCURRENCY (as gpu_demo.sh: instructcoder, 64, 128, 1,8,32), TRIAL_S (150),
+#      BENCH_ARGS (more `tuner bench` options, word-split: e.g. the study's --stability-max-s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIST=${1:?usage: scripts/gpu_bench.sh LIST [BUDGET_S]}
@@ -30,6 +31,8 @@ while IFS='|' read -r name spec args envs; do
   cmd=(python3 -m tuner bench --workload "$WORKLOAD" --num-prompts "$NUM_PROMPTS"
        --output-len "$OUTPUT_LEN" --concurrency "$CONCURRENCY" --speculative-config "$spec"
        --output-dir "$WORK/$name.part")
+  # shellcheck disable=SC2206  # BENCH_ARGS: options, split on purpose
+  cmd+=(${BENCH_ARGS:-})
   [ -n "$args" ] && cmd+=(--engine-args "$args")
   for e in $envs; do cmd+=(--engine-env "$e"); done
   rm -rf "$WORK/$name.part"

@@ -10,7 +10,8 @@
 # Back on any machine: benchmarks/out_of_sample.py results/ (predicted against measured, beside
 # each level's measured spread).
 # env: as gpu_demo.sh and gpu_bench.sh (SITE, OUT, WORKLOAD, NUM_PROMPTS, OUTPUT_LEN,
-#      CONCURRENCY, TRIAL_S); STUDY (default ~/spec-tuner-gpu/demo/smol), N (2).
+#      CONCURRENCY, TRIAL_S, BENCH_ARGS: measure as the study did); STUDY (default
+#      ~/spec-tuner-gpu/demo/smol), N (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET_S=${1:-${BUDGET_S:-300}}; WORK=${WORK:-$HOME/spec-tuner-gpu/check}
