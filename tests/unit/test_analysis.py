@@ -344,6 +344,31 @@ def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
     assert rec.spread["single_run_spread"] == pytest.approx(0.05)
 
 
+def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_moved():
+    # The H100 study (benchmarks/data/h100/ngram-study-32p-c1c8, c=1): baseline 518.8/573.9,
+    # the leader ngram k=6 window 1-6 once at 648.8 (+18.8%), its windows unsettled at ±22.7%.
+    study = fake_study()
+    _twice(study, None, 1, 518.8, 573.9, role="baseline")
+    lv = fake_level(1, output_throughput=648.8, mean_tpot_ms=1.4)
+    unsettled = {**lv, "stability_pct": 22.7, "converged": False, "windows": [600.0, 700.0]}
+    add_complete(study, ngram(6, 1, 6), [unsettled])
+    twin = [fake_level(1, output_throughput=436.4, mean_tpot_ms=2.1)]  # k=6 window 1-5, once
+    add_complete(study, ngram(6, 1, 5), twin)
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
+    assert "not more than the ±22.7% that its one launch's windows moved by" in rec.reason
+    assert rec.spread["unsettled_spread"] == pytest.approx(0.227)
+    assert rec.spread["single_run_spread"] == pytest.approx(0.227)
+    # The same launch with windows that settled: the 5% taken for one run, and +18.8% counts.
+    study = fake_study()
+    _twice(study, None, 1, 518.8, 573.9, role="baseline")
+    settled = {**unsettled, "stability_pct": 1.5, "converged": True}
+    add_complete(study, ngram(6, 1, 6), [settled])
+    add_complete(study, ngram(6, 1, 5), twin)
+    rec = recommend(trials_frame(study), concurrency=1)
+    assert rec.label == "ngram k=6 window 1-6" and rec.spread["unsettled_spread"] is None
+
+
 def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
     # 1.01x (+0.9%) against a ±0.6% MAD: larger than the MAD, not larger than the 2% floor.
     study = fake_study(concurrencies=(8,))

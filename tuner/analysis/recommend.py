@@ -286,6 +286,10 @@ def _noise_words(spread: dict[str, float | None]) -> tuple[str, str]:
     if spread_rel is None:
         return (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
                 f"measured)", "Rerun the study with --repeats 3 to measure the spread.")
+    if spread.get("unsettled_spread") is not None and spread_rel == spread["unsettled_spread"]:
+        return (f"the ±{spread_rel:.1%} that its one launch's windows moved by (they did not "
+                "settle)", "The verify command re-measures this config and the baseline; "
+                "more repeats (--repeats) or a longer --stability-max-s measure it better.")
     if spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
         return (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
                 "by here (it ran once; the largest spread of this level's repeated "
@@ -404,9 +408,12 @@ def _single_run_spread(level: pd.DataFrame) -> float:
 def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | None]:
     own = _relative_mad(win)
     rels = [r for r in (own, _relative_mad(base)) if r is not None]
-    single = None
+    single = unsettled = None
     if rels and win["method"] != "none" and own is None:
-        single = at.single_run_spread  # measured once, beside a re-measured baseline
+        # Measured once, beside a re-measured baseline; no surer than its one launch's
+        # windows where they did not settle.
+        unsettled = _unsettled_spread(win)
+        single = max(at.single_run_spread, unsettled or 0.0)
         rels.append(single)
     return {
         "output_throughput_median": frame.optional(win["output_throughput_median"]),
@@ -418,9 +425,22 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
         "relative_throughput_spread": max(rels) if rels else None,
         # The gain over the baseline a config had to exceed to count (noise_floor).
         "noise_floor": noise_floor(max(rels) if rels else None),
-        # Where the config ran once: the spread taken for it (_single_run_spread).
+        # Where the config ran once: the spread taken for it (_single_run_spread), or
+        # its windows' spread where they did not settle and moved more (unsettled_spread).
         "single_run_spread": single,
+        "unsettled_spread": unsettled,
     }
+
+
+def _unsettled_spread(row: pd.Series) -> float | None:
+    """How far the windows of a level that did not converge moved (a fraction), the figure
+    of its one launch moving as much; None where it converged or had no windows. On the
+    H100 a leader measured once at 1.19x had windows that never settled (±22.7%), and the
+    baseline's launches then ranged 407-574 tok/s."""
+    pct, converged = frame.optional(row.get("stability_pct")), row.get("converged")
+    if pct is None or not (isinstance(converged, (bool, np.bool_)) and not converged):
+        return None
+    return pct / 100.0
 
 
 def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
