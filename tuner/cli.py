@@ -75,8 +75,8 @@ class _Renamed(argparse.Action):
         setattr(namespace, self.dest, values)
         if option_string == self.old:
             new = self.option_strings[0]
-            namespace.deprecated = [*getattr(namespace, "deprecated", []), (
-                f"{self.old} is now {new} ({self.why}); the old name still works for now.")]
+            namespace.deprecated = [*getattr(namespace, "deprecated", []), (self.dest, (
+                f"{self.old} is now {new} ({self.why}); the old name still works for now."))]
 
 
 # --concurrency always names the levels to measure (bench, optimize), as in `vllm bench serve`
@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--levels", "--concurrency", action=_Renamed, old="--concurrency",
                     why=_LEVELS_WHY, type=checks.list_option("levels", blank=True),
                     help="captured levels to predict, e.g. 1,8 (default: every captured level; "
-                    "with --traffic: the closed-loop levels to replay, default 1; "
-                    "--concurrency: its old, deprecated name)")
+                    "with --traffic: the closed-loop levels to replay, default 1, also as "
+                    "--concurrency; otherwise --concurrency is its old, deprecated name)")
     pr.add_argument("--top", type=_opt("top"), default=10, help="rows per level")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_storage(pr)
@@ -667,8 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:  # a value refused by its bound as argparse converted it
         print(f"tuner: error: {e}", file=sys.stderr)
         return 2
-    for line in getattr(args, "deprecated", ()):
-        print(f"tuner: warning: {line}", file=sys.stderr)
+    for dest, line in getattr(args, "deprecated", ()):
+        # With --traffic, --concurrency keeps its meaning: the levels the replay runs.
+        if not (dest == "levels" and getattr(args, "traffic", None)):
+            print(f"tuner: warning: {line}", file=sys.stderr)
     _log_to_stderr(args.verbose)
     _optuna_verbosity(verbose=args.verbose)
     signal.signal(signal.SIGTERM, _sigterm_as_exit)

@@ -292,9 +292,21 @@ def test_concurrency_means_the_levels_to_measure_and_the_old_spellings_still_wor
 
     args = cli.build_parser().parse_args(argv)
     assert getattr(args, dest) == value
-    notes = getattr(args, "deprecated", [])
+    notes = [line for _, line in getattr(args, "deprecated", [])]
     assert (notes[0].startswith(old) and "the old name still works" in notes[0]) if old \
         else not notes
+
+
+def test_with_traffic_concurrency_names_the_levels_to_replay_and_warns_of_nothing(
+        capsys, tmp_path):
+    from tuner import cli
+
+    missing = tmp_path / "none.jsonl"
+    assert cli.main(["predict", "--traffic", str(missing), "--concurrency", "1,8"]) == 2
+    err = capsys.readouterr().err
+    assert "warning" not in err and str(missing) in err  # the file's own error, alone
+    assert cli.main(["predict", str(tmp_path), "--concurrency", "1"]) == 2
+    assert "tuner: warning: --concurrency is now --levels" in capsys.readouterr().err
 
 
 def test_recommend_takes_its_level_under_either_name(capsys, tmp_path):
