@@ -436,7 +436,7 @@ def _unsettled_spread(row: pd.Series) -> float | None:
     """How far the windows of a level that did not converge moved (a fraction), the figure
     of its one launch moving as much; None where it converged or had no windows. On the
     H100 a leader measured once at 1.19x had windows that never settled (±22.7%), and the
-    baseline's launches then ranged 407-574 tok/s."""
+    plain baseline's two launches measured 519 and 574 tok/s."""
     pct, converged = frame.optional(row.get("stability_pct")), row.get("converged")
     if pct is None or not (isinstance(converged, (bool, np.bool_)) and not converged):
         return None
