@@ -375,7 +375,8 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     measured = measure(runs=runs, phase="ladder")
     doc = rules.draft_policy(
         measured, runs, where=f"{study_dir}/policy",
-        predicted=_predicted_curves(measured, runs, study_dir=study_dir, engine=engine, say=say),
+        predicted=_predicted_curves(measured, runs, study_dir=study_dir, engine=engine,
+                                    temperature=wspec.temperature, say=say),
         max_batch=engine_cmdline.engine_limits(engine).max_num_seqs,
         context={"study": study.study_name, "ladder": list(ladder), "repeats": options.repeats,
                  "workload": wspec.name, "num_prompts": wspec.num_prompts,
@@ -389,13 +390,15 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
 
 
 def _predicted_curves(measured: list[dict], runs: list, *, study_dir: Path, engine: EngineSpec,
-                      say: Say) -> dict[int, dict[int, float]] | None:
-    """The replay's curves: every K of the chosen config the ladder did not measure."""
+                      temperature: float, say: Say) -> dict[int, dict[int, float]] | None:
+    """The replay's curves: every K of the chosen config the ladder did not measure, at the
+    study's `temperature` (a sampled study's streams are never followed, as in predict)."""
     from tuner.search import replay_strategy
 
     chosen = next(c for role, c in runs if role == "leader")
     predicted = replay_strategy.ladder_predictions(
-        measured, chosen, study_dir=study_dir, limits=engine_cmdline.engine_limits(engine))
+        measured, chosen, study_dir=study_dir, limits=engine_cmdline.engine_limits(engine),
+        temperature=temperature)
     if predicted:
         say(f"Replay predicted K 1-{max(predicted)} of {chosen.label()} on the ladder; the "
             "schedule may use a K the ladder did not measure, and is verified either way.")

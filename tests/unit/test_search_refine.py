@@ -116,3 +116,25 @@ def test_the_climb_adds_fewer_configs_over_larger_captures():
     big = replay_strategy.refine_limit(capture(450))  # 29k tokens: an H200 capture
     assert 1 <= big < replay_strategy.REFINE_MAX
     assert big == replay_strategy.REFINE_TOKENS // (64 * 450)
+
+
+def test_the_policy_curves_replay_at_the_studys_temperature(monkeypatch, tmp_path):
+    # A sampled study's curves must be predicted as a sampled one (no stream of a speculative
+    # launch followed, ± per row): the temperature reaches the predictor.
+    seen = {}
+
+    def fake_predict(capture, configs, measured, **kw):
+        seen.update(kw)
+        return Prediction(rows=[{"key": configs[0].key(), "concurrency": 1,
+                                 "pred_speedup": 1.2}], costs={}, seconds=0.0, configs=1)
+
+    monkeypatch.setattr(replay_strategy, "predict", fake_predict)
+    monkeypatch.setattr(replay_strategy, "_ladder_measured", lambda runs, d: ([], object()))
+    limits = types.SimpleNamespace(max_model_len=2048, max_num_seqs=8)
+    chosen = _cfg(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1,
+                  prompt_lookup_max=3)
+    got = replay_strategy.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits,
+                                             temperature=0.8)
+    assert got == {1: {1: 1.2}} and seen["temperature"] == 0.8
+    replay_strategy.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits)
+    assert seen["temperature"] == 0.0

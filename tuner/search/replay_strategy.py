@@ -729,12 +729,13 @@ def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 
 def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study_dir: Path,
-                       limits: EngineLimits, k_max: int | None = None
-                       ) -> dict[int, dict[int, float]] | None:
+                       limits: EngineLimits, k_max: int | None = None,
+                       temperature: float = 0.0) -> dict[int, dict[int, float]] | None:
     """The load-aware policy's predicted curves: for every K from 1 to k_max (default: the
     chosen config's K) of `chosen`, the predicted speedup over the baseline at each ladder
     level, from the ladder baseline's tokens and a step cost fitted on the ladder's measured
-    speculative runs. None when the method cannot be replayed or no baseline run has tokens.
+    speculative runs, at the study's sampling `temperature` (as tuner.replay.predict takes
+    it). None when the method cannot be replayed or no baseline run has tokens.
     Returns {K: {concurrency: predicted speedup}}."""
     if not acceptance.replayable(chosen.speculative_config) or chosen.engine_args:
         return None
@@ -743,7 +744,7 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
         return None
     configs = [chosen.with_k(k) for k in range(1, (k_max or chosen.k or 1) + 1)]
     pred = predict(base_capture, configs, measured, max_model_len=limits.max_model_len,
-                   max_num_seqs=limits.max_num_seqs)
+                   max_num_seqs=limits.max_num_seqs, temperature=temperature)
     k_of = {cfg.key(): cfg.k for cfg in configs}
     out: dict[int, dict[int, float]] = {}
     for row in pred.rows:
