@@ -114,7 +114,7 @@ class _PromptPool:
     """Hands out prompts in order and never twice while the pool lasts: an engine that learns
     from earlier requests (suffix decoding, prefix caching) must not see a prompt again. Once
     it is exhausted, each further pass over it carries its own cache_salt: on the H100, the
-    windows of a c=8 level went 22% faster the moment they wrapped onto prompts the level had
+    windows of a c=8 level went 22% faster once they wrapped onto prompts the level had
     sent (benchmarks/data/h100/noise-16p). The count of reused prompts stays, as suffix
     decoding still learns from the earlier outputs."""
 
