@@ -347,9 +347,9 @@ class LevelMetrics(Frozen):
     server_mean_ttft_ms: float | None = None
     # Windows (MeasureSettings.stability_pct > 0; tuner.measure.windows): output throughput
     # and TPOT weighted by tokens (decode time per token, sum(e2e - TTFT) / sum(N - 1)) of
-    # every window in order, settling ones included; the figures above come
-    # from the last `stable_windows`, which agree within `stability_pct` percent (the larger
-    # half-range over median of the two) when `converged`. `measure_s`: the level's wall time,
+    # every window in order, settling ones included; the figures above come from the last
+    # `stable_windows`, whose decode times per token agree within `stability_pct` percent
+    # (half-range over median) when `converged`. `measure_s`: the level's wall time,
     # settling windows included. converged None: measured as one block, without windows.
     windows: tuple[float, ...] = ()
     window_tpot_ms: tuple[float, ...] = ()

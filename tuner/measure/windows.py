@@ -71,9 +71,9 @@ def spread_pct(values: Sequence[float]) -> float:
 
 def stability_pct(windows: Sequence[Window]) -> float:
     """How far `windows` disagree: the spread of their decode time per token, the engine's
-    per-token latency. Their throughput also moves with the prompts each window drew (their prefill):
-    on the CPU two prompt sets of one level differed by 20% in throughput and 1% in TPOT
-    (benchmarks/noise_sources.py), a spread more windows cannot settle."""
+    per-token latency. Their throughput also moves with the prompts each window drew (their
+    prefill): on the CPU two prompt sets of one level differed by 20% in throughput and 1% in
+    TPOT (benchmarks/noise_sources.py), a spread more windows cannot settle."""
     return spread_pct([w.decode_ms_per_token for w in windows])
 
 
