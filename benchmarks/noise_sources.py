@@ -1,18 +1,18 @@
-"""Where run-to-run spread comes from: one config launched several times, each launch measured
-many ways through its running engine.
+"""Where run-to-run spread comes from: one config launched several times, each measured many ways.
 
 `run`: `--launches` launches of one config (with `--interleave SPEC`, a launch of SPEC between
 each two: order), each measured level by level with tuner's own bench against the running
 server: (a) `--reps` times the old way (one block, --stability 0), each repeat on prompts of
 its own, repeat r on the same prompts in every launch; (b) once converging (--stability);
 (c) on another prompt sample (seed + 1); (d) the last repeat's prompts again at once (prefix
-cache warm); (e) at the top level, 4x the requests; (f) no warm-up requests. Around each one:
-(g) this process's CPU per wall second (the load generator, its client processes included)
-and (h) /proc/loadavg and the busiest other processes. Each measurement is one JSON file
-under --out, written whole or not at all; a launch is what a later call resumes at.
-`analyze` prints per level the variance components, each suspect's effect beside the
-within-launch spread, and the spread of identical launches, old way against converging, with
-the measurement time each cost (run prints them too, at its end).
+cache warm); (e) at the top level, 4x the requests; (f) no warm-up requests. Around each one
+noise_probes.py samples (g) this process's CPU (the load generator, its client processes
+included), (h) the load average and other processes' CPU, the engine's processes and the GPU.
+Each measurement is one JSON file under --out, written whole or not at all; a launch is what a
+later call resumes at. `analyze` prints per level the variance components, each suspect's
+effect beside the within-launch spread, the spread of identical launches (old way against
+converging, with the time each cost), and throughput against the engine's CPU and the GPU's
+clocks (noise_covariates.py).
 
     .venv/bin/python benchmarks/noise_sources.py run --out DIR [--budget-s 500] [--launches 3]
         [--suspects a,b,c,d,e,f] [--interleave SPEC_JSON] [--concurrency 1,8,32]
@@ -25,16 +25,17 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from noise_covariates import BOUND_CORES, READING_P, busiest, engine_report
+from noise_probes import CpuMark, Monitor, gpu_placement
 
 from tuner import api, checks, engine_cmdline
 from tuner.errors import ConfigError, TrialFailed
@@ -184,110 +185,6 @@ def launch_sequence(launches: int, *, interleave: bool) -> list[Launch]:
     return [Launch(i + 1, role, roles[i - 1] if i else "none") for i, role in enumerate(roles)]
 
 
-# --- around each measurement: (g) this process's CPU, (h) everything else --------------------
-def parse_stat(text: str) -> tuple[str, int, int]:
-    """(command name, parent pid, user + system clock ticks) of one /proc/PID/stat line; the
-    name may hold spaces and parentheses, so the fields are read after its last ')'."""
-    name = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
-    return name, int(fields[1]), int(fields[11]) + int(fields[12])
-
-
-def descendants(table: dict[int, tuple[str, int, int]], root: int) -> set[int]:
-    """`root` and every process whose chain of parents reaches it."""
-    children: dict[int, list[int]] = {}
-    for pid, (_, ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = {root}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
-def _proc_table() -> dict[int, tuple[str, int, int]]:
-    out = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                out[int(entry.name)] = parse_stat(Path(entry.path, "stat").read_text())
-            except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile
-    return out
-
-
-class Monitor(threading.Thread):
-    """(h) /proc/loadavg and every other process's CPU, sampled each `interval_s` over one
-    measurement. This process and its descendants (the engine under its watchdog, the client
-    processes) are not "other"; the monitor's own CPU is kept, so (g) can leave it out."""
-
-    def __init__(self, interval_s: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.interval_s, self.halt = interval_s, threading.Event()
-        self.loads: list[float] = []
-        self.others: dict[str, int] = {}
-        self.own_ticks = 0
-        self.cpu_s = self.elapsed_s = 0.0
-
-    def run(self) -> None:
-        cpu0, t0 = time.thread_time(), time.monotonic()
-        prev = _proc_table()
-        while True:
-            stopping = self.halt.wait(self.interval_s)
-            now = _proc_table()
-            self._add(prev, now)
-            prev = now
-            try:
-                self.loads.append(float(Path("/proc/loadavg").read_text().split()[0]))
-            except (OSError, ValueError):
-                pass
-            if stopping:
-                break
-        self.cpu_s, self.elapsed_s = time.thread_time() - cpu0, time.monotonic() - t0
-
-    def _add(self, prev: dict, now: dict) -> None:
-        own = descendants(now, os.getpid())
-        for pid, (name, _, ticks) in now.items():
-            if pid not in prev or prev[pid][0] != name:
-                continue
-            delta = max(0, ticks - prev[pid][2])
-            if pid in own:
-                self.own_ticks += delta
-            else:
-                self.others[name] = self.others.get(name, 0) + delta
-
-    def summary(self) -> dict[str, Any]:
-        per_s = os.sysconf("SC_CLK_TCK") * max(self.elapsed_s, 1e-9)
-        top = sorted(self.others.items(), key=lambda kv: -kv[1])[:3]
-        return {"loadavg_mean": statistics.fmean(self.loads) if self.loads else None,
-                "loadavg_max": max(self.loads) if self.loads else None,
-                "others_cores": sum(self.others.values()) / per_s,
-                "own_tree_cores": self.own_ticks / per_s,
-                "others_top": [[name, round(t / per_s, 3)] for name, t in top if t],
-                "monitor_cpu_s": round(self.cpu_s, 3), "elapsed_s": round(self.elapsed_s, 3)}
-
-
-def _cpu_s(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
-class _Mark:
-    """This process's clock and CPU (its own, and its waited-for children's: the load
-    generator's client processes) at one moment."""
-
-    def __init__(self) -> None:
-        self.t = time.monotonic()
-        self.self_s, self.children_s = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
-
-    def until_now(self) -> dict[str, float]:
-        now = _Mark()
-        return {"window_s": now.t - self.t, "self_cpu_s": now.self_s - self.self_s,
-                "children_cpu_s": now.children_s - self.children_s}
-
-
 # --- one measurement: tuner's bench against the running engine, in this process --------------
 def bench_running(url: str, engine: EngineSpec, *, workload: WorkloadSpec,
                   settings: MeasureSettings, out: Path, say: Say
@@ -298,12 +195,12 @@ def bench_running(url: str, engine: EngineSpec, *, workload: WorkloadSpec,
     $OPENAI_API_KEY, which the caller sets to the engine's key."""
     part = out.with_name(out.name + ".part")
     shutil.rmtree(part, ignore_errors=True)
-    mark = _Mark()
+    mark = CpuMark()
 
     def hear(message: str) -> None:
         nonlocal mark
         if message.startswith("Benchmarking"):
-            mark = _Mark()
+            mark = CpuMark()
         say(message)
 
     live = EngineOptions(base_url=url, model=engine.model, tokenizer=engine.tokenizer,
@@ -365,6 +262,7 @@ class Run:
     stability: tuple[float, float | None]  # --stability, --stability-max-s
     clock: Clock
     detail: Say
+    gpu: dict[str, Any] = field(default_factory=dict)  # gpu_placement(), read once a run
 
 
 def measure_step(run: Run, launch: Launch, step: Step, url: str) -> dict[str, Any]:
@@ -380,7 +278,7 @@ def measure_step(run: Run, launch: Launch, step: Step, url: str) -> dict[str, An
                                num_warmups=step.warmups, **stability_settings(
                                    converging=step.converging, pct=pct, max_s=max_s))
     out = run.out / launch.folder / f"c{step.level}" / step.name
-    monitor = Monitor()
+    monitor = Monitor(gpu=run.gpu)
     monitor.start()
     t0 = time.monotonic()
     try:
@@ -398,11 +296,13 @@ def measure_step(run: Run, launch: Launch, step: Step, url: str) -> dict[str, An
 def step_doc(step: Step, launch: Launch, alloc: Allocation, result: BenchResult, *,
              usage: dict[str, float], monitor: dict[str, Any]) -> dict[str, Any]:
     """What analyze reads of one measurement. (g) client_cores: this process's CPU and its
-    client processes', less the monitor's own (its share of the measurement's window), per
-    second of the measurement."""
+    client processes', less the monitor's own and its nvidia-smi calls' (their share of the
+    measurement's window), per second of the measurement."""
     lv = result.levels[0]
     share = min(1.0, usage["window_s"] / monitor["elapsed_s"]) if monitor["elapsed_s"] else 1.0
-    cpu_s = usage["self_cpu_s"] + usage["children_cpu_s"] - share * monitor["monitor_cpu_s"]
+    probe_s = (monitor.get("gpu") or {}).get("probe_cpu_s", 0.0)
+    cpu_s = (usage["self_cpu_s"] + usage["children_cpu_s"]
+             - share * (monitor["monitor_cpu_s"] + probe_s))
     return {"launch": launch.index, "role": launch.role, "predecessor": launch.predecessor,
             "level": step.level, "name": step.name, "suspect": step.suspect,
             "requests": step.requests, "warmups": step.warmups, "converging": step.converging,
@@ -430,6 +330,11 @@ def _step_line(doc: dict[str, Any]) -> str:
     if doc["converged"] is not None:
         note = (f", {len(doc['windows'])} windows, "
                 f"{'converged' if doc['converged'] else 'NOT converged'}")
+    core = busiest(doc)
+    if core is not None and core["main_cores"] is not None:
+        note += f", {core['label']} main thread {core['main_cores']:.2f} cores"
+    if (sm := (doc["monitor"].get("gpu") or {}).get("sm_mhz_mean")) is not None:
+        note += f", SM {sm:.0f} MHz"
     return (f"  c={doc['level']} {doc['name']:8} {doc['output_throughput']:9.1f} tok/s  TPOT "
             f"{doc['mean_tpot_ms']:6.2f} ms  {doc['window_s']:5.1f} s  client "
             f"{doc['client_cores']:.2f} cores  others {doc['monitor']['others_cores']:.2f} "
@@ -446,7 +351,8 @@ def run_launch(run: Run, launch: Launch, estimates: dict[str, float]) -> str:
     config = run.configs[launch.role]
     doc: dict[str, Any] = {"index": launch.index, "role": launch.role,
                            "predecessor": launch.predecessor, "label": config.label(),
-                           "config": config.model_dump(mode="json"), "status": "running"}
+                           "config": config.model_dump(mode="json"), "status": "running",
+                           "gpu": run.gpu}
     _write_json(folder / "launch.json", doc)
     t0, status = time.monotonic(), "complete"
     run.clock.say(f"launch {launch.index} ({launch.role}: {config.label()}): engine starting")
@@ -577,7 +483,8 @@ def run(args: argparse.Namespace) -> None:
         "workload": args.workload, "dataset_path": args.dataset_path, "seed": args.seed,
         "num_prompts": args.num_prompts, "output_len": args.output_len,
         "requests_per_slot": args.requests_per_slot, "levels": list(args.concurrency),
-        "reps": args.reps, "suspects": args.suspects, "config": args.speculative_config, "interleave": args.interleave,
+        "reps": args.reps, "suspects": args.suspects, "config": args.speculative_config,
+        "interleave": args.interleave,
         "temperature": args.temperature, "stability": args.stability, "stability_max_s": max_s}))
     clock.say(f"noise sources: {Path(engine.model).name} ({engine.device}), {args.workload}, "
               f"levels {','.join(map(str, args.concurrency))}, {args.launches} launches, "
@@ -586,7 +493,7 @@ def run(args: argparse.Namespace) -> None:
     ctx = Run(out=args.out, engine=engine, configs=configs, steps=steps, allocations=allocations,
               sampling=WorkloadSpec(name=args.workload, temperature=args.temperature),
               stability=(args.stability, max_s), clock=clock,
-              detail=clock.say if args.verbose else (lambda _m: None))
+              detail=clock.say if args.verbose else (lambda _m: None), gpu=gpu_placement())
     run_launches(ctx, args)
     if load_measurements(args.out):
         analyze(args.out)
@@ -850,7 +757,7 @@ def level_report(docs: Sequence[dict[str, Any]], level: int) -> list[str]:
         lines.append(f"  {label:30} {len(values):3d} {statistics.median(values):13.1f} "
                      f"{_num(half_range_pct(values), '{:.2f}', 13)} "
                      f"{_num(statistics.median(secs) if secs else None, '{:.1f}', 8)}  {note}")
-    return lines
+    return lines + engine_report(docs, level)
 
 
 def load_measurements(out: Path) -> list[dict[str, Any]]:
@@ -915,6 +822,11 @@ def analyze(out: Path) -> None:
           "g h: repeats in the upper half of CPU in use against the lower; i: launches after "
           "the other config against the rest), mean over launches; +-: SD over launches "
           "(g h i: standard error); > within: larger than one repeat's within-launch SD")
+    if any("engine" in d["monitor"] for d in docs):
+        print(f"# engine and GPU: each covariate against throughput over every measurement of the "
+              f"level; rho: Spearman's; p: a permutation test's; faster/slower half: the "
+              f"covariate's mean in each half by throughput; a reading only where p < "
+              f"{READING_P} (or a main thread at >= {BOUND_CORES} of a core)")
     for c in plan["levels"]:
         if any(d["level"] == c for d in docs):
             print()

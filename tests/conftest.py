@@ -113,6 +113,9 @@ def fake_stats() -> Callable[[str], dict[str, float]]:
 def load_benchmark(name: str):
     """A script of benchmarks/ as a module (they are scripts, not a package), by file name."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    # A script imports its sibling modules (noise_probes) by name, as when run from benchmarks/.
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
