@@ -21,7 +21,8 @@ from conftest import fake_engine_spec
 
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, OptimizeOptions, WorkloadSpec
+from tuner.records import MeasureSettings, OptimizeOptions, TrialConfig, WorkloadSpec
+from tuner.replay import acceptance, sampling
 from tuner.replay.predict import predict
 from tuner.search import replay_strategy
 from tuner.search import space as spaces
@@ -82,6 +83,34 @@ def test_a_bench_baseline_requests_file_replays_as_predict_on_its_study(study, t
     doc = json.loads((tmp_path / "p" / "traffic.json").read_text())
     assert doc["study"] == str(study) and doc["requests"] == len(
         TokenCapture.load(requests.parent / "tokens.npz").level(2, warmup=False))
+
+
+def test_priced_rows_carry_the_half_widths_predict_gives_a_sampled_baseline(study, tmp_path,
+                                                                           capsys):
+    requests = study / "trials" / "0" / "requests.jsonl"  # records without a temperature
+    got = _by_key(_json(capsys, ["predict", str(study), "--traffic", str(requests), "--space",
+                                 "ngram", "--levels", "2", "--json", "--output-dir",
+                                 str(tmp_path / "p")])["rows"], 2)
+    capture = TokenCapture.load(requests.parent / "tokens.npz")
+    configs = replay_strategy.candidates(spaces.load("ngram"))
+    want = _by_key(predict(capture, configs, [], max_model_len=None, max_num_seqs=256,
+                           levels=[2], temperature=0.8).rows, 2)
+    spread = 0
+    for cfg in configs:
+        g, w = got[cfg.key()], want[cfg.key()]
+        for name in ("acceptance_length_pm", "acceptance_rate_pm"):
+            assert g[name] == pytest.approx(w[name], rel=1e-6), (cfg.label(), name)
+        # every request is played: throughput and TPOT carry the same relative half-width
+        s = sampling.spread(acceptance.replay(capture, cfg.speculative_config,
+                                              levels=[2])[2])
+        if s is not None and g["pred_output_throughput"] is not None:
+            spread += 1
+            for name in ("pred_output_throughput", "pred_mean_tpot_ms"):
+                assert g[f"{name}_pm"] == pytest.approx(g[name] * s.tokens_per_step_rel)
+    assert spread > 100
+    assert all(v is None for k, v in got[TrialConfig().key()].items() if k.endswith("_pm"))
+    frame = pd.read_csv(tmp_path / "p" / "traffic.csv")
+    assert frame["pred_output_throughput_pm"].notna().sum() == spread
 
 
 def test_stored_real_tokens_replay_as_the_baseline_capture_predicts(tmp_path, capsys):

@@ -13,13 +13,14 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tuner.errors import ConfigError
 from tuner.measure.workloads import EMBEDDED_TOKENIZER, load_tokenizer
 from tuner.outputs import traffic as traffic_out
 from tuner.records import RequestRecord, TrialConfig
-from tuner.replay import acceptance, traffic
+from tuner.replay import acceptance, sampling, traffic
 from tuner.replay.traffic import capture, logs, price, prompts, sweep
 from tuner.search import replay_strategy
 from tuner.search import space as spaces
@@ -302,3 +303,78 @@ def test_the_played_sample_spreads_over_the_file():
     rows = price.sample_rows(10_000)
     assert len(rows) == price.PLAY_REQUESTS and rows[0] == 0 and rows[-1] == 9_999
     assert np.all(np.diff(rows) > 30)
+
+
+# -- the ± of a traffic's rows ---------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [sweep.CHUNK, 5])
+def test_the_sweeps_half_widths_are_the_bootstrap_of_the_replay(stored, chunk, monkeypatch):
+    """Per-request counts summed a chunk at a time resample exactly as sampling.spread
+    resamples acceptance.replay's per-request lists: the same draws, the same half-widths."""
+    monkeypatch.setattr(sweep, "CHUNK", chunk)
+    some = 0
+    for cap in (stored, _random(4, n=30)):
+        groups: dict = {}
+        for cfg in NGRAM:
+            lo, hi = acceptance._window(cfg.speculative_config)
+            groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
+        for hi, group in groups.items():
+            got = sweep.sweep_with_spread(_packed(cap), hi, [pair for pair, _ in group],
+                                          max_model_len=None)
+            for pair, cfg in group:
+                want = sampling.spread(acceptance.replay(cap, cfg.speculative_config)[1])
+                np.testing.assert_equal(dataclasses.astuple(got[pair].spread) if want else None,
+                                        dataclasses.astuple(want) if want else None)
+                some += want is not None and want.acceptance_length > 0
+    assert some > len(NGRAM)  # most configs draft: real half-widths, not None
+
+
+def _traffic(stored: TokenCapture, path: Path, **kw) -> capture.Traffic:
+    return capture.Traffic(path=path, requests=_packed(stored),
+                           max_tokens=np.array([len(r.output) for r in stored.requests]), **kw)
+
+
+def test_traffic_rows_carry_the_half_widths_tuner_predict_gives_a_sampled_baseline(
+        tmp_path, stored):
+    ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    sched = TrialConfig(speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4, "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 0]]})
+    t = _traffic(stored, tmp_path, sampled=3)  # the rest say no temperature: computed anyway
+    pred = traffic.predict(t, [ngram, sched], levels=[1, 4], max_model_len=None,
+                           max_num_seqs=8)
+    rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
+    for cfg in (ngram, sched):  # the sweep's path and the replay's
+        for c in (1, 4):
+            acc = acceptance.replay(t.capture(c), cfg.speculative_config, max_num_seqs=8,
+                                    levels=[c])[c]
+            row = rows[(cfg.key(), c)]
+            assert {k: row[k] for k in sampling.PM_COLUMNS} == sampling.columns(
+                row, acc, temperature=0.8)
+            assert row["acceptance_rate_pm"] is not None
+            assert row["pred_output_throughput_pm"] is None  # not priced
+    assert 0 < rows[(ngram.key(), 4)]["acceptance_length_pm"] < 1
+    assert all(rows[(TrialConfig().key(), c)][k] is None for c in (1, 4)
+               for k in sampling.PM_COLUMNS)
+    assert "Each ± is the half-width of a 90% interval" in " ".join(pred.notes())
+    text = traffic_out.table(pred.rows, top=5, levels=[1, 4])
+    assert f"{rows[(ngram.key(), 1)]['acceptance_length']:.2f} ±" in text
+    frame = pd.read_csv(traffic_out.write(pred.rows, {}, tmp_path / "out")["csv"])
+    assert frame["acceptance_rate_pm"].notna().sum() == 4
+
+    greedy = traffic.predict(_traffic(stored, tmp_path, greedy=len(t)), [ngram, sched],
+                             levels=[1], max_model_len=None, max_num_seqs=8)
+    assert all(r[k] is None for r in greedy.rows for k in sampling.PM_COLUMNS)
+    assert "Every request says temperature 0" in " ".join(greedy.notes())
+    assert "±" not in traffic_out.table(greedy.rows, top=5, levels=[1])
+
+
+def test_the_reader_counts_greedy_and_sampled_records(tmp_path, tok):
+    path = _write(tmp_path / "t.jsonl", [{"prompt": "a", "completion": "b", "temperature": 0},
+                                         {"prompt": "a", "completion": "b", "temperature": 0.7},
+                                         {"prompt": "a", "completion": "b"}])
+    t = _read(path, tok)
+    assert (t.greedy, t.sampled, t.greedy_only) == (1, 1, False)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[0]]) + "\n")
+    assert _read(path, tok).greedy_only

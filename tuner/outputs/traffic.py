@@ -10,15 +10,17 @@ from typing import Any
 
 from tuner.outputs import files
 from tuner.outputs.console import ranked_predictions, table_line
-from tuner.outputs.text import num, times
+from tuner.outputs.text import num, times, with_pm
 
 TRAFFIC_CSV = "traffic.csv"
 TRAFFIC_JSON = "traffic.json"
-# One row per config and level (tuner.replay.traffic); the order is traffic.csv's.
+# One row per config and level (tuner.replay.traffic); the order is traffic.csv's. A `_pm`
+# column is the half-width of a 90% interval over the requests (tuner.replay.sampling).
 COLUMNS = ("key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
-           "acceptance_length", "drafted_per_step", "tokens_per_step", "per_position",
-           "num_drafts", "num_draft_tokens", "num_accepted_tokens", "pred_output_throughput",
-           "pred_mean_tpot_ms", "pred_mean_ttft_ms", "pred_speedup")
+           "acceptance_rate_pm", "acceptance_length", "acceptance_length_pm", "drafted_per_step",
+           "tokens_per_step", "per_position", "num_drafts", "num_draft_tokens",
+           "num_accepted_tokens", "pred_output_throughput", "pred_output_throughput_pm",
+           "pred_mean_tpot_ms", "pred_mean_tpot_ms_pm", "pred_mean_ttft_ms", "pred_speedup")
 
 
 def write(rows: list[dict[str, Any]], header: dict[str, Any], out_dir: Path) -> dict[str, Path]:
@@ -47,11 +49,15 @@ def table(rows: list[dict[str, Any]], *, top: int, levels: list[int]) -> str:
         head += ["pred tok/s", "pred TPOT ms", "speedup"] if priced else []
         body = []
         for r in [r for r in at if r.get("method") == "none"][:1] + spec[:max(top, 0)]:
-            cells = [str(r.get("label")), num(_pct(r.get("acceptance_rate")), "{:.1f}%"),
-                     num(r.get("acceptance_length"), "{:.2f}"),
+            cells = [str(r.get("label")),
+                     with_pm(_pct(r.get("acceptance_rate")), _pct(r.get("acceptance_rate_pm")),
+                             "{:.1f}%"),
+                     with_pm(r.get("acceptance_length"), r.get("acceptance_length_pm"), "{:.2f}"),
                      num(r.get("drafted_per_step"), "{:.2f}")]
             if priced:
-                cells += [num(r.get("pred_output_throughput")), num(r.get("pred_mean_tpot_ms")),
+                cells += [with_pm(r.get("pred_output_throughput"),
+                                  r.get("pred_output_throughput_pm")),
+                          with_pm(r.get("pred_mean_tpot_ms"), r.get("pred_mean_tpot_ms_pm")),
                           times(r.get("pred_speedup"))]
             body.append(cells)
         order = "predicted throughput" if priced else "acceptance length"

@@ -5,7 +5,8 @@ outputs, over the stream the config follows: tuner.replay.streams) x step cost
 (tuner.replay.cost) played out per level (tuner.replay.schedule) -> per config and level:
 mean TPOT, output throughput and TTFT, with the measured figures and the error beside them
 where the config was measured. Predicted throughput is the baseline's measured throughput times
-the ratio of the two played durations, so what the play leaves out cancels. Where the study
+the ratio of the two played durations, so what the play leaves out cancels (a traffic's
+replay is priced on the same `play` and `Yardstick`: tuner.replay.traffic.price). Where the study
 measured an aligned baseline, each speculative row also splits its predicted speedup into
 path_cost (measured) x pred_speculation_gain. Where the baseline sampled (temperature > 0),
 acceptance, throughput and TPOT carry the half-width of a 90% interval (tuner.replay.sampling).
@@ -115,12 +116,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
                 for cfg in configs if cfg.method != "none" and cfg not in todo]
     calibrated_on = {p.label for c in costs.values() for p in c.points}
     slots = {c: min(c, max_num_seqs) for c in levels}
-    # The yardstick: the baseline the step cost is anchored on (the aligned one where the study
-    # measured it), played out on the fitted costs, beside its measured throughput.
-    anchor = aligned or baseline
-    yardstick = {c: _Yardstick(played, anchor[c]["output_throughput"]) for c in levels
-                 if c in anchor and (played := _played_baseline(costs.get(c), replay, c,
-                                                                slots[c])) is not None}
+    yardstick = yardsticks(base_capture, measured, costs, max_num_seqs=max_num_seqs)
     for cfg in [TrialConfig(), *todo]:
         try:
             acc = replay.acceptance(cfg) if cfg.speculative_config else {}
@@ -347,9 +343,6 @@ class _Replayer:
                 max_num_seqs=self.max_num_seqs, levels=self.levels)
         return self._memo[memo_key]
 
-    def output_lengths(self, c: int) -> list[int]:
-        return _lengths(self.capture, c)
-
     def prompt_lengths(self, c: int) -> list[int]:
         return _prompts(self.capture, c)
 
@@ -393,7 +386,7 @@ def _prompts(capture: TokenCapture, c: int) -> list[int]:
 
 def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
          step: cost.StepCost | None, base: dict[str, float] | None, replay: _Replayer,
-         slots: int, yardstick: _Yardstick | None) -> dict[str, Any]:
+         slots: int, yardstick: Yardstick | None) -> dict[str, Any]:
     spec = cfg.speculative_config
     row: dict[str, Any] = {
         "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
@@ -419,7 +412,8 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
         return row
     if step is None or not step.calibrated or acc is None or yardstick is None:
         return row
-    played = _play(step, acc.request_drafts, acc.request_lengths, acc.k, replay, c, slots)
+    played = play(step, acc.request_drafts, acc.request_lengths, replay.prompt_lengths(c),
+                  k=acc.k, slots=slots)
     thr = yardstick.throughput(played)
     row.update(pred_mean_tpot_ms=played.mean_tpot_ms, pred_mean_ttft_ms=played.mean_ttft_ms,
                pred_output_throughput=thr, uniform_share=played.uniform_share,
@@ -427,37 +421,75 @@ def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
     return row
 
 
-def _play(step: cost.StepCost, drafts: list[np.ndarray], lengths: list[int], k: int,
-          replay: _Replayer, c: int, slots: int) -> schedule.Schedule:
+def play(step: cost.StepCost, drafts: list[np.ndarray], lengths: list[int],
+         prompts: list[int], *, k: int, slots: int) -> schedule.Schedule:
+    """Requests of these output and prompt lengths, with these drafts per verify step (k = 0:
+    no speculation), played out on the fitted step cost with `slots` in flight."""
     return schedule.simulate(drafts, lengths, concurrency=slots, k=k,
                              step_ms=step.speculative_step_ms if k else step.step_ms,
-                             prompts=replay.prompt_lengths(c),
-                             prefill_ms_per_token=step.prefill.ms_per_token,
+                             prompts=prompts, prefill_ms_per_token=step.prefill.ms_per_token,
                              overhead_ms=step.prefill.overhead_ms)
 
 
 @dataclass(frozen=True)
-class _Yardstick:
+class Yardstick:
     """A measured baseline and its level played out on the fitted costs: every predicted
     duration is set against it, so what the play leaves out (the load generator's own time,
-    the frontend) cancels."""
+    the frontend) cancels. `plain_throughput`: the plain baseline's measured, where the
+    yardstick is an aligned baseline (else its own)."""
 
     played: schedule.Schedule
     measured_throughput: float
+    plain_throughput: float | None = None
 
     def throughput(self, played: schedule.Schedule) -> float | None:
+        """The measured throughput of `played`, a play of the yardstick's own requests."""
         if played.duration_ms <= 0 or not _finite(self.measured_throughput):
             return None
         return self.measured_throughput * self.played.duration_ms / played.duration_ms
 
+    @property
+    def factor(self) -> float | None:
+        """Measured over played throughput: what turns a played throughput of other requests
+        (a traffic's, tuner.replay.traffic.price) into a measured one."""
+        played = self.played.output_throughput
+        return self.measured_throughput / played if played and _finite(
+            self.measured_throughput) else None
 
-def _played_baseline(step: cost.StepCost | None, replay: _Replayer, c: int,
+    @property
+    def path_ratio(self) -> float | None:
+        """The plain baseline's measured throughput over the yardstick's (1 where the yardstick
+        is the plain baseline)."""
+        if not _finite(self.plain_throughput) or not _finite(self.measured_throughput) \
+                or not self.measured_throughput:
+            return None
+        return self.plain_throughput / self.measured_throughput
+
+
+def yardsticks(capture: TokenCapture, measured: Sequence[MeasuredTrial],
+               costs: dict[int, cost.StepCost], *, max_num_seqs: int) -> dict[int, Yardstick]:
+    """Per level of `costs`: the baseline the step cost is anchored on (the aligned one where
+    the study measured it), `capture`'s requests at that level played out on the fitted cost,
+    beside its measured throughput. Levels nothing measured or no cost prices are left out."""
+    plain = _pooled([m for m in measured if m.role == "baseline"])
+    anchor = _pooled([m for m in measured if m.aligned]) or plain
+    out = {}
+    for c, step in costs.items():
+        if c in anchor and (played := _played_baseline(step, capture, c,
+                                                       min(c, max_num_seqs))) is not None:
+            out[c] = Yardstick(played, anchor[c]["output_throughput"],
+                               plain[c]["output_throughput"] if c in plain else None)
+    return out
+
+
+def _played_baseline(step: cost.StepCost | None, capture: TokenCapture, c: int,
                      slots: int) -> schedule.Schedule | None:
-    """No speculation, the baseline's requests, played out on the fitted costs."""
-    lengths = replay.output_lengths(c)
+    """No speculation, the capture's requests, played out on the fitted costs."""
+    lengths = _lengths(capture, c)
     if step is None or not step.calibrated or not lengths:
         return None
-    return _play(step, schedule.baseline_drafts(lengths), lengths, 0, replay, c, slots)
+    return play(step, schedule.baseline_drafts(lengths), lengths, _prompts(capture, c), k=0,
+                slots=slots)
 
 
 def _decomposed(row: dict[str, Any], base: dict[str, float] | None,

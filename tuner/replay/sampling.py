@@ -5,13 +5,14 @@ n-gram and suffix drafts carry no probabilities, so vLLM's rejection sampler kee
 engine's distribution and the replay over one sampled baseline is right in expectation
 (docs/method.md, "Sampling"). What remains is sampling error: `spread` resamples the level's
 measured requests with replacement (DRAWS times, seeded; counts x per-request sums, no
-replay) and takes the standard deviation s of acceptance length, acceptance rate and output
-tokens per decode step. A measured run of as many requests has an error of its own, as large
-and independent, so the half-width of the 90% interval for what it shows is Z90 sqrt(2) s.
-Throughput and TPOT carry the relative half-width of tokens per step: with the requests'
-lengths and the step's cost held, a run takes steps in inverse proportion to it (what the
-draft length adds to a step's cost, and the spread of timing, are not in it; confirm
-launches measure those). At temperature 0 every half-width is None: the replay is exact.
+replay; the traffic sweep sums them a chunk of requests at a time) and takes the standard
+deviation s of acceptance length, acceptance rate and output tokens per decode step. A
+measured run of as many requests has an error of its own, as large and independent, so the
+half-width of the 90% interval for what it shows is Z90 sqrt(2) s. Throughput and TPOT carry
+the relative half-width of tokens per step: with the requests' lengths and the step's cost
+held, a run takes steps in inverse proportion to it (what the draft length adds to a step's
+cost, and the spread of timing, are not in it; confirm launches measure those). At
+temperature 0 every half-width is None: the replay is exact.
 
 `mismatch` tells a launch whose measured acceptance length lies outside the interval by more
 than its half-width (and by more than REPLAY_ERROR, the replay's own error at temperature 0):
@@ -55,23 +56,47 @@ def _counts(n: int, draws: int, seed: int) -> np.ndarray:
     return rng.multinomial(n, np.full(n, 1.0 / n), size=draws).astype(np.float64)
 
 
+# The columns of per_request: a request's verify steps that drafted, draft tokens, accepted
+# tokens, verify steps, and decoded tokens (its output less the one its prefill emits).
+PER_REQUEST = ("drafts", "draft_tokens", "accepted", "steps", "decoded")
+
+
+def per_request(acc: Acceptance) -> np.ndarray:
+    """The PER_REQUEST sums of each of `acc`'s measured requests, in index order (n x 5)."""
+    return np.array([[(d > 0).sum(), d.sum(), a.sum(), len(d), max(0, length - 1)]
+                     for d, a, length in zip(acc.request_drafts, acc.request_accepted,
+                                             acc.request_lengths, strict=True)],
+                    dtype=np.float64).reshape(-1, len(PER_REQUEST))
+
+
+def resampled(per: np.ndarray, *, n: int, start: int = 0, draws: int = DRAWS,
+              seed: int = SEED) -> np.ndarray:
+    """The sums of `per` (rows start, start + 1, ... of n requests' per_request tables; any
+    columns after the first axis) in each of the `draws` resamples of the n requests: draws x
+    per.shape[1:]. Summed over consecutive blocks of rows, they are the whole table's."""
+    weights = _counts(n, draws, seed)[:, start:start + len(per)]
+    return np.tensordot(weights, per, axes=1)
+
+
 def spread(acc: Acceptance | None, *, draws: int = DRAWS, seed: int = SEED) -> Spread | None:
     """The bootstrap half-widths of `acc` over its measured requests; None with fewer than
     two requests or no draft."""
     n = len(acc.request_drafts) if acc is not None else 0
     if n < 2 or not acc.drafts:
         return None
-    per = np.array([[(d > 0).sum(), d.sum(), a.sum(), len(d), max(0, length - 1)]
-                    for d, a, length in zip(acc.request_drafts, acc.request_accepted,
-                                            acc.request_lengths, strict=True)], dtype=np.float64)
-    sums = _counts(n, draws, seed) @ per  # draws x (drafts, draft tokens, accepted, steps, decoded)
+    per = per_request(acc)
+    return of_sums(resampled(per, n=n, draws=draws, seed=seed), per.sum(axis=0), n=n)
+
+
+def of_sums(sums: np.ndarray, whole: np.ndarray, *, n: int) -> Spread | None:
+    """The half-widths from the resampled PER_REQUEST sums (draws x 5) of n requests and the
+    sums over them all (5); None with fewer than two requests, no draft or no step."""
+    if n < 2 or not whole[0] or not whole[3] or not whole[4]:
+        return None
     with np.errstate(divide="ignore", invalid="ignore"):
         length = sums[:, 2] / sums[:, 0]
         rate = sums[:, 2] / sums[:, 1]
         tps = sums[:, 4] / sums[:, 3]
-    whole = per.sum(axis=0)
-    if not whole[3] or not whole[4]:
-        return None
     return Spread(acceptance_length=_half(length), acceptance_rate=_half(rate),
                   tokens_per_step_rel=_half(tps) / float(whole[4] / whole[3]))
 
@@ -85,9 +110,15 @@ def columns(row: dict[str, Any], acc: Acceptance | None, *, temperature: float
             ) -> dict[str, float | None]:
     """PM_COLUMNS of one predicted row (tuner.replay.predict): None at temperature 0, for the
     baseline, and where a figure is not predicted."""
+    return pm_columns(row, spread(acc) if temperature > 0 and row.get("speculative_config")
+                      else None)
+
+
+def pm_columns(row: dict[str, Any], s: Spread | None) -> dict[str, float | None]:
+    """PM_COLUMNS of one predicted row from its spread `s`: None without one, for the
+    baseline, and where a figure is not predicted."""
     out: dict[str, float | None] = dict.fromkeys(PM_COLUMNS)
-    s = spread(acc) if temperature > 0 and row.get("speculative_config") else None
-    if s is None:
+    if s is None or not row.get("speculative_config"):
         return out
     out.update(acceptance_length_pm=_finite(s.acceptance_length),
                acceptance_rate_pm=_finite(s.acceptance_rate))

@@ -6,20 +6,23 @@ replayed over them at each level, as a closed loop of c requests in file order (
 configs with one K by tuner.replay.traffic.sweep, every config of one max n in one pass; the rest by
 tuner.replay.acceptance) -> per config and level: acceptance rate, acceptance length, drafted
 tokens per step. With a study on the target hardware (tuner.replay.traffic.price), also
-predicted throughput, TPOT and speedup over the plain baseline.
+predicted throughput, TPOT and speedup over the plain baseline. Unless every request says
+temperature 0, each figure carries the half-width of a 90% interval over the requests it was
+computed from (tuner.replay.sampling's bootstrap; the sweep's per-request counts feed it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.records import TrialConfig
-from tuner.replay import acceptance
+from tuner.replay import acceptance, sampling
 from tuner.replay.traffic import price, sweep
 from tuner.replay.traffic.capture import Traffic, read
 
@@ -52,6 +55,7 @@ class TrafficPrediction:
             out.append(f"{t.sampled} requests were sampled at temperature > 0: the replay over "
                        f"their recorded tokens holds in expectation (docs/method.md, "
                        f"Sampling).")
+        out.append(self._pm_note())
         if self.study is not None:
             rest = [c for c in self.levels if c not in self.priced_levels]
             out.append(f"Throughput, TPOT and speedup: the step cost of {self.study}"
@@ -62,12 +66,25 @@ class TrafficPrediction:
         out += [f"Not replayed: {why}" for why in self.skipped]
         return out
 
+    def _pm_note(self) -> str:
+        t = self.traffic
+        if t.greedy_only:
+            return ("Every request says temperature 0: the replay of these requests is exact "
+                    "(no ±).")
+        n = len(price.sample_rows(len(t)))
+        played = (f"; throughput and TPOT over the {n} requests played"
+                  if self.priced_levels and n < len(t) else "")
+        return (f"Each ± is the half-width of a 90% interval for a run of as many requests "
+                f"like these, from resampling them{played} (docs/method.md, Your own "
+                f"traffic).")
+
 
 def predict(traffic: Traffic, configs: Sequence[TrialConfig], *, levels: Sequence[int],
             max_model_len: int | None, max_num_seqs: int,
             calibration: price.Calibration | None = None) -> TrafficPrediction:
     """Every replayable config of `configs` over `traffic` at each level (a closed loop of c);
-    priced on `calibration` (a study's step cost) where it covers the level."""
+    priced on `calibration` (a study's step cost) where it covers the level; with
+    sampling.PM_COLUMNS unless every request says temperature 0."""
     t0 = time.monotonic()
     todo = [cfg for cfg in configs if acceptance.replayable(cfg.speculative_config)]
     skipped = [f"{cfg.label()}: method {cfg.method} is not replayable"
@@ -78,20 +95,22 @@ def predict(traffic: Traffic, configs: Sequence[TrialConfig], *, levels: Sequenc
                      max_num_seqs=max_num_seqs)
     failed: set[str] = set()
     for c in levels:
-        base = _row(TrialConfig(), c, None) | pricer.baseline(c)
+        base = _row(TrialConfig(), c, None) | pricer.baseline(c) | dict.fromkeys(
+            sampling.PM_COLUMNS)
         rows.append(base)
         for cfg in todo:
             if cfg.key() in failed:
                 continue
             try:
-                acc = (dataclasses.replace(found[cfg.key()], concurrency=c)
-                       if cfg.key() in found else _replay(traffic, cfg, c, max_model_len,
-                                                          max_num_seqs))
+                swept = found.get(cfg.key()) or _replay(traffic, cfg, c, max_model_len,
+                                                        max_num_seqs)
             except ValueError as e:  # a config vLLM's proposer cannot run (acceptance.replay)
                 skipped.append(f"{cfg.label()}: {e}")
                 failed.add(cfg.key())
                 continue
-            rows.append(_row(cfg, c, acc) | pricer.config(cfg, c, base))
+            priced, played = pricer.config(cfg, c, base)
+            row = _row(cfg, c, dataclasses.replace(swept.acceptance, concurrency=c)) | priced
+            rows.append(row | sampling.pm_columns(row, _spread(traffic, swept, played)))
     return TrafficPrediction(
         rows=rows, traffic=traffic, levels=list(levels), configs=len(todo) - len(failed),
         seconds=time.monotonic() - t0, skipped=list(dict.fromkeys(skipped)),
@@ -104,7 +123,7 @@ def _sweepable(cfg: TrialConfig) -> bool:
 
 
 def _sweep(traffic: Traffic, configs: Sequence[TrialConfig], *,
-           max_model_len: int | None) -> dict[str, acceptance.Acceptance]:
+           max_model_len: int | None) -> dict[str, sweep.Swept]:
     """The n-gram configs with one K, a max n at a time (tuner.replay.traffic.sweep)."""
     groups: dict[int, dict[tuple[int, int], list[TrialConfig]]] = {}
     for cfg in configs:
@@ -112,17 +131,32 @@ def _sweep(traffic: Traffic, configs: Sequence[TrialConfig], *,
         groups.setdefault(hi, {}).setdefault((lo, cfg.k), []).append(cfg)
     out = {}
     for hi, by_pair in groups.items():
-        found = sweep.sweep(traffic.requests, hi, list(by_pair), max_model_len=max_model_len)
+        found = sweep.sweep_with_spread(traffic.requests, hi, list(by_pair),
+                                        max_model_len=max_model_len)
         out.update({cfg.key(): found[pair] for pair, cfgs in by_pair.items() for cfg in cfgs})
     return out
 
 
 def _replay(traffic: Traffic, cfg: TrialConfig, c: int, max_model_len: int | None,
-            max_num_seqs: int) -> acceptance.Acceptance:
+            max_num_seqs: int) -> sweep.Swept:
     """A config the sweep does not cover, by tuner.replay.acceptance over the whole traffic."""
-    return acceptance.replay(traffic.capture(c), cfg.speculative_config,
-                             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                             levels=[c])[c]
+    acc = acceptance.replay(traffic.capture(c), cfg.speculative_config,
+                            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                            levels=[c])[c]
+    return sweep.Swept(acceptance=acc,
+                       spread=None if traffic.greedy_only else sampling.spread(acc))
+
+
+def _spread(traffic: Traffic, swept: sweep.Swept, played: acceptance.Acceptance | None
+            ) -> sampling.Spread | None:
+    """A row's sampling error: acceptance's over every request, throughput's and TPOT's over
+    the played ones (`played`: the config's replay over them, where the level is priced);
+    none where every request says temperature 0."""
+    if traffic.greedy_only or swept.spread is None:
+        return None
+    over_played = sampling.spread(played) if played is not None else None
+    return dataclasses.replace(swept.spread, tokens_per_step_rel=(
+        over_played.tokens_per_step_rel if over_played is not None else math.nan))
 
 
 class _Pricer:
@@ -150,19 +184,22 @@ class _Pricer:
         return self._levels[c]
 
     def baseline(self, c: int) -> dict[str, Any]:
-        yard = self.level(c)
-        if yard is None:
+        lv = self.level(c)
+        if lv is None:
             return dict(_UNPRICED)
-        return price.baseline_row(yard, self.sample(c), c)
+        return price.baseline_row(lv, self.sample(c), c)
 
-    def config(self, cfg: TrialConfig, c: int, base: dict[str, Any]) -> dict[str, Any]:
-        yard = self.level(c)
-        if yard is None:
-            return dict(_UNPRICED)
+    def config(self, cfg: TrialConfig, c: int, base: dict[str, Any]
+               ) -> tuple[dict[str, Any], acceptance.Acceptance | None]:
+        """The config's predicted figures, and its replay over the played requests (None
+        where the level is not priced)."""
+        lv = self.level(c)
+        if lv is None:
+            return dict(_UNPRICED), None
         sample = self.sample(c)
         acc = acceptance.replay(sample, cfg.speculative_config, max_model_len=self.max_model_len,
                                 max_num_seqs=self.max_num_seqs, levels=[c])[c]
-        return price.config_row(yard, sample, c, acc, base["pred_output_throughput"])
+        return price.config_row(lv, sample, c, acc, base["pred_output_throughput"]), acc
 
 
 _UNPRICED = {"pred_output_throughput": None, "pred_mean_tpot_ms": None,

@@ -54,9 +54,15 @@ class Traffic:
     answers_unchecked: int = 0  # given both, but no tokenizer could be loaded to compare them
     text_answers: int = 0  # answers given as text only: nothing to check them against
     sampled: int = 0  # records with a temperature above 0
+    greedy: int = 0  # records with temperature 0
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    @property
+    def greedy_only(self) -> bool:
+        """Every request says temperature 0: the replay of these requests is exact."""
+        return self.greedy == len(self)
 
     def capture(self, concurrency: int, rows: np.ndarray | None = None) -> tokens.TokenCapture:
         """The requests (or those at `rows`) as one measured level `concurrency` of a token
@@ -128,7 +134,9 @@ class _Reader:
             self.out.skipped[f"prompt + answer longer than the context ({ctx} tokens)"] += 1
             return
         temperature = record.get("temperature")
-        self.out.sampled += isinstance(temperature, (int, float)) and temperature > 0
+        if isinstance(temperature, (int, float)):
+            self.out.sampled += temperature > 0
+            self.out.greedy += temperature == 0
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             max_tokens = len(output)
         self.ids.append(np.concatenate([prompt, output]).astype(np.int32))

@@ -2,12 +2,13 @@
 
 A study on the target hardware fits the cost of an engine step per level (tuner.replay.predict
 calibrates it on the study's measured trials, tuner.replay.cost); the traffic's own requests,
-with each config's replayed drafts, are played out on it (tuner.replay.schedule). What the
-play leaves out (the load generator, the frontend) is taken from the study: the measured
-throughput of the baseline the cost is anchored on over that baseline's own tokens played out,
-a factor applied to every played traffic level. Where the anchor is an aligned baseline, the
-plain baseline's throughput is the anchor's times their measured ratio (the path's cost).
-TPOT and TTFT are the played figures, as in tuner.replay.predict.
+with each config's replayed drafts, are played out on it by tuner.replay.predict's `play` and
+scaled by its `Yardstick`: the measured throughput of the baseline the cost is anchored on
+over that baseline's own tokens played out, a factor applied to every played traffic level
+(what the play leaves out, the load generator and the frontend, is taken from the study).
+Where the anchor is an aligned baseline, the plain baseline's throughput is the anchor's times
+their measured ratio (the path's cost). TPOT and TTFT are the played figures, as in
+tuner.replay.predict.
 
 The play is step by step in Python, so at most PLAY_REQUESTS requests, spread evenly over the
 file, are played per level: a closed loop of that many is in its steady state.
@@ -15,14 +16,13 @@ file, are played per level: a closed loop of that many is in its steady state.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tuner.replay import acceptance, cost, schedule
+from tuner.replay import acceptance, cost, predict, schedule
 from tuner.replay.predict import MeasuredTrial
 from tuner.tokens import TokenCapture
 
@@ -47,13 +47,11 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Level:
-    """One level's yardstick: the factor a played throughput is scaled by, and the plain
-    baseline's throughput over the anchor's (1 without an aligned baseline)."""
+    """One level's step cost, requests in flight and yardstick (tuner.replay.predict)."""
 
     step: cost.StepCost
     slots: int
-    factor: float
-    path_ratio: float
+    yard: predict.Yardstick
 
 
 def sample_rows(n: int) -> np.ndarray:
@@ -69,58 +67,41 @@ def level(cal: Calibration, c: int) -> Level | None:
     if not cal.priced(c):
         return None
     step = cal.costs[c]
-    anchor_role = "aligned_baseline" if step.path == cost.PATH_ALIGNED else "baseline"
-    anchor = _median_throughput(cal.measured, anchor_role, c)
-    plain = _median_throughput(cal.measured, "baseline", c)
-    reqs = sorted(cal.base.level(c, warmup=False), key=lambda r: r.index)
-    if anchor is None or plain is None or not reqs:
+    yard = predict.yardsticks(cal.base, cal.measured, {c: step},
+                              max_num_seqs=cal.max_num_seqs).get(c)
+    if yard is None or yard.factor is None or yard.path_ratio is None:
         return None
-    slots = min(c, cal.max_num_seqs)
-    played = _play(step, None, reqs, 0, slots)
-    if not played.output_throughput:
-        return None
-    return Level(step=step, slots=slots, factor=anchor / played.output_throughput,
-                 path_ratio=plain / anchor)
+    return Level(step=step, slots=min(c, cal.max_num_seqs), yard=yard)
 
 
-def baseline_row(yard: Level, sample: TokenCapture, c: int) -> dict[str, Any]:
+def baseline_row(lv: Level, sample: TokenCapture, c: int) -> dict[str, Any]:
     """The plain baseline's predicted figures over the traffic's played requests."""
-    played = _play(yard.step, None, _requests(sample, c), 0, yard.slots)
-    thr = _scaled(yard.factor * yard.path_ratio, played.output_throughput)
-    tpot = played.mean_tpot_ms / yard.path_ratio if played.mean_tpot_ms is not None else None
+    lengths, prompts = _lengths(sample, c)
+    played = predict.play(lv.step, schedule.baseline_drafts(lengths), lengths, prompts, k=0,
+                          slots=lv.slots)
+    ratio = lv.yard.path_ratio
+    thr = _scaled(lv.yard.factor * ratio, played.output_throughput)
+    tpot = played.mean_tpot_ms / ratio if played.mean_tpot_ms is not None else None
     return {"pred_output_throughput": thr, "pred_mean_tpot_ms": tpot,
             "pred_mean_ttft_ms": played.mean_ttft_ms, "pred_speedup": 1.0 if thr else None}
 
 
-def config_row(yard: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
+def config_row(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
                base_throughput: float | None) -> dict[str, Any]:
     """A config's predicted figures: its drafts over the traffic's played requests."""
-    played = _play(yard.step, acc.request_drafts, _requests(sample, c), acc.k, yard.slots)
-    thr = _scaled(yard.factor, played.output_throughput)
+    lengths, prompts = _lengths(sample, c)
+    played = predict.play(lv.step, acc.request_drafts, lengths, prompts, k=acc.k,
+                          slots=lv.slots)
+    thr = _scaled(lv.yard.factor, played.output_throughput)
     return {"pred_output_throughput": thr, "pred_mean_tpot_ms": played.mean_tpot_ms,
             "pred_mean_ttft_ms": played.mean_ttft_ms,
             "pred_speedup": thr / base_throughput if thr and base_throughput else None}
 
 
-def _requests(capture: TokenCapture, c: int) -> list:
-    return sorted(capture.level(c, warmup=False), key=lambda r: r.index)
-
-
-def _play(step: cost.StepCost, drafts: list[np.ndarray] | None, reqs: list, k: int,
-          slots: int) -> schedule.Schedule:
-    """tuner.replay.predict's play: the drafts (None: no speculation) of `reqs`, in order."""
-    lengths = [len(r.output) for r in reqs]
-    return schedule.simulate(
-        schedule.baseline_drafts(lengths) if drafts is None else drafts, lengths,
-        concurrency=slots, k=k, step_ms=step.speculative_step_ms if k else step.step_ms,
-        prompts=[len(r.prompt) for r in reqs], prefill_ms_per_token=step.prefill.ms_per_token,
-        overhead_ms=step.prefill.overhead_ms)
-
-
-def _median_throughput(measured: Sequence[MeasuredTrial], role: str, c: int) -> float | None:
-    values = [v for m in measured if m.role == role and c in m.levels
-              if (v := m.levels[c].output_throughput) and v > 0]
-    return statistics.median(values) if values else None
+def _lengths(capture: TokenCapture, c: int) -> tuple[list[int], list[int]]:
+    """The output and prompt lengths of the capture's requests at level c, in index order."""
+    reqs = sorted(capture.level(c, warmup=False), key=lambda r: r.index)
+    return [len(r.output) for r in reqs], [len(r.prompt) for r in reqs]
 
 
 def _scaled(factor: float, value: float | None) -> float | None:

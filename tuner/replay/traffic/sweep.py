@@ -15,7 +15,9 @@ config of the n-gram space equal to `acceptance.replay`'s, which calls vLLM's fu
 config and step.
 
 Only stateless n-gram configs with one K (no `num_speculative_tokens_per_batch_size`) take
-this path; each request's acceptance is then independent of the others and of the level.
+this path; each request's acceptance is then independent of the others and of the level. Each
+chunk's per-request counts also feed tuner.replay.sampling's resamples before they go, so a
+config's sampling error over the requests costs no second pass.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.replay import acceptance
+from tuner.replay import acceptance, sampling
 
 # Per request and config, the counts `Acceptance._count_many` keeps (columns of `stats`).
 _STEPS, _DRAFTS, _FULL, _DRAFTED, _ACCEPTED, _CONTINUED, _COULD, _PAST, _WIDTH = range(9)
@@ -53,11 +55,27 @@ def sweepable(speculative_config: dict | None) -> bool:
     return spec.get("method") == "ngram" and not spec.get("num_speculative_tokens_per_batch_size")
 
 
+@dataclass(frozen=True)
+class Swept:
+    """One config's acceptance over every request, and its sampling error over them (None
+    with fewer than two requests or no draft: tuner.replay.sampling)."""
+
+    acceptance: acceptance.Acceptance
+    spread: sampling.Spread | None
+
+
 def sweep(requests: Requests, max_n: int, configs: Sequence[tuple[int, int]], *,
           max_model_len: int | None) -> dict[tuple[int, int], acceptance.Acceptance]:
     """The acceptance of each n-gram config (min n, K) of `configs` with this max n over every
-    request (tuner.replay.acceptance.Acceptance, concurrency 1, no per-request lists).
-    Requests go CHUNK at a time, so the per-request counts never outgrow one chunk."""
+    request (tuner.replay.acceptance.Acceptance, concurrency 1, no per-request lists)."""
+    found = sweep_with_spread(requests, max_n, configs, max_model_len=max_model_len)
+    return {pair: s.acceptance for pair, s in found.items()}
+
+
+def sweep_with_spread(requests: Requests, max_n: int, configs: Sequence[tuple[int, int]], *,
+                      max_model_len: int | None) -> dict[tuple[int, int], Swept]:
+    """`sweep`, with each config's sampling error over the requests. Requests go CHUNK at a
+    time, so the per-request counts never outgrow one chunk."""
     pairs = sorted(set(configs))
     table = np.array(pairs, dtype=np.int64).reshape(-1, 2)  # per config: min n, K
     settings = np.array([max_n, acceptance.NO_LIMIT if max_model_len is None
@@ -71,20 +89,29 @@ def sweep(requests: Requests, max_n: int, configs: Sequence[tuple[int, int]], *,
         _kernel()(requests.ids, requests.start[part], requests.prompt[part],
                   requests.output[part], settings, table, stats, per_pos)
         total.add(stats, per_pos)
-    return {pair: total.acceptance(j, pair[1], requests) for j, pair in enumerate(pairs)}
+        total.resample(stats, requests.output[part], start=lo, n=len(requests))
+    return {pair: Swept(acceptance=total.acceptance(j, pair[1], requests),
+                        spread=sampling.of_sums(total.resampled[:, j], total.whole[j],
+                                                n=len(requests)))
+            for j, pair in enumerate(pairs)}
 
 
 CHUNK = 4096
+# The counts of `stats` that make tuner.replay.sampling.PER_REQUEST, its decoded tokens aside.
+_PER_REQUEST = [_DRAFTS, _DRAFTED, _ACCEPTED, _STEPS]
 
 
 class _Totals:
-    """Each config's counts summed over the chunks, and its requests' draft tokens past the
-    end (PAST_END), in request order."""
+    """Each config's counts summed over the chunks, its requests' draft tokens past the end
+    (PAST_END), in request order, and its PER_REQUEST sums in each resample and over all."""
 
     def __init__(self, configs: int, width: int) -> None:
         self.stats = np.zeros((configs, _COLUMNS), dtype=np.int64)
         self.per_pos = np.zeros((configs, width), dtype=np.int64)
         self.past: list[list[int]] = [[] for _ in range(configs)]
+        columns = len(sampling.PER_REQUEST)
+        self.resampled = np.zeros((sampling.DRAWS, configs, columns))
+        self.whole = np.zeros((configs, columns))
 
     def add(self, stats: np.ndarray, per_pos: np.ndarray) -> None:
         width = np.maximum(self.stats[:, _WIDTH], stats[:, :, _WIDTH].max(axis=0, initial=0))
@@ -93,6 +120,14 @@ class _Totals:
         self.per_pos += per_pos.sum(axis=0)
         for j, past in enumerate(stats[:, :, _PAST].T):
             self.past[j] += past[past > 0].tolist()
+
+    def resample(self, stats: np.ndarray, output: np.ndarray, *, start: int, n: int) -> None:
+        """Add a chunk's requests (start, start + 1, ... of n) to the resampled sums."""
+        per = np.empty((*stats.shape[:2], len(sampling.PER_REQUEST)))
+        per[:, :, :-1] = stats[:, :, _PER_REQUEST]
+        per[:, :, -1] = np.maximum(output - 1, 0)[:, None]
+        self.resampled += sampling.resampled(per, n=n, start=start)
+        self.whole += per.sum(axis=0)
 
     def acceptance(self, j: int, k: int, requests: Requests) -> acceptance.Acceptance:
         """Config j's counts as acceptance.replay counts them."""
@@ -104,7 +139,6 @@ class _Totals:
             accepted_per_pos=[int(x) for x in self.per_pos[j, :int(t[_WIDTH])]],
             past_end=list(self.past[j]),
             _continued=int(t[_CONTINUED]), _could_continue=int(t[_COULD]))
-
 
 @functools.cache
 def _match():
