@@ -86,7 +86,7 @@ def test_the_sweep_counts_every_ngram_config_as_the_replay_does(stored, max_mode
             for pair, cfg in group:
                 want = acceptance.replay(cap, cfg.speculative_config,
                                          max_model_len=max_model_len)[1]
-                _same(got[pair], want)
+                _same(got[pair].acceptance, want)
     assert sum(r.output.size for r in stored.requests) > 400  # real answers, not stubs
 
 
@@ -318,8 +318,8 @@ def test_the_sweeps_half_widths_are_the_bootstrap_of_the_replay(stored, chunk, m
             lo, hi = acceptance._window(cfg.speculative_config)
             groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
         for hi, group in groups.items():
-            got = sweep.sweep_with_spread(_packed(cap), hi, [pair for pair, _ in group],
-                                          max_model_len=None)
+            got = sweep.sweep(_packed(cap), hi, [pair for pair, _ in group],
+                              max_model_len=None)
             for pair, cfg in group:
                 want = sampling.spread(acceptance.replay(cap, cfg.speculative_config)[1])
                 np.testing.assert_equal(dataclasses.astuple(got[pair].spread) if want else None,

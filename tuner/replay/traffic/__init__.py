@@ -131,8 +131,7 @@ def _sweep(traffic: Traffic, configs: Sequence[TrialConfig], *,
         groups.setdefault(hi, {}).setdefault((lo, cfg.k), []).append(cfg)
     out = {}
     for hi, by_pair in groups.items():
-        found = sweep.sweep_with_spread(traffic.requests, hi, list(by_pair),
-                                        max_model_len=max_model_len)
+        found = sweep.sweep(traffic.requests, hi, list(by_pair), max_model_len=max_model_len)
         out.update({cfg.key(): found[pair] for pair, cfgs in by_pair.items() for cfg in cfgs})
     return out
 

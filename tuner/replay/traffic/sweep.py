@@ -65,17 +65,11 @@ class Swept:
 
 
 def sweep(requests: Requests, max_n: int, configs: Sequence[tuple[int, int]], *,
-          max_model_len: int | None) -> dict[tuple[int, int], acceptance.Acceptance]:
+          max_model_len: int | None) -> dict[tuple[int, int], Swept]:
     """The acceptance of each n-gram config (min n, K) of `configs` with this max n over every
-    request (tuner.replay.acceptance.Acceptance, concurrency 1, no per-request lists)."""
-    found = sweep_with_spread(requests, max_n, configs, max_model_len=max_model_len)
-    return {pair: s.acceptance for pair, s in found.items()}
-
-
-def sweep_with_spread(requests: Requests, max_n: int, configs: Sequence[tuple[int, int]], *,
-                      max_model_len: int | None) -> dict[tuple[int, int], Swept]:
-    """`sweep`, with each config's sampling error over the requests. Requests go CHUNK at a
-    time, so the per-request counts never outgrow one chunk."""
+    request (tuner.replay.acceptance.Acceptance, concurrency 1, no per-request lists), with its
+    sampling error over the requests. Requests go CHUNK at a time, so the per-request counts
+    never outgrow one chunk."""
     pairs = sorted(set(configs))
     table = np.array(pairs, dtype=np.int64).reshape(-1, 2)  # per config: min n, K
     settings = np.array([max_n, acceptance.NO_LIMIT if max_model_len is None
@@ -139,6 +133,7 @@ class _Totals:
             accepted_per_pos=[int(x) for x in self.per_pos[j, :int(t[_WIDTH])]],
             past_end=list(self.past[j]),
             _continued=int(t[_CONTINUED]), _could_continue=int(t[_COULD]))
+
 
 @functools.cache
 def _match():
