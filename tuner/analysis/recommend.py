@@ -437,10 +437,16 @@ def _unsettled_spread(row: pd.Series) -> float | None:
     of its one launch moving as much; None where it converged or had no windows. On the
     H100 a leader measured once at 1.19x had windows that never settled (±22.7%), and the
     plain baseline's two launches measured 519 and 574 tok/s."""
-    pct, converged = frame.optional(row.get("stability_pct")), row.get("converged")
-    if pct is None or not (isinstance(converged, (bool, np.bool_)) and not converged):
-        return None
-    return pct / 100.0
+    pct, settled = _windows(row)
+    return None if pct is None or settled else pct / 100.0
+
+
+def _windows(row: pd.Series) -> tuple[float | None, bool]:
+    """A row's window spread in percent (None: measured without windows) and whether its
+    windows settled (a level stored before windows counts as settled)."""
+    converged = row.get("converged")
+    return (frame.optional(row.get("stability_pct")),
+            not (isinstance(converged, (bool, np.bool_)) and not converged))
 
 
 def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
@@ -482,10 +488,9 @@ def _window_spreads(win: pd.Series, base: pd.Series) -> tuple[str, bool]:
     figure then moved within one launch by its spread, and a single launch says less)."""
     parts, unsettled = [], False
     for row, who in ((win, str(win["label"])), (base, "the baseline")):
-        pct, converged = frame.optional(row.get("stability_pct")), row.get("converged")
+        pct, settled = _windows(row)
         if pct is None:
             continue
-        settled = not (isinstance(converged, (bool, np.bool_)) and not converged)
         unsettled |= not settled or pct >= 100 * abs(_gain(win))
         parts.append(f"±{pct:.1f}% ({who}{'' if settled else ', not converged'})")
     if not parts:
