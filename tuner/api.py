@@ -29,6 +29,7 @@ from tuner.records import (
     OptimizeOptions,
     PolicyOptions,
     Recommendation,
+    RequestSchedule,
     StudyOutcome,
     TrafficOptions,
     TrafficOutcome,
@@ -101,20 +102,20 @@ def resolve_engine(engine: EngineOptions | EngineSpec) -> EngineSpec:
 
 
 def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: MeasureSettings,
-                   say: Say, *, fewer: str = "--num-prompts or --requests-per-slot") -> Workload:
-    """The prompts, a pool of one per request an engine sends; said once, up front, where the
-    data holds fewer and prompts will repeat (`fewer`: the flags that lower the count)."""
-    from tuner.measure import workloads
+                   say: Say) -> tuple[Workload, RequestSchedule]:
+    """The prompts (as many as the levels and their warm-ups ask for, where the data holds
+    them) and the request schedule every launch sends (tuner.measure.request_schedule); said
+    once, up front, where levels are shortened or prompts repeat."""
+    from tuner.measure import request_schedule, workloads
 
-    pool = settings.pool_size(workload.num_prompts)
-    wl = workloads.load(workload, tokenizer=engine.tokenizer or engine.model, pool=pool,
+    wl = workloads.load(workload, tokenizer=engine.tokenizer or engine.model,
+                        pool=settings.pool_size(workload.num_prompts),
                         max_model_len=engine_cmdline.engine_limits(engine).max_model_len,
                         say=say)
-    note = workloads.repeats_note(wl, requests=pool, fewer="--num-requests"
-                                  if settings.num_requests else fewer)
+    schedule, note = request_schedule.build(wl, settings)
     if note:
         say(note)
-    return wl
+    return wl, schedule
 
 
 # --- bench: one config, one launch ----------------------------------------------------------
@@ -128,30 +129,26 @@ def bench(options: BenchOptions, *, say: Say = print, show_bar: bool = False) ->
     engine = resolve_engine(options.engine)
     options = checks.bench_options(options, engine)
     workload, settings, out_dir = options.workload, options.settings, options.out_dir
-    wl = _load_workload(workload, engine, settings, say)
+    wl, schedule = _load_workload(workload, engine, settings, say)
     out_dir.mkdir(parents=True, exist_ok=True)
     what = (f"the live server at {engine.base_url} (its own config)" if engine.base_url
             else options.config.label())
     if options.config.speculative_config:
         _warn_sampling(engine, workload, say)
     levels = settings.concurrencies
-    requests = _per_level([settings.requests_for(c, workload.num_prompts) for c in levels],
-                          "request")
-    if settings.stability_pct > 0:  # windows until the last ones agree (tuner.measure.windows)
-        requests = "windows of " + _per_level(
-            [settings.window_requests(c, workload.num_prompts) for c in levels], "request")
-    warmups = _per_level([settings.warmups_for(c) for c in levels], "warm-up")
-    # The pool holds every level's requests and warm-ups (no prompt twice in one engine).
+    requests = _per_level([len(schedule.level(c).measured) for c in levels], "request")
+    warmups = _per_level([len(schedule.level(c).warmups) for c in levels], "warm-up")
     say(f"Benchmarking {what} on {Path(engine.model).name}, workload {workload.name} "
-        f"({len(wl.prompts)} prompts drawn: {requests} and {warmups} per level), "
+        f"({schedule.requests} distinct prompts: {requests} and {warmups} per level), "
         f"concurrency {','.join(map(str, levels))}")
     t0 = time.monotonic()
     result = trial.measure(engine, options.config, wl, settings, trial_dir=out_dir,
-                           progress=lambda m: say("  " + m), show_bar=show_bar)
+                           schedule=schedule, progress=lambda m: say("  " + m), show_bar=show_bar)
     metadata = dict(options.metadata)
     files.write_bench_result(out_dir, result, engine=engine, metadata=metadata, header={
         "workload": workload.model_dump(), "workload_digest": wl.digest,
-        "settings": settings.model_dump(), "engine_spec": engine.model_dump(),
+        "settings": settings.model_dump(), "schedule": schedule.model_dump(),
+        "engine_spec": engine.model_dump(),
         "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata})
     return result
 
@@ -205,8 +202,8 @@ def optimize(options: OptimizeOptions, *, say: Say = print, detail: Say | None =
     options = resolve_optimize(options)
     engine = resolve_engine(options.engine)  # resolved above: the same EngineSpec, typed
     space, use_replay = _space(options, engine)
-    wl = _load_workload(options.workload, engine, options.settings, say)
-    study, retry = _create_study(options, space, wl, use_replay=use_replay, say=say)
+    wl, schedule = _load_workload(options.workload, engine, options.settings, say)
+    study, retry = _create_study(options, space, wl, schedule, use_replay=use_replay, say=say)
     _warn_sampling(engine, options.workload, say)
     executor = executors.choose(engine, ray_address=options.ray_address,
                                 parallel=options.parallel, logical_gpus=options.logical_gpus)
@@ -219,7 +216,8 @@ def optimize(options: OptimizeOptions, *, say: Say = print, detail: Say | None =
         detail=functools.partial(bar.write, detail) if detail else None,
         note=decisions.Decisions(options.out_dir).record)
     search = loop.SearchLoop(
-        options=options, study=study, space=space, workload=wl, executor=executor,
+        options=options, study=study, space=space, workload=wl, schedule=schedule,
+        executor=executor,
         gpus=executors.gpus_per_trial(engine, asked=options.gpus_per_trial,
                                       logical_gpus=options.logical_gpus), output=output)
     try:
@@ -247,8 +245,9 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
 
 
-def _create_study(options: OptimizeOptions, space: Any, wl: Workload, *, use_replay: bool,
-                  say: Say) -> tuple[Any, list[dict]]:
+def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
+                  schedule: RequestSchedule, *, use_replay: bool, say: Say
+                  ) -> tuple[Any, list[dict]]:
     """The study, created (or resumed) once every input has passed, and announced; with the
     params of the trials a dead driver left, to be tried again."""
     from tuner.measure import machine
@@ -262,6 +261,7 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload, *, use_rep
              "target_concurrency": o.target_concurrency, "constraints": dict(o.constraints),
              "acceptance_profile": o.acceptance_rates, "metadata": dict(o.metadata),
              "confidence": o.confidence, "margin": o.margin,
+             st.SCHEDULE: schedule.model_dump(),
              "fingerprint": machine.fingerprint(engine, o.workload, wl.digest)}
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
@@ -359,8 +359,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     wspec = WorkloadSpec.model_validate(meta["workload"]).model_copy(update=updates)
     ladder = checks.ladder(options)
     settings = MeasureSettings(concurrencies=ladder, requests_per_slot=options.requests_per_slot)
-    wl = _load_workload(wspec, engine, settings, say,
-                        fewer="--policy-num-prompts or --policy-requests-per-slot")
+    wl, schedule = _load_workload(wspec, engine, settings, say)
     # The study's aligned baseline joins the ladder, so every speedup splits into the engine
     # path's cost and speculation's own gain (tuner.analysis.policy).
     runs = rules.ladder_runs(rules.leaders(frame.trials_frame(study), options.leaders),
@@ -370,8 +369,8 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
         f"{options.repeats} repeat(s), {len(runs)} configs "
         f"({', '.join(c.label() for _, c in runs)})")
     measure = functools.partial(ladder_runs.measure, ladder_runs.Campaign(
-        study=study, engine=engine, workload=wl, settings=settings, repeats=options.repeats,
-        out_dir=study_dir, say=say))
+        study=study, engine=engine, workload=wl, settings=settings, schedule=schedule,
+        repeats=options.repeats, out_dir=study_dir, say=say))
     measured = measure(runs=runs, phase="ladder")
     doc = rules.draft_policy(
         measured, runs, where=f"{study_dir}/policy",

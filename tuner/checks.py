@@ -133,10 +133,8 @@ BOUNDS: dict[str, Bound] = {
                       "warm-ups are prompts prepared in the driver like measured ones; a few "
                       "per slot warm every code path", "8"),
     "stability": _b("--stability", float, 0, 50, "percent",
-                    "0 measures each level as one block; windows further apart than half their "
-                    "median do not agree on anything", "3"),
-    "stability_max_s": _b("--stability-max-s", float, 0.1, DAY_S, "seconds",
-                          "a level still unsettled after a day will not settle", "60"),
+                    "0 turns the windows off; windows further apart than half their median do "
+                    "not agree on anything", "3"),
     # search
     "n_trials": _b("--n-trials", int, 1, 10_000, "trials",
                    "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks", "12"),

@@ -206,12 +206,14 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
                    help="short warm-up requests before each level, excluded from the figures "
                    "(default: one per slot, i.e. the level's concurrency)")
     g.add_argument("--stability", metavar="PCT", type=_opt("stability"), default=3.0,
-                   help=f"run each level as windows back to back until the last {_WINDOWS} "
-                   "agree within this many percent (throughput and mean TPOT); the windows "
-                   "before them count as warm-up; 0: one block of requests, no windows")
-    g.add_argument("--stability-max-s", metavar="S", type=_opt("stability_max_s"),
-                   default=60.0, help="a level's windows stop starting after this many seconds, "
-                   f"settled or not (marked not converged); {_WINDOWS} windows always run")
+                   help=f"cut each level's measured requests into {_WINDOWS} fixed windows (the "
+                   "same requests in every launch) and mark the level unsteady where their "
+                   "decode times per token spread more than this many percent; 0: no windows. "
+                   "Nothing more is sent either way")
+    g.add_argument("--allow-repeats", action="store_true",
+                   help="where the workload holds fewer distinct prompts than the levels ask "
+                   "for, send prompts again (for traffic that truly repeats: suffix decoding and "
+                   "the prefix cache then learn from the repeats); default: shorten the levels")
     g.add_argument("--metadata", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    type=checks.name_value("--metadata", example="gpu=H200 run=3", strip=True),
                    help="kept with the results for your records (result.json, summary.json, the "

@@ -33,10 +33,6 @@ class Prompt(Frozen):
     prompt: str
     prompt_len: int
     output_len: int
-    # Sent as vLLM's cache_salt where set: a prompt sent to one engine again (its workload's
-    # pool exhausted) is salted per pass, so the prefix cache cannot serve it from the pass
-    # before. None: the request carries no salt.
-    cache_salt: str | None = None
 
 
 class WorkloadSpec(Frozen):
@@ -97,11 +93,17 @@ class Workload(Frozen):
     @property
     def digest(self) -> str:
         """A short hash of the exact prompts and lengths: two studies compare only if equal."""
-        h = hashlib.sha256()
-        for p in self.prompts:
-            h.update(p.prompt.encode())
-            h.update(f"\0{p.output_len}\0".encode())
-        return h.hexdigest()[:16]
+        return prompts_digest(self.prompts)
+
+
+def prompts_digest(prompts: Sequence[Prompt]) -> str:
+    """A short hash of `prompts` in order, with their output budgets: two prompt lists (a
+    workload, a level's measured requests) are the same requests exactly when these agree."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.prompt.encode())
+        h.update(f"\0{p.output_len}\0".encode())
+    return h.hexdigest()[:16]
 
 
 class EngineSpec(Frozen):
@@ -337,20 +339,24 @@ class LevelMetrics(Frozen):
     spec_decode_acceptance_length: float | None = None
     spec_decode_per_position_acceptance_rates: tuple[float, ...] = ()  # fractions, as vLLM's
     errors: tuple[str, ...] = ()
-    # Requests whose prompt was already sent to this engine (pool exhausted). They carry a
-    # cache_salt of their pass, so the prefix cache does not serve them; suffix decoding still
-    # learns from earlier outputs, so reused prompts would inflate its acceptance.
+    # Requests whose prompt this engine had been sent before in this launch: 0 unless the
+    # schedule was built with --allow-repeats (RequestSchedule), where suffix decoding then
+    # learns from the earlier answers as it would from traffic that truly repeats.
     reused_prompts: int = 0
     # vLLM's own mean TTFT over the level (delta of its histogram), beside ours: it starts when
     # the server has the request, so ours minus it is the wire and the server's pickup.
     # None where the engine exports no histogram, or the level was stored before.
     server_mean_ttft_ms: float | None = None
-    # Windows (MeasureSettings.stability_pct > 0; tuner.measure.windows): output throughput
-    # and TPOT weighted by tokens (decode time per token, sum(e2e - TTFT) / sum(N - 1)) of
-    # every window in order, settling ones included; the figures above come from the last
-    # `stable_windows`, whose decode times per token agree within `stability_pct` percent
-    # (half-range over median) when `converged`. `measure_s`: the level's wall time,
-    # settling windows included. converged None: measured as one block, without windows.
+    # A hash of the level's measured prompts in send order (RequestSchedule): launches whose
+    # levels carry the same digest were measured on the same requests. None: stored before.
+    prompts_digest: str | None = None
+    # Windows (tuner.measure.windows): the measured requests cut, in send order, into
+    # `stable_windows` fixed slices of the schedule (the same prompts in every launch), each
+    # slice's output throughput and decode time per token (sum(e2e - TTFT) / sum(N - 1)).
+    # `stability_pct`: how far the slices' decode times per token spread (half-range over
+    # median); `converged`: within MeasureSettings.stability_pct. They say how steady the
+    # level was and give the paired within-level spread; they never change what is sent.
+    # converged None: no windows (--stability 0). `measure_s`: the level's wall time.
     windows: tuple[float, ...] = ()
     window_tpot_ms: tuple[float, ...] = ()
     stable_windows: int = 0
@@ -387,23 +393,21 @@ class LevelMetrics(Frozen):
 
     @staticmethod
     def stability_text(converged: bool | None, stability_pct: float | None) -> str:
-        """The windows' verdict in a table cell: '±1.2%' where they agreed, 'not converged
-        ±6.1%' where the level ran out of time first, '' for a level measured without."""
+        """The windows' verdict in a table cell: '±1.2%' where they agreed, 'unsteady ±6.1%'
+        where they spread more than --stability, '' for a level measured without."""
         if converged is None:
             return ""
         spread = "±?" if stability_pct is None else f"±{stability_pct:.1f}%"
-        return spread if converged else f"not converged {spread}"
+        return spread if converged else f"unsteady {spread}"
 
     def windows_text(self) -> str:
-        """How the windows ended, for the line printed after the level: '3 windows, ±1.2%,
-        14 s' or 'not converged: ±6.1% after 60 s, 9 windows'; '' without windows."""
+        """How steady the level was, for the line printed after it: '3 windows ±1.2%' or
+        'unsteady: 3 windows ±6.1%'; '' without windows."""
         if self.converged is None:
             return ""
         spread = self.stability_text(True, self.stability_pct)
-        took, n = f"{self.measure_s or 0.0:.0f} s", len(self.windows)
-        if self.converged:
-            return f"{n} windows, {spread}, {took}"
-        return f"not converged: {spread} after {took}, {n} windows"
+        text = f"{len(self.windows)} windows {spread}"
+        return text if self.converged else f"unsteady: {text}"
 
 
 class EngineInfo(Frozen):
@@ -450,16 +454,23 @@ class MeasureSettings(Frozen):
     metric_percentiles: tuple[float, ...] = (99.0,)
     # Warm-up requests before each level (`--num-warmups`); None: one per slot.
     num_warmups: int | None = None
-    # Windows (`--stability`, tuner.measure.windows): a level runs closed-loop windows back to
-    # back until the last `stable_windows` agree within `stability_pct` percent, or until it
-    # has run `stability_max_s` seconds (`stable_windows` windows run whatever the time); 0: one
-    # block of requests_for() requests, no windows. A window shorter than `min_window_s`
-    # makes the next ones larger (whole rounds of the slots), and only windows of one size
-    # are compared: on a fast GPU a round of 32 requests lasts well under a second.
+    # Windows (`--stability`, tuner.measure.windows): each level's measured requests are cut
+    # into `stable_windows` fixed slices; the level is steady when their decode times per
+    # token agree within `stability_pct` percent. 0: no windows. Nothing more is sent either way.
     stability_pct: float = Field(0.0, ge=0.0)
-    stability_max_s: float = Field(60.0, gt=0.0)
     stable_windows: int = Field(3, ge=1)
-    min_window_s: float = Field(2.0, ge=0.0)
+    # `--allow-repeats`: the schedule may send a prompt to one engine again where the data
+    # holds too few (RequestSchedule); otherwise levels are shortened instead.
+    allow_repeats: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_window_growth(cls, data: Any) -> Any:
+        """Settings stored while windows drew new prompts until they agreed carry the time cap
+        and the minimum window time of that protocol; they no longer mean anything."""
+        if isinstance(data, dict) and ("stability_max_s" in data or "min_window_s" in data):
+            return {k: v for k, v in data.items() if k not in _RETIRED_SETTINGS}
+        return data
 
     def pool_size(self, num_prompts: int) -> int:
         """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
@@ -476,12 +487,43 @@ class MeasureSettings(Frozen):
             return self.num_requests
         return max(num_prompts, self.requests_per_slot * concurrency)
 
-    def window_requests(self, concurrency: int, num_prompts: int) -> int:
-        """Requests per window at first: requests_for() over `stable_windows`, rounded to the
-        nearest whole round of the c slots (at least one), so a level whose first windows
-        already agree measures about requests_for() (3c for the default 4 per slot)."""
-        per = self.requests_for(concurrency, num_prompts) / self.stable_windows
-        return max(concurrency, round(per / concurrency) * concurrency)
+
+_RETIRED_SETTINGS = ("stability_max_s", "min_window_s")
+
+
+class LevelRequests(Frozen):
+    """One level of a RequestSchedule: indices into the workload's prompts, its warm-ups sent
+    first (short, never measured), then its measured requests; measured request i of every
+    launch is the prompt `measured[i]`."""
+
+    concurrency: int
+    warmups: tuple[int, ...]
+    measured: tuple[int, ...]
+    # How many measured requests the settings asked for, where the data held too few distinct
+    # prompts and the level was shortened (None: as asked).
+    asked: int | None = None
+
+
+class RequestSchedule(Frozen):
+    """What every launch of a study (and `tuner bench` with the same workload and settings)
+    sends, level by level in this order: built once by tuner.measure.request_schedule from
+    the workload and the settings, stored with the study. Without `allow_repeats` no index
+    appears twice in the whole schedule, so no engine is sent a prompt twice."""
+
+    workload_digest: str
+    levels: tuple[LevelRequests, ...]
+    allow_repeats: bool = False
+
+    def level(self, concurrency: int) -> LevelRequests:
+        for lv in self.levels:
+            if lv.concurrency == concurrency:
+                return lv
+        raise KeyError(f"the request schedule has no level {concurrency}")
+
+    @property
+    def requests(self) -> int:
+        """Every request one launch sends, warm-ups included."""
+        return sum(len(lv.warmups) + len(lv.measured) for lv in self.levels)
 
 
 # --- options: one record per command, built once from the command line ---------------------
@@ -529,7 +571,7 @@ def _measure_from(args: Namespace) -> MeasureSettings:
                            requests_per_slot=args.requests_per_slot, num_warmups=args.num_warmups,
                            percentile_metrics=args.percentile_metrics,
                            metric_percentiles=args.metric_percentiles,
-                           stability_pct=args.stability, stability_max_s=args.stability_max_s)
+                           stability_pct=args.stability, allow_repeats=args.allow_repeats)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,7 +54,7 @@ class _Executor:
         self.written: dict[int, bytes] = {}
 
     def submit(self, key, engine, config: TrialConfig, workload, settings, trial_dir: str,
-               *, num_gpus: float = 0) -> None:
+               *, num_gpus: float = 0, schedule=None) -> None:
         data = _capture(key).to_bytes() if self.tokens else None
         if self.inline and data is not None:
             Path(trial_dir).mkdir(parents=True)

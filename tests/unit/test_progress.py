@@ -55,7 +55,7 @@ class _Remote:
         self.options: list[dict] = []
 
     def submit(self, key, engine, config: TrialConfig, workload, settings, trial_dir: str,
-               *, num_gpus: float = 0, **options) -> None:
+               *, num_gpus: float = 0, schedule=None, **options) -> None:
         self.options.append(options)
         time.sleep(self.sleep_s)  # inline executors run the whole trial inside submit
         if key in self.fail:

@@ -747,8 +747,7 @@ async def _one_request(level: _Level, target: _Target, slot: _Slot, index: int, 
         "model": settings.model, "prompt": prompt.prompt, "max_tokens": prompt.output_len,
         "temperature": settings.temperature, **_sampling(settings), "stream": True,
         "stream_options": {"include_usage": True}, "ignore_eos": settings.ignore_eos,
-        "return_token_ids": True,
-        **({"cache_salt": prompt.cache_salt} if prompt.cache_salt else {})})
+        "return_token_ids": True})
     resp = await slot.send(request, timeout_s=settings.request_timeout_s)
     fields = dict(
         concurrency=level.concurrency, index=index, warmup=level.warmup,

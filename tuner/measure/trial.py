@@ -18,19 +18,22 @@ import numpy as np
 
 from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
-from tuner.measure import loadgen, metrics, windows
+from tuner.measure import loadgen, metrics, request_schedule, windows
 from tuner.measure.engine import Engine, log_tail
 from tuner.records import (
     BenchResult,
     EngineSpec,
     Failure,
     LevelMetrics,
+    LevelRequests,
     MeasureSettings,
     Prompt,
     RequestRecord,
+    RequestSchedule,
     TrialConfig,
     TrialOutcome,
     Workload,
+    prompts_digest,
 )
 
 MAX_FAILED_FRACTION = 0.2
@@ -38,18 +41,24 @@ MAX_FAILED_FRACTION = 0.2
 
 def measure(
     engine_spec: EngineSpec, config: TrialConfig, workload: Workload, settings: MeasureSettings,
-    *, trial_dir: Path, progress: Callable[[str], None] | None = None, show_bar: bool = False,
+    *, trial_dir: Path, schedule: RequestSchedule | None = None,
+    progress: Callable[[str], None] | None = None, show_bar: bool = False,
 ) -> BenchResult:
-    """Launch one engine for `config` and measure every level of `settings` against it."""
+    """Launch one engine for `config` and send it `schedule` (tuner.measure.request_schedule;
+    None: built from `workload` and `settings`, as every launch with them builds it), level
+    by level, each level's warm-ups and then its measured requests."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
+    if schedule is None:
+        schedule, _note = request_schedule.build(workload, settings)
+    request_schedule.check_workload(schedule, workload)
     levels: list[LevelMetrics] = []
     records_path = trial_dir / "requests.jsonl"
     records_path.unlink(missing_ok=True)
     tokens_path = trial_dir / tokens.FILE_NAME
     tokens_path.unlink(missing_ok=True)  # a file here always belongs to this measurement
     sent: list[_Sent] = []
-    pool = _PromptPool(workload.prompts)
+    seen: set[int] = set()  # prompt indices this engine has been sent
     if engine_spec.base_url:  # nothing starts: the server runs with its own config
         say(f"measuring the running server at {engine_spec.base_url}")
     else:
@@ -58,8 +67,8 @@ def measure(
         if not engine_spec.base_url:
             say(f"engine ready in {eng.info.start_s:.0f} s")
         for c in settings.concurrencies:
-            level = _measure_level(eng, workload, settings, c, records_path, show_bar, pool,
-                                   sent)
+            level = _measure_level(eng, workload, settings, schedule.level(c), records_path,
+                                   show_bar, sent, seen)
             note = level.windows_text()
             say(f"c={c}: {level.output_throughput:.1f} tok/s, mean TPOT "
                 f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok"
@@ -110,69 +119,46 @@ def capture_tokens(sent: list[_Sent]) -> tuple[tokens.TokenCapture | None, str]:
     return tokens.TokenCapture(requests=tuple(out)), ""
 
 
-class _PromptPool:
-    """Hands out prompts in order and never twice while the pool lasts: an engine that learns
-    from earlier requests (suffix decoding, prefix caching) must not see a prompt again. Once
-    it is exhausted, each further pass over it carries its own cache_salt: on the H100, the
-    windows of a c=8 level went 22% faster once they wrapped onto prompts the level had
-    sent (benchmarks/data/h100/noise-16p). The count of reused prompts stays, as suffix
-    decoding still learns from the earlier outputs."""
-
-    def __init__(self, prompts: tuple[Prompt, ...]) -> None:
-        self.prompts, self.cursor = prompts, 0
-
-    def take(self, k: int) -> tuple[list[Prompt], int]:
-        n = len(self.prompts)
-        out = [_salted(self.prompts[i % n], i // n)
-               for i in range(self.cursor, self.cursor + k)]
-        reused = max(0, min(k, self.cursor + k - n))
-        self.cursor += k
-        return out, reused
-
-
-def _salted(prompt: Prompt, passes: int) -> Prompt:
-    """`prompt` as pass `passes` over the pool sends it: unsalted on the first pass."""
-    if passes == 0:
-        return prompt
-    return prompt.model_copy(update={"cache_salt": f"spec-tuner-pass-{passes}"})
-
-
-def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c: int,
-                   records_path: Path, show_bar: bool, pool: _PromptPool,
-                   sent: list[_Sent]) -> LevelMetrics:
-    spec = workload.spec
-    # Warm-up: short requests (--num-warmups, by default one per slot), excluded from figures.
-    warm_prompts, _ = pool.take(settings.warmups_for(c))
-    warm = [p.model_copy(update={"output_len": min(p.output_len, settings.warmup_output_len)})
-            for p in warm_prompts]
-    windowed = settings.stability_pct > 0
-    size = (settings.window_requests(c, spec.num_prompts) if windowed
-            else settings.requests_for(c, spec.num_prompts))
+def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
+                   planned: LevelRequests, records_path: Path, show_bar: bool,
+                   sent: list[_Sent], seen: set[int]) -> LevelMetrics:
+    """One level as the schedule has it: its short warm-ups (excluded from the figures), then
+    its measured requests as one closed-loop block, /metrics read before and after."""
+    spec, c = workload.spec, planned.concurrency
+    sent_before = reused = 0  # requests whose prompt this engine was sent already
+    for pos, i in enumerate(planned.warmups + planned.measured):
+        again = i in seen
+        sent_before += again
+        reused += again and pos >= len(planned.warmups)  # measured ones among them
+        seen.add(i)
+    if sent_before and not settings.allow_repeats:  # the schedule's builder never does this
+        raise MeasurementFailed(f"c={c}: the request schedule sends {sent_before} prompt(s) "
+                                f"this engine was sent before, without --allow-repeats")
+    warm = request_schedule.warmups(workload, planned, settings)
+    prompts = request_schedule.measured(workload, planned)
     client = loadgen.RequestSettings(
         model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
         top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, ignore_eos=spec.ignore_eos,
         request_timeout_s=eng.spec.request_timeout_s, level_timeout_s=eng.spec.level_timeout_s)
     warm_records = _run(eng, warm, c, warmup=True, client=client, bar=None)[0] if warm else []
-    bar = _bar(size * (settings.stable_windows if windowed else 1), f"c={c}") if show_bar else None
-    if windowed:
-        phases, reused = _windowed(eng, c, settings, pool, size=size, warmups=len(warm),
-                                   client=client, bar=bar)
-    else:
-        measured, reused = pool.take(size)
-        phases = _block(eng, measured, c, client=client, bar=bar)
+    bar = _bar(len(prompts), f"c={c}") if show_bar else None
+    t0 = time.perf_counter()
+    before = _scrape(eng)
+    records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar)
+    counts = metrics.delta(before, _scrape(eng))
     if bar is not None:
         bar.close()
-    sent += [(warm_records + phases.settling, warm + phases.settling_prompts),
-             (phases.records, phases.prompts)]
+    sent += [(warm_records, warm), (records, prompts)]
     with open(records_path, "a") as f:
-        for r in warm_records + phases.settling + phases.records:
+        for r in warm_records + records:
             f.write(r.model_dump_json() + "\n")
-    level = metrics.level_metrics(phases.records, concurrency=c, duration_s=phases.wall_s,
-                                  warmup_requests=len(warm) + len(phases.settling),
-                                  counts=phases.counts,
+    level = metrics.level_metrics(records, concurrency=c, duration_s=wall_s,
+                                  warmup_requests=len(warm), counts=counts,
                                   percentile_metrics=settings.percentile_metrics,
                                   metric_percentiles=settings.metric_percentiles)
-    level = level.model_copy(update={"reused_prompts": reused, **phases.fields})
+    level = level.model_copy(update={
+        "reused_prompts": reused, "prompts_digest": prompts_digest(prompts),
+        "measure_s": time.perf_counter() - t0, **windows.fields(records, settings)})
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
             f"c={c}: {level.failed} of {level.num_requests} requests failed "
@@ -181,50 +167,11 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings, c
     return level
 
 
-def _block(eng: Engine, prompts: list[Prompt], c: int, *, client: loadgen.RequestSettings,
-           bar) -> windows.Split:
-    """The level as one closed-loop block of `prompts`, every request measured."""
-    before = _scrape(eng)
-    records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar)
-    after = _scrape(eng)
-    return windows.Split(settling=[], settling_prompts=[], records=records, prompts=prompts,
-                         counts=metrics.delta(before, after), wall_s=wall_s, fields={})
-
-
-def _windowed(eng: Engine, c: int, settings: MeasureSettings, pool: _PromptPool, *, size: int,
-              warmups: int, client: loadgen.RequestSettings, bar) -> tuple[windows.Split, int]:
-    """The level as windows of `size` requests back to back, on one clock, /metrics read at
-    each boundary, until tuner.measure.windows says it is done; and how many of the measured
-    (stable) windows' prompts were reused."""
-    done: list[windows.Window] = []
-    reused: list[int] = []
-    t0 = time.perf_counter()
-    before = _scrape(eng)
-    sized = 0  # the first window of the current size: only windows of one size are compared
-    while not windows.finished(done[sized:], settings, elapsed_s=time.perf_counter() - t0):
-        if done and (grown := windows.grown(size, done[-1].wall_s, c, settings)) != size:
-            size, sized = grown, len(done)
-        prompts, again = pool.take(size)
-        if bar is not None and len(done) >= settings.stable_windows:
-            bar.total += size
-            bar.refresh()
-        records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar,
-                               origin_s=t0)
-        after = _scrape(eng)
-        done.append(windows.Window(records=tuple(records), prompts=tuple(prompts),
-                                   wall_s=wall_s, before=before, after=after))
-        reused.append(again)
-        before = after
-    phases = windows.split(done, settings, warmups=warmups, measure_s=time.perf_counter() - t0)
-    return phases, sum(reused[len(done) - phases.fields["stable_windows"]:])
-
-
 def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool,
-         client: loadgen.RequestSettings, bar, origin_s: float | None = None
-         ) -> tuple[list[RequestRecord], float]:
+         client: loadgen.RequestSettings, bar) -> tuple[list[RequestRecord], float]:
     records, wall_s = loadgen.run_requests(
         eng.url, prompts, client, concurrency=c, warmup=warmup,
-        on_done=(lambda _r: bar.update(1)) if bar is not None else None, origin_s=origin_s)
+        on_done=(lambda _r: bar.update(1)) if bar is not None else None)
     if not eng.alive():
         raise EngineDied(f"vLLM exited during the c={c} {'warm-up' if warmup else 'level'}",
                          log_tail=log_tail(eng.log_path))
@@ -258,6 +205,7 @@ def failure_of(exc: TrialFailed) -> Failure:
 
 def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Workload,
                     settings: MeasureSettings, trial_dir: str, *,
+                    schedule: RequestSchedule | None = None,
                     progress: Callable[[str], None] | None = None,
                     show_bar: bool = False) -> TrialOutcome:
     """One trial as data, a result or a failure, never an exception; runs in a Ray worker too
@@ -272,7 +220,7 @@ def measure_outcome(engine_spec: EngineSpec, config: TrialConfig, workload: Work
              "host": os.uname().nodename, "ran_from": time.time()}
     try:
         result = measure(engine_spec, config, workload, settings, trial_dir=Path(trial_dir),
-                         progress=progress, show_bar=show_bar)
+                         schedule=schedule, progress=progress, show_bar=show_bar)
     except TrialFailed as e:
         return TrialOutcome(failure=failure_of(e), **where, ran_to=time.time())
     # The capture's bytes travel with the result: the driver may not see this host's disk.

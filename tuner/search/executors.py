@@ -59,9 +59,10 @@ class InlineExecutor:
     def __init__(self) -> None:
         self._done: list[tuple[object, TrialOutcome]] = []
 
-    def submit(self, key: object, *args: Any, num_gpus: float = 0,
+    def submit(self, key: object, *args: Any, num_gpus: float = 0, schedule: Any = None,
                progress: Any = None, show_bar: bool = False) -> None:
-        self._done.append((key, measure_outcome(*args, progress=progress, show_bar=show_bar)))
+        self._done.append((key, measure_outcome(*args, schedule=schedule, progress=progress,
+                                                show_bar=show_bar)))
 
     def wait_one(self) -> tuple[object, TrialOutcome]:
         return self._done.pop(0)
@@ -101,8 +102,10 @@ class RayExecutor:
         self._remote = ray.remote(max_retries=0)(measure_outcome)
         self._refs: dict = {}
 
-    def submit(self, key: object, *args: Any, num_gpus: float = 1) -> None:
-        ref = self._remote.options(num_gpus=num_gpus, num_cpus=1).remote(*args)
+    def submit(self, key: object, *args: Any, num_gpus: float = 1, schedule: Any = None
+               ) -> None:
+        ref = self._remote.options(num_gpus=num_gpus, num_cpus=1).remote(*args,
+                                                                         schedule=schedule)
         self._refs[ref] = key
 
     def pending(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 from tuner.records import (
     EngineSpec,
     MeasureSettings,
+    RequestSchedule,
     TrialAttr,
     TrialConfig,
     TrialOutcome,
@@ -49,13 +50,14 @@ class Campaign:
     repeats: int
     out_dir: Path
     say: Callable[[str], None] = print
+    schedule: RequestSchedule | None = None  # None: built from the workload and the settings
 
     def measure_run(self, config: TrialConfig, run_dir: Path) -> TrialOutcome:
         """Launch the engine with `config` and measure it on the ladder (tuner.measure)."""
         from tuner.measure import trial as runner
 
         return runner.measure_outcome(self.engine, config, self.workload, self.settings,
-                                      str(run_dir))
+                                      str(run_dir), schedule=self.schedule)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from tuner.records import (
     BenchResult,
     EngineSpec,
     OptimizeOptions,
+    RequestSchedule,
     Role,
     TrialAttr,
     TrialConfig,
@@ -160,10 +161,13 @@ class SearchLoop:
 
     def __init__(self, *, options: OptimizeOptions, study: Any, space: SearchSpace,
                  workload: Workload, executor: Any, gpus: float,
+                 schedule: RequestSchedule | None = None,
                  output: LoopOutput | None = None) -> None:
         """`options` as tuner.api resolved them (tuner.checks.optimize_options): the engine,
         the levels, the objectives read at the target level, the SLOs, the acceptance
-        profile, the aligned baseline; `gpus`: what each trial holds on the executor."""
+        profile, the aligned baseline; `gpus`: what each trial holds on the executor;
+        `schedule`: what every launch sends (None: each trial builds it from the workload and
+        the settings, tuner.measure.request_schedule, as the study's own was built)."""
         if not isinstance(options.engine, EngineSpec):
             raise TypeError("SearchLoop takes resolved options (tuner.api.resolve_optimize)")
         self.study, self.space, self.engine, self.workload = study, space, options.engine, \
@@ -173,6 +177,7 @@ class SearchLoop:
         self.target = options.target_concurrency
         self.constraints, self.rates = dict(options.constraints), options.acceptance_rates
         self.executor, self.gpus = executor, gpus
+        self.schedule = schedule
         output = output or LoopOutput()
         self.say, self.line, self.show_bar = output.say, output.line, output.show_bar
         self.detail = output.detail or _quiet
@@ -348,7 +353,8 @@ class SearchLoop:
             self.detail(f"  trial {trial.number}: engine starting for {config.label()} (log: "
                         f"{trial_dir / 'engine.log'}); its figures come back when it ends")
         self.executor.submit(trial.number, self.engine, config, self.workload, self.settings,
-                             str(trial_dir), num_gpus=self.gpus, **options)
+                             str(trial_dir), num_gpus=self.gpus, schedule=self.schedule,
+                             **options)
 
     def _answer_known(self, trial, config: TrialConfig) -> bool:
         """Tell `trial` from storage when its config was measured or refused; True if told."""

@@ -23,10 +23,19 @@ from typing import Any
 from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
-from tuner.records import BenchResult, EngineSpec, Role, TrialAttr, TrialConfig, WorkloadSpec
+from tuner.records import (
+    BenchResult,
+    EngineSpec,
+    RequestSchedule,
+    Role,
+    TrialAttr,
+    TrialConfig,
+    WorkloadSpec,
+)
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
+SCHEDULE = "schedule"  # its key holding the RequestSchedule every launch sends
 
 
 def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
@@ -166,11 +175,14 @@ def create(
                     f"Study '{name}' in {out_dir} was started with {key}={was!r}, this "
                     f"command asks for {asked!r}. Resume with the same options, or "
                     f"pass --study-name NEW (or another --output-dir) to start a new study.")
+        _same_schedule(name, out_dir, old.get(SCHEDULE), settings.get(SCHEDULE))
         # The latest command's SLOs, measurement and decision rule (--confidence, --margin)
         # are what the report renders.
         merged = {**old, "constraints": settings.get("constraints"),
                   "settings": settings.get("settings"),
                   **{k: settings[k] for k in ("confidence", "margin") if k in settings}}
+        if old.get(SCHEDULE) is None and settings.get(SCHEDULE) is not None:
+            merged[SCHEDULE] = settings[SCHEDULE]  # a study stored before schedules existed
         study.set_user_attr(ATTR, merged)
     # Named values: optuna-dashboard and Optuna's plots then say "output_throughput" where they
     # said "Objective 0". A study stored before this line gets its names when it resumes.
@@ -179,6 +191,32 @@ def create(
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(objectives))
     return study
+
+
+def _same_schedule(name: str, out_dir: Path, was: dict[str, Any] | None,
+                   asked: dict[str, Any] | None) -> None:
+    """Refuse to resume a study with another request schedule: every launch of a study sends
+    the same requests (tuner.measure.request_schedule)."""
+    if was is None or asked is None or was == asked:
+        return
+
+    def levels(stored: dict[str, Any]) -> str:
+        plan = RequestSchedule.model_validate(stored)
+        return ", ".join(f"c={lv.concurrency} {len(lv.warmups)}+{len(lv.measured)}"
+                         for lv in plan.levels) + (" with repeats" if plan.allow_repeats else "")
+
+    raise ConfigError(
+        f"Study '{name}' in {out_dir} was measured on another request schedule (warm-ups + "
+        f"measured requests per level: {levels(was)}; this command's: {levels(asked)}). Every "
+        f"launch of a study sends the same requests: resume with the same --concurrency, "
+        f"--num-prompts, --num-requests, --requests-per-slot, --num-warmups and "
+        f"--allow-repeats, or pass --study-name NEW to start a new study.")
+
+
+def schedule_of(study: Any) -> RequestSchedule | None:
+    """The request schedule stored with `study`; None for a study stored before schedules."""
+    stored = (study.user_attrs.get(ATTR) or {}).get(SCHEDULE)
+    return None if stored is None else RequestSchedule.model_validate(stored)
 
 
 def recover_orphans(study: Any) -> list[dict[str, Any]]:

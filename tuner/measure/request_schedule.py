@@ -1,0 +1,128 @@
+"""Measure stage, the request schedule: which prompt every request of a launch sends.
+
+One schedule per study, built here once from the workload (its prompts in their seeded order)
+and the settings, stored with the study and sent by every launch: per level, in the order of
+`--concurrency`, its warm-ups and then its measured requests, each a distinct prompt, disjoint
+across levels and warm-ups. So every config at a level is measured on the same requests in the
+same order, and the engine's state at each request (prefix cache, suffix decoding's tree) is
+the same for every config except for what the config itself changes. `tuner bench` builds it
+the same way, so a verify command measures what the study measured.
+
+Where the data holds fewer distinct prompts than the levels ask for, the measured requests of
+every level are shortened in proportion (warm-ups kept), never wrapped; `--allow-repeats`
+wraps instead, for traffic that truly repeats (suffix decoding then learns from the repeats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tuner.errors import ConfigError
+from tuner.records import LevelRequests, MeasureSettings, Prompt, RequestSchedule, Workload
+
+
+def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedule, str | None]:
+    """The schedule for `workload` under `settings`, and one line where a level was shortened
+    (None where every level got what it asked for)."""
+    distinct = len(workload.prompts)
+    levels = settings.concurrencies
+    warm = [settings.warmups_for(c) for c in levels]
+    asked = [settings.requests_for(c, workload.spec.num_prompts) for c in levels]
+    measured = list(asked)
+    if not settings.allow_repeats and sum(warm) + sum(asked) > distinct:
+        room = distinct - sum(warm)
+        if room < len(levels):
+            raise ConfigError(
+                f"{_source(workload)} has {distinct} distinct prompts, but the levels "
+                f"{','.join(map(str, levels))} need {sum(warm)} warm-ups and at least one "
+                f"measured request each, none sent twice. Use {_more(workload)}, fewer "
+                f"--concurrency levels or --num-warmups, or --allow-repeats (suffix decoding "
+                f"then learns from the repeats).")
+        measured = _shortened(asked, room)
+    cursor, out = 0, []
+    for c, w, m, a in zip(levels, warm, measured, asked, strict=True):
+        ids = [i % distinct for i in range(cursor, cursor + w + m)]
+        cursor += w + m
+        out.append(LevelRequests(concurrency=c, warmups=tuple(ids[:w]),
+                                 measured=tuple(ids[w:]), asked=None if m == a else a))
+    schedule = RequestSchedule(workload_digest=workload.digest, levels=tuple(out),
+                               allow_repeats=settings.allow_repeats)
+    return schedule, _shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked))
+
+
+def _shortened(asked: Sequence[int], room: int) -> list[int]:
+    """Measured requests per level that fit `room` prompts: each level in proportion to what
+    it asked for (at least one), the remainder to the largest fractions first."""
+    total = sum(asked)
+    share = [a * room / total for a in asked]
+    out = [max(1, int(x)) for x in share]
+    by_fraction = sorted(range(len(asked)), key=lambda i: share[i] - int(share[i]), reverse=True)
+    for i in by_fraction:
+        if sum(out) >= room:
+            break
+        if out[i] < asked[i]:
+            out[i] += 1
+    while sum(out) > room:  # the floors of one took more than their share
+        i = max(range(len(out)), key=lambda j: out[j])
+        out[i] -= 1
+    return out
+
+
+def _shortened_note(workload: Workload, schedule: RequestSchedule, *, warm: int, asked: int
+                    ) -> str | None:
+    short = [lv for lv in schedule.levels if lv.asked is not None]
+    if schedule.allow_repeats:
+        again = schedule.requests - len(set(i for lv in schedule.levels
+                                            for i in lv.warmups + lv.measured))
+        if not again:
+            return None
+        return (f"--allow-repeats: {again} of the {schedule.requests} requests each engine sends "
+                f"repeat a prompt ({_source(workload)} has {len(workload.prompts)} distinct); "
+                f"suffix decoding and the prefix cache learn from the repeats.")
+    if not short:
+        return None
+    per = ", ".join(f"c={lv.concurrency} {len(lv.measured)} of {lv.asked}" for lv in short)
+    return (f"Levels shortened so no engine sees a prompt twice: {_source(workload)} has "
+            f"{len(workload.prompts)} distinct prompts for {warm} warm-ups and {asked} measured "
+            f"requests; measured requests {per}. For full levels: {_more(workload)}, or "
+            f"--allow-repeats.")
+
+
+def _source(workload: Workload) -> str:
+    from tuner.measure.workloads import BUNDLED
+
+    spec = workload.spec
+    if spec.dataset_path is None and spec.name in BUNDLED:
+        return f"{spec.name}'s bundled sample"
+    return f"workload '{spec.name}'"
+
+
+def _more(workload: Workload) -> str:
+    from tuner.measure.workloads import BUNDLED
+
+    spec = workload.spec
+    if spec.dataset_path is None and spec.name in BUNDLED:
+        return "--dataset-path FILE with the full dataset"
+    return "a larger dataset"
+
+
+def warmups(workload: Workload, level: LevelRequests, settings: MeasureSettings) -> list[Prompt]:
+    """The level's warm-up requests as sent: short (`warmup_output_len`), never measured."""
+    return [p.model_copy(update={"output_len": min(p.output_len, settings.warmup_output_len)})
+            for p in (workload.prompts[i] for i in level.warmups)]
+
+
+def measured(workload: Workload, level: LevelRequests) -> list[Prompt]:
+    """The level's measured requests in send order (request i sends the i-th)."""
+    return [workload.prompts[i] for i in level.measured]
+
+
+def check_workload(schedule: RequestSchedule, workload: Workload) -> None:
+    """Refuse a stored schedule whose workload is not `workload` (other prompts, or another
+    order): its indices would name other requests."""
+    if schedule.workload_digest != workload.digest:
+        raise ConfigError(
+            f"The study's request schedule was built for workload {schedule.workload_digest}, "
+            f"but these options give workload {workload.digest} (other prompts or another "
+            f"order). Resume with the same workload options, or pass --study-name NEW to "
+            f"start a new study.")
