@@ -165,6 +165,14 @@ def _warn_sampling(engine: EngineSpec, workload: WorkloadSpec, say: Say) -> None
         say(text)
 
 
+def _levels_text(schedule: RequestSchedule) -> str:
+    """ "17 requests (c=1: 1 warm-up + 4, c=4: 4 + 8), no prompt twice" """
+    parts = [f"c={lv.concurrency}: {len(lv.warmups)}{' warm-up' if i == 0 else ''} + "
+             f"{len(lv.measured)}" for i, lv in enumerate(schedule.levels)]
+    twice = "prompts may repeat" if schedule.allow_repeats else "no prompt twice"
+    return f"{schedule.requests} requests ({', '.join(parts)}), {twice}"
+
+
 def _per_level(counts: list[int], noun: str) -> str:
     """Counts per concurrency level as the banner lists them: "1 warm-up", "4 requests",
     "4,8 requests" (one number when all levels agree)."""
@@ -269,7 +277,8 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
     say(f"Study '{o.study_name}' in {o.out_dir}: space {space.name}, strategy "
         f"{'replay' if use_replay else 'optuna/' + o.sampler}, {o.n_trials} trials, concurrency "
         f"{','.join(map(str, o.settings.concurrencies))} (objectives at "
-        f"c={o.target_concurrency}: {', '.join(o.objectives)})")
+        f"c={o.target_concurrency}: {', '.join(o.objectives)}); every launch sends the same "
+        f"{_levels_text(schedule)}")
     study = st.create(out_dir=o.out_dir, name=o.study_name, objectives=list(o.objectives),
                       sampler=sampler, storage_url=o.storage_url, settings=attrs)
     retry = st.recover_orphans(study)

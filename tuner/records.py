@@ -84,6 +84,9 @@ SAMPLING_OFF: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # acceptance at temperature > 0 does not match the replay} (the replay strategy writes it, the
 # recommendation's reason at that level repeats it).
 SAMPLING_MISMATCH = "sampling_mismatch"
+# Key of a study's "tuner" settings: the PredictionMiss records the replay strategy found
+# (dumped), which the recommendation at their level names where it rests on that config.
+PREDICTION_MISSES = "prediction_misses"
 
 
 class Workload(Frozen):
@@ -850,6 +853,29 @@ def split_text(path: float | None, path_spread: float | None, gain: float | None
 Status = Literal["recommend", "speculation_off", "insufficient_data"]
 
 
+class PredictionMiss(Frozen):
+    """A launched config whose measured acceptance length at a level lies further from the
+    replay's prediction, over the same requests, than the replay's stated accuracy
+    (tuner.replay.predict.ACCEPTANCE_ACCURACY_PCT): the prediction, or the measurement, is
+    not what it claims to be."""
+
+    key: str
+    label: str
+    concurrency: int
+    predicted: float
+    measured: float
+    error_pct: float  # 100 (predicted - measured) / measured
+    accuracy_pct: float
+
+    def text(self) -> str:
+        """The one line the study prints and the report and the recommendation repeat."""
+        return (f"Prediction missed at c={self.concurrency}: {self.label} measured acceptance "
+                f"length {self.measured:.2f} where the replay predicted {self.predicted:.2f} "
+                f"over the same requests ({self.error_pct:+.1f}%, beyond its stated "
+                f"±{self.accuracy_pct:g}%); check that launch's engine log and tokens before "
+                f"relying on it.")
+
+
 class Recommendation(Frozen):
     """What to run at one concurrency level, or why the data cannot say."""
 
@@ -887,6 +913,9 @@ class Recommendation(Frozen):
     confidence_level: float | None = None
     equivalence_margin: float | None = None
     launches: tuple[int, int] | None = None
+    # Where the replay's prediction of the chosen config's acceptance at this level missed
+    # its measurement beyond the stated accuracy (the reason says so too); () otherwise.
+    prediction_misses: tuple[PredictionMiss, ...] = ()
 
 
 class TrafficOutcome(Frozen):

@@ -19,8 +19,8 @@ def _bench(tmp_path, capsys, *argv: str) -> tuple[int, str]:
     rc = cli.main(["bench", "--model", str(EMBEDDED_TOKENIZER), "--vllm-cmd",
                    shlex.join(spec.vllm_cmd), *env, "--num-prompts", "4", "--output-len", "8",
                    "--concurrency", "1,2", "--output-dir", str(tmp_path / "b"),
-                   # one block per level, as these flags are counted against it (windows:
-                   # tests/integration/test_trial_windows.py)
+                   # no windows: these tests count requests, not steadiness
+                   # (tests/integration/test_trial_schedule.py)
                    "--stability", "0", *argv])
     return rc, capsys.readouterr().err
 
@@ -67,20 +67,43 @@ def test_engine_env_is_recorded_in_the_measured_config_and_its_label(tmp_path, c
     assert summary[0]["label"].startswith("baseline (no speculation) [")
 
 
-def test_prompts_that_will_repeat_are_said_once_before_the_run(tmp_path, capsys):
+def test_too_few_prompts_shorten_the_levels_said_once_before_the_run(tmp_path, capsys):
+    data = tmp_path / "six.jsonl"
+    data.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(6)))
+    rc, err = _bench(tmp_path, capsys, "--workload", "custom", "--dataset-path", str(data),
+                     "--num-prompts", "2")
+    assert rc == 0, err
+    # c=1: 1 warm-up and 4 requests, c=2: 2 and 8 (4 per slot): 15 asked of 6 prompts.
+    lines = err.splitlines()
+    notes = [x for x in lines if x.startswith("Levels shortened")]
+    assert notes == ["Levels shortened so no engine sees a prompt twice: workload 'custom' has "
+                     "6 distinct prompts for 3 warm-ups and 12 measured requests; measured "
+                     "requests c=1 1 of 4, c=2 2 of 8. For full levels: a larger dataset, or "
+                     "--allow-repeats."]
+    assert lines.index(notes[0]) < next(i for i, x in enumerate(lines)
+                                        if x.startswith("Benchmarking"))
+    result = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert [lv["num_prompts"] for lv in result["levels"]] == [1, 2]
+    assert [lv["reused_prompts"] for lv in result["levels"]] == [0, 0]
+    assert [lv["measured"] for lv in result["schedule"]["levels"]] == [[1], [4, 5]]
+
+
+def test_a_level_with_no_prompt_left_is_refused_unless_repeats_are_allowed(tmp_path, capsys):
     data = tmp_path / "three.jsonl"
     data.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(3)))
     rc, err = _bench(tmp_path, capsys, "--workload", "custom", "--dataset-path", str(data),
                      "--num-prompts", "2")
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "tuner: error: workload 'custom' has 3 distinct prompts, but the levels 1,2 need 3 "
+        "warm-ups and at least one measured request each, none sent twice. Use a larger "
+        "dataset, fewer --concurrency levels or --num-warmups, or --allow-repeats (suffix "
+        "decoding then learns from the repeats)."]
+    assert not (tmp_path / "b" / "result.json").exists()
+    rc, err = _bench(tmp_path, capsys, "--workload", "custom", "--dataset-path", str(data),
+                     "--num-prompts", "2", "--allow-repeats")
     assert rc == 0, err
-    # c=1: 1 warm-up and 4 requests, c=2: 2 and 8 (requests = 4 per slot): 15 over 3 prompts.
-    lines = err.splitlines()
-    notes = [x for x in lines if x.startswith("Prompts will repeat")]
-    assert notes == ["Prompts will repeat: each engine sends 15 requests (warm-ups included), "
-                     "but workload 'custom' has only 3 prompts, so 12 of them repeat one "
-                     "(counted per level as reused_prompts). To avoid it: a larger dataset, or "
-                     "fewer --num-prompts or --requests-per-slot."]
-    assert lines.index(notes[0]) < next(i for i, x in enumerate(lines)
-                                        if x.startswith("Benchmarking"))
+    assert any(x.startswith("--allow-repeats: 12 of the 15 requests each engine sends repeat "
+                            "a prompt") for x in err.splitlines())
     result = json.loads((tmp_path / "b" / "result.json").read_text())
     assert [lv["reused_prompts"] for lv in result["levels"]] == [2, 8]

@@ -188,7 +188,7 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
     assert {run["label"] for run in summary} == {f"live server at {eng.url} (its own config)"}
     assert {run["engine_start_s"] for run in summary} == {None}
     # The banner counts what it names: 4 and 8 measured requests, 1 and 2 warm-ups (15 drawn).
-    assert "(15 prompts drawn: 4,8 requests and 1,2 warm-ups per level)" in said
+    assert "(15 distinct prompts: 4,8 requests and 1,2 warm-ups per level)" in said
 
 
 def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:

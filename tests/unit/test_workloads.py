@@ -68,20 +68,9 @@ def test_a_parquet_dataset_is_read(tmp_path):
     assert sorted(p.prompt for p in wl.prompts) == ["class A:", "def f(x):"]
 
 
-def test_prompts_that_will_repeat_are_said_up_front_with_what_to_do(tmp_path):
+def test_the_pool_is_what_the_data_holds(tmp_path):
     data = tmp_path / "three.jsonl"
     data.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(3)))
     spec = WorkloadSpec(name="custom", dataset_path=str(data), num_prompts=2, output_len=8)
     wl = workloads.load(spec, tokenizer=TOK, pool=15)
-    assert len(wl.prompts) == 3  # the pool is what the data holds: which prompts, unchanged
-    note = workloads.repeats_note(wl, requests=15, fewer="--num-prompts or --requests-per-slot")
-    assert note == ("Prompts will repeat: each engine sends 15 requests (warm-ups included), "
-                    "but workload 'custom' has only 3 prompts, so 12 of them repeat one "
-                    "(counted per level as reused_prompts). To avoid it: a larger dataset, or "
-                    "fewer --num-prompts or --requests-per-slot.")
-    assert workloads.repeats_note(wl, requests=3, fewer="x") is None
-    bundled = wl.model_copy(update={"spec": WorkloadSpec(name="instructcoder")})
-    assert "instructcoder's bundled sample has only 3 prompts" in workloads.repeats_note(
-        bundled, requests=4, fewer="x")
-    assert "--dataset-path FILE with the full dataset" in workloads.repeats_note(
-        bundled, requests=4, fewer="x")
+    assert len(wl.prompts) == 3  # which prompts, unchanged (tuner.measure.request_schedule)

@@ -12,6 +12,8 @@ it decides whether a gain counts; where it is open, the gain must pass the noise
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,7 +23,15 @@ import pandas as pd
 
 from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
-from tuner.records import SAMPLING_MISMATCH, EngineSpec, Recommendation, Role, TrialConfig
+from tuner.records import (
+    PREDICTION_MISSES,
+    SAMPLING_MISMATCH,
+    EngineSpec,
+    PredictionMiss,
+    Recommendation,
+    Role,
+    TrialConfig,
+)
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
@@ -76,6 +86,13 @@ class _Level:
         replay at temperature > 0 (SAMPLING_MISMATCH, written by the replay strategy)."""
         line = (self.meta.get(SAMPLING_MISMATCH) or {}).get(str(self.concurrency))
         return f" {line}" if line else ""
+
+    def misses(self, row: pd.Series) -> tuple[PredictionMiss, ...]:
+        """The replay's misses of the row's config at this level (PREDICTION_MISSES, written
+        by the replay strategy): a recommendation resting on it says so."""
+        return tuple(m for stored in self.meta.get(PREDICTION_MISSES) or []
+                     if (m := PredictionMiss.model_validate(stored)).key == row["config_key"]
+                     and m.concurrency == self.concurrency)
 
     def config(self, row: pd.Series) -> TrialConfig:
         return self.configs[row["config_key"]]
@@ -286,10 +303,16 @@ def _noise_words(spread: dict[str, float | None]) -> tuple[str, str]:
     if spread_rel is None:
         return (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
                 f"measured)", "Rerun the study with --repeats 3 to measure the spread.")
+    if spread.get("paired_window_spread") is not None \
+            and spread_rel == spread["paired_window_spread"]:
+        return (f"the ±{spread_rel:.1%} that its speedup moved by across the level's windows "
+                "(the same requests as the baseline's)", "More measured requests per level "
+                "(--requests-per-slot, --num-requests) and more launches (--repeats) narrow "
+                "it; the verify command re-measures this config and the baseline.")
     if spread.get("unsettled_spread") is not None and spread_rel == spread["unsettled_spread"]:
         return (f"the ±{spread_rel:.1%} that its one launch's windows moved by (they did not "
                 "settle)", "The verify command re-measures this config and the baseline; "
-                "more repeats (--repeats) or a longer --stability-max-s measure it better.")
+                "more repeats (--repeats) measure it better.")
     if spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
         return (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
                 "by here (it ran once; the largest spread of this level's repeated "
@@ -321,7 +344,8 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         reason += (f" Its gain is within the noise floor (\u00b1{spread['noise_floor']:.1%} of "
                    "the MADs), but where the interval is settled, it decides.")
     split = decomposition.record(win)
-    reason += _split_sentence(split) + at.caveat
+    missed = at.misses(win)
+    reason += _split_sentence(split) + at.caveat + "".join(f" {m.text()}" for m in missed)
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
         speculative_config=config.speculative_config, label=str(win["label"]),
@@ -332,7 +356,7 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         **_interval_fields(win, at),
         confidence=_confidence(win=win, base=base, gain=gain,
                                spread_rel=spread["relative_throughput_spread"], at=at),
-        verify_command=at.verify(config))
+        prediction_misses=missed, verify_command=at.verify(config))
 
 
 def recommendations(df: pd.DataFrame) -> list[Recommendation]:
@@ -408,12 +432,14 @@ def _single_run_spread(level: pd.DataFrame) -> float:
 def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | None]:
     own = _relative_mad(win)
     rels = [r for r in (own, _relative_mad(base)) if r is not None]
-    single = unsettled = None
+    single = unsettled = paired = None
     if rels and win["method"] != "none" and own is None:
-        # Measured once, beside a re-measured baseline; no surer than its one launch's
-        # windows where they did not settle.
-        unsettled = _unsettled_spread(win)
-        single = max(at.single_run_spread, unsettled or 0.0)
+        # Measured once, beside a re-measured baseline: no surer than its speedup moved
+        # across the windows it shares with the baseline (the same requests), or, for a
+        # study stored before the schedule, than its own windows where they did not settle.
+        paired = _paired_window_spread(win, base)
+        unsettled = None if paired is not None else _unsettled_spread(win)
+        single = max(at.single_run_spread, paired or unsettled or 0.0)
         rels.append(single)
     return {
         "output_throughput_median": frame.optional(win["output_throughput_median"]),
@@ -425,11 +451,33 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
         "relative_throughput_spread": max(rels) if rels else None,
         # The gain over the baseline a config had to exceed to count (noise_floor).
         "noise_floor": noise_floor(max(rels) if rels else None),
-        # Where the config ran once: the spread taken for it (_single_run_spread), or
-        # its windows' spread where they did not settle and moved more (unsettled_spread).
+        # Where the config ran once: the spread taken for it (_single_run_spread), or how
+        # far its speedup moved across the windows paired with the baseline's where that is
+        # more (paired_window_spread); in a study stored before the schedule, its windows'
+        # spread where they did not settle (unsettled_spread).
         "single_run_spread": single,
+        "paired_window_spread": paired,
         "unsettled_spread": unsettled,
     }
+
+
+def _paired_window_spread(win: pd.Series, base: pd.Series) -> float | None:
+    """How far `win`'s speedup over `base` moves within the level, a fraction: half the range
+    over the median of the per-window throughput ratios, window j of both launches holding
+    the same requests (tuner.measure.windows; equal prompts digests). None where the two
+    levels were not measured on the same requests or carry fewer than two windows."""
+    digest = win.get("prompts_digest")
+    if not isinstance(digest, str) or digest != base.get("prompts_digest"):
+        return None
+    a, b = win.get("windows"), base.get("windows")
+    if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) \
+            or len(a) != len(b) or len(a) < 2:
+        return None
+    ratios = sorted(x / y for x, y in zip(a, b, strict=True)
+                    if math.isfinite(x) and math.isfinite(y) and y > 0)
+    if len(ratios) < 2:
+        return None
+    return (ratios[-1] - ratios[0]) / 2 / statistics.median(ratios)
 
 
 def _unsettled_spread(row: pd.Series) -> float | None:

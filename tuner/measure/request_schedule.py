@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuner.errors import ConfigError
+from tuner.measure.workloads import BUNDLED
 from tuner.records import LevelRequests, MeasureSettings, Prompt, RequestSchedule, Workload
 
 
@@ -89,8 +90,6 @@ def _shortened_note(workload: Workload, schedule: RequestSchedule, *, warm: int,
 
 
 def _source(workload: Workload) -> str:
-    from tuner.measure.workloads import BUNDLED
-
     spec = workload.spec
     if spec.dataset_path is None and spec.name in BUNDLED:
         return f"{spec.name}'s bundled sample"
@@ -98,8 +97,6 @@ def _source(workload: Workload) -> str:
 
 
 def _more(workload: Workload) -> str:
-    from tuner.measure.workloads import BUNDLED
-
     spec = workload.spec
     if spec.dataset_path is None and spec.name in BUNDLED:
         return "--dataset-path FILE with the full dataset"

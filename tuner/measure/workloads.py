@@ -80,26 +80,6 @@ def load(spec: WorkloadSpec, *, tokenizer: str | Path, pool: int | None = None,
     return Workload(spec=spec, prompts=tuple(prompts))
 
 
-def repeats_note(workload: Workload, *, requests: int, fewer: str) -> str | None:
-    """One line, where an engine will send more `requests` (warm-ups included) than `workload`
-    has distinct prompts: prompts then repeat within that engine (tuner.measure.trial counts
-    them per level as reused_prompts; each pass carries its own cache_salt, so the prefix
-    cache does not serve them), which an engine that learns from earlier outputs (suffix
-    decoding) must not see. `fewer` names the flags that lower
-    `requests`. None where every request gets a prompt of its own."""
-    distinct = len(workload.prompts)
-    if requests <= distinct:
-        return None
-    spec = workload.spec
-    bundled = spec.dataset_path is None and spec.name in BUNDLED
-    source = f"{spec.name}'s bundled sample" if bundled else f"workload '{spec.name}'"
-    more = "--dataset-path FILE with the full dataset" if bundled else "a larger dataset"
-    return (f"Prompts will repeat: each engine sends {requests} requests (warm-ups included), "
-            f"but {source} has only {distinct} prompts, so {requests - distinct} of them "
-            f"repeat one (counted per level as reused_prompts). To avoid it: {more}, or fewer "
-            f"{fewer}.")
-
-
 PIECE_CHARS = 1 << 16
 
 

@@ -26,6 +26,7 @@ TOPICS = {
     "leaders": "Predicted leaders",
     "confirmation": "Confirmation",
     "sampling": "Sampling (temperature > 0)",
+    "prediction_miss": "Predictions that missed their measurement",
     "stop": "Why the search stopped",
 }
 INTRO = ("What the search did and why, recorded as it ran (tuner optimize -v prints it too). "

@@ -21,7 +21,7 @@ from tuner.outputs import decisions, files, split_table
 from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
-from tuner.records import LevelMetrics
+from tuner.records import PREDICTION_MISSES, LevelMetrics, PredictionMiss
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -292,6 +292,7 @@ class _Doc:
         e = _md
         head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
         out = [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
+        out += [f"**{e(m.text())}**\n" for m in self._misses(rec)]
         if rec.serve_command:
             out += [_fence(rec.serve_command), ""]
         if rec.serve_note:
@@ -403,11 +404,21 @@ class _Doc:
                     f"</pre></details>")
         return body
 
+    def _misses(self, rec: Recommendation) -> list[PredictionMiss]:
+        """Every launched config at the recommendation's level whose acceptance the replay
+        missed beyond its stated accuracy, the chosen one's already in its reason."""
+        said = {m.key for m in rec.prediction_misses}
+        return [m for stored in self.meta.get(PREDICTION_MISSES) or []
+                if (m := PredictionMiss.model_validate(stored)).concurrency == rec.concurrency
+                and m.key not in said]
+
     def _html_rec(self, rec: Recommendation) -> str:
         e = html.escape
         head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
         parts = [f"<div class='rec {rec.status}'><h3>Concurrency {rec.concurrency} \u2014 "
                  f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
+        parts += [f"<p class='miss'><strong>{e(m.text())}</strong></p>"
+                  for m in self._misses(rec)]
         if rec.serve_command:
             parts.append(f"<pre class='cmd'>{e(rec.serve_command)}</pre>")
         if rec.serve_note:

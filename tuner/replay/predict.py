@@ -29,11 +29,16 @@ from typing import Any
 import numpy as np
 
 from tuner import intervals
-from tuner.records import LevelMetrics, Measured, SpeedupSplit, TrialConfig
+from tuner.records import LevelMetrics, Measured, PredictionMiss, SpeedupSplit, TrialConfig
 from tuner.replay import acceptance, cost, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
 BASELINE_ROLES = ("baseline", "aligned_baseline")
+# The replay's stated accuracy on a launched config's acceptance length, over the requests it
+# predicted (the paired schedule), at temperature 0: n-gram steps vLLM's own proposer over the
+# same tokens (within 0.4% at c=1 on the H100 and 0.22% on the CPU; docs/accuracy.md), suffix
+# replays arctic-inference's tree in the measured order, its batching order at c > 1 aside.
+ACCEPTANCE_ACCURACY_PCT = {"ngram": 5.0, "suffix": 10.0}
 
 
 @dataclass(frozen=True)
@@ -604,3 +609,22 @@ def _pooled(group: Sequence[MeasuredTrial]) -> dict[int, dict[str, float]]:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def misses(rows: Iterable[dict[str, Any]], *, temperature: float = 0.0) -> list[PredictionMiss]:
+    """The measured rows whose acceptance length the replay missed by more than its stated
+    accuracy (ACCEPTANCE_ACCURACY_PCT, for the methods it states one for). At temperature > 0
+    the replay carries a sampling interval of its own (tuner.replay.sampling.mismatch)."""
+    if temperature > 0:
+        return []
+    out = []
+    for r in rows:
+        allowed = ACCEPTANCE_ACCURACY_PCT.get(r.get("method") or "")
+        err = r.get("err_acceptance_length_pct")
+        if allowed is None or not _finite(err) or abs(err) <= allowed:
+            continue
+        out.append(PredictionMiss(
+            key=r["key"], label=r["label"], concurrency=int(r["concurrency"]),
+            predicted=float(r["acceptance_length"]), measured=float(r["meas_acceptance_length"]),
+            error_pct=float(err), accuracy_pct=allowed))
+    return out

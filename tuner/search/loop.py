@@ -198,6 +198,12 @@ class SearchLoop:
         self.total = 0
         self.extra = 0
 
+    def requests_per_launch(self) -> int:
+        """Requests every launch sends, warm-ups included (the schedule's, or as it builds)."""
+        if self.schedule is not None:
+            return self.schedule.requests
+        return self.settings.pool_size(self.workload.spec.num_prompts)
+
     def ordinal(self) -> int:
         return self.done() + self.extra + 1
 

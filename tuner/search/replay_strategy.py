@@ -32,16 +32,18 @@ from optuna.trial import TrialState
 from tuner import intervals
 from tuner.errors import ConfigError
 from tuner.records import (
+    PREDICTION_MISSES,
     SAMPLING_MISMATCH,
     BenchResult,
     EngineLimits,
     LevelMetrics,
+    PredictionMiss,
     Role,
     TrialAttr,
     TrialConfig,
 )
 from tuner.replay import acceptance, sampling
-from tuner.replay.predict import MeasuredTrial, Prediction, predict
+from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import optuna_compat
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
@@ -293,7 +295,23 @@ class ReplaySearch:
         base = self._first(st.is_baseline)
         if base is None and self._room():
             base = self._launch(self.loop.space.baseline(), Role.BASELINE)
+            if base is not None:
+                self._say_expected_time(base)
         return base
+
+    def _say_expected_time(self, base: Any) -> None:
+        """Every launch sends the same requests, so the baseline's launch says what the others
+        cost: said once, with the launches the budget leaves."""
+        wall = base.user_attrs.get(TrialAttr.WALL_S)
+        left = self._n_trials - self.launches()
+        if not wall or left <= 0:
+            return
+        text = (f"Each launch sends the same {self.loop.requests_per_launch()} requests; the "
+                f"baseline's took {wall:.0f} s, so the {left} launch(es) left take about "
+                f"{left * wall / 60:.1f} min (speculative ones as much faster or slower as they "
+                f"decode).")
+        self.say(text)
+        self.note("strategy", text, "expected time")
 
     def _replay_space(self, capture: TokenCapture) -> Prediction:
         """Predict the space over the baseline's tokens, with the calibration launches the
@@ -501,6 +519,25 @@ class ReplaySearch:
         if pred.streams:
             self.note("streams", pred.streams)
         self._check_sampling(pred)
+        self._check_predictions(pred)
+
+    def _check_predictions(self, pred: Prediction) -> None:
+        """A launched config whose measured acceptance the replay missed beyond its stated
+        accuracy (tuner.replay.predict.misses): one line when first found, a note, and the
+        record kept in the study's settings (PREDICTION_MISSES), where the recommendation
+        that rests on that config reads it."""
+        meta = dict(self.study.user_attrs.get(st.ATTR) or {})
+        known = [PredictionMiss.model_validate(m) for m in meta.get(PREDICTION_MISSES) or []]
+        seen = {(m.key, m.concurrency) for m in known}
+        fresh = [m for m in misses(pred.rows, temperature=pred.temperature)
+                 if (m.key, m.concurrency) not in seen]
+        if not fresh:
+            return
+        for m in fresh:
+            self.say(m.text())
+            self.note("prediction_miss", m.text(), f"c={m.concurrency}")
+        self.study.set_user_attr(st.ATTR, {**meta, PREDICTION_MISSES: [
+            m.model_dump() for m in known + fresh]})
 
     def _check_sampling(self, pred: Prediction) -> None:
         """At temperature > 0, a launch whose measured acceptance lies outside the replay's
