@@ -476,8 +476,10 @@ def run(args: argparse.Namespace) -> None:
         steps["between"] = [s for s in steps["main"] if s.suspect == "a"]
     if any(s.converging for s in steps["main"]):
         stability_settings(converging=True, pct=args.stability, max_s=None)  # refused early
-    cap = MeasureSettings.model_fields.get("stability_max_s")  # absent without --stability
-    max_s = args.stability_max_s or (cap.default if cap is not None else None)
+    # A tuner whose windows drew prompts until they agreed had a time cap per level; one whose
+    # windows are fixed slices of the schedule has none.
+    cap = MeasureSettings.model_fields.get("stability_max_s")
+    max_s = getattr(args, "stability_max_s", None) or (cap.default if cap is not None else None)
     plan = json.loads(json.dumps({
         "model": engine.model, "engine_args": list(engine.extra_args), "device": engine.device,
         "workload": args.workload, "dataset_path": args.dataset_path, "seed": args.seed,
@@ -879,8 +881,6 @@ def build_parser(gpu: bool) -> argparse.ArgumentParser:
                    help="(i) a config launched between the launches (base, this, base, ...)")
     r.add_argument("--stability", type=checks.option("stability"), default=3.0,
                    help="(b) the converging measurement's target, percent (default 3)")
-    r.add_argument("--stability-max-s", type=checks.option("stability_max_s"), default=None,
-                   help="(b) its time cap per level (default: tuner's)")
     r.add_argument("--model")
     r.add_argument("--engine-args", type=checks.command_line("--engine-args"), default=())
     r.add_argument("--launch-s", type=float, default=d["launch_s"],

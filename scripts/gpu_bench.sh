@@ -14,7 +14,7 @@
 # the engine-path lines of each launch).
 # env: SITE (~/spec-tuner-gpu/site), WORK, OUT (./gpu-results), WORKLOAD, NUM_PROMPTS,
 #      OUTPUT_LEN, CONCURRENCY (as gpu_demo.sh: instructcoder, 64, 128, 1,8,32), TRIAL_S (150),
-#      BENCH_ARGS (more `tuner bench` options, word-split: e.g. the study's --stability-max-s).
+#      BENCH_ARGS (more `tuner bench` options, word-split: e.g. the study's --stability).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIST=${1:?usage: scripts/gpu_bench.sh LIST [BUDGET_S]}

@@ -13,7 +13,7 @@
 # no token ids. `benchmarks/noise_sources.py analyze noise` prints the tables again anywhere.
 # env: SITE, WORK, OUT (./gpu-results), WORKLOAD (instructcoder), NUM_PROMPTS (16 here: the c=1
 #      level sends 16 requests, 8 measurements of it a launch), OUTPUT_LEN (128), CONCURRENCY
-#      (1,8,32), LAUNCHES (3), REPS (3), SUSPECTS (a,b,c,d,e,f,g,h), STABILITY_MAX_S (15),
+#      (1,8,32), LAUNCHES (3), REPS (3), SUSPECTS (a,b,c,d,e,f,g,h),
 #      NOISE_ARGS (more options of `noise_sources.py run`, e.g. --interleave JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ timeout -s INT -k 30 "$(( $(left) - 10 ))" python3 benchmarks/noise_sources.py r
   --out "$RUN" --budget-s "$(( $(left) - 25 ))" --workload "$WORKLOAD" \
   --num-prompts "$NUM_PROMPTS" --output-len "$OUTPUT_LEN" --concurrency "$CONCURRENCY" \
   --launches "${LAUNCHES:-3}" --reps "${REPS:-3}" --suspects "${SUSPECTS:-a,b,c,d,e,f,g,h}" \
-  --stability-max-s "${STABILITY_MAX_S:-15}" ${NOISE_ARGS:-} 2>&1 | tee -a "$RUN/run.txt"
+  ${NOISE_ARGS:-} 2>&1 | tee -a "$RUN/run.txt"
 python3 benchmarks/noise_sources.py analyze "$RUN" > "$RUN/tables.txt" 2>&1
 for d in "$RUN"/launch-*/; do
   grep -hE "non-default args|cudagraph_mode|[Aa]sync scheduling|[Mm]odel [Rr]unner" \

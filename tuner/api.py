@@ -147,7 +147,7 @@ def bench(options: BenchOptions, *, say: Say = print, show_bar: bool = False) ->
     metadata = dict(options.metadata)
     files.write_bench_result(out_dir, result, engine=engine, metadata=metadata, header={
         "workload": workload.model_dump(), "workload_digest": wl.digest,
-        "settings": settings.model_dump(), "schedule": schedule.model_dump(),
+        "settings": settings.model_dump(), "schedule": schedule.model_dump(mode="json"),
         "engine_spec": engine.model_dump(),
         "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata})
     return result
@@ -269,7 +269,7 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
              "target_concurrency": o.target_concurrency, "constraints": dict(o.constraints),
              "acceptance_profile": o.acceptance_rates, "metadata": dict(o.metadata),
              "confidence": o.confidence, "margin": o.margin,
-             st.SCHEDULE: schedule.model_dump(),
+             st.SCHEDULE: schedule.model_dump(mode="json"),
              "fingerprint": machine.fingerprint(engine, o.workload, wl.digest)}
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)

@@ -76,7 +76,8 @@ def _spec(tag: str, **kwargs):
     return fake_engine_spec(env={MARK: tag}, **kwargs)
 
 
-def _workload(n: int = 3, output_len: int = 12) -> Workload:
+def _workload(n: int = 40, output_len: int = 12) -> Workload:
+    # Enough distinct prompts for every level below (no engine is sent a prompt twice).
     prompts = tuple(Prompt(prompt=f"p{i} a b c", prompt_len=5, output_len=output_len)
                     for i in range(n))
     return Workload(spec=WorkloadSpec(name="random", num_prompts=n), prompts=prompts)
@@ -143,7 +144,7 @@ def test_a_stopped_engine_group_is_reaped_without_waiting_out_the_grace(tmp_path
 
 def test_stalled_requests_time_out_then_the_trial_fails(tmp_path, tag):
     spec = _spec(tag, stall_requests=True, request_timeout_s=1.0)
-    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=2),
+    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3),
                                  MeasureSettings(num_requests=2), str(tmp_path))
     f = out.failure
     assert f.kind == "measurement_failed"
@@ -156,7 +157,7 @@ def test_stalled_requests_time_out_then_the_trial_fails(tmp_path, tag):
 
 def test_a_level_past_its_timeout_fails_the_trial(tmp_path, tag):
     spec = _spec(tag, stall_requests=True, request_timeout_s=30.0, level_timeout_s=0.5)
-    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=2), MeasureSettings(),
+    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3), MeasureSettings(),
                                  str(tmp_path))
     assert out.failure.kind == "measurement_failed"
     assert "did not finish within" in out.failure.reason
@@ -167,7 +168,7 @@ def test_few_malformed_chunks_and_http_errors_are_counted_in_the_level(tmp_path,
     # Server-side request numbers 2..31 are measured (1 is the warm-up): 10, 20 malformed,
     # 15 and 30 HTTP 500 (30 is checked for the HTTP error first): 4 of 30, under 20 %.
     spec = _spec(tag, malformed_every=10, http_error_every=15)
-    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3),
+    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=31),
                                  MeasureSettings(num_requests=30), str(tmp_path))
     (level,) = out.result.levels
     assert (level.failed, level.completed, level.num_requests) == (4, 26, 30)
@@ -178,7 +179,7 @@ def test_few_malformed_chunks_and_http_errors_are_counted_in_the_level(tmp_path,
 
 def test_many_malformed_chunks_and_http_errors_fail_the_trial(tmp_path, tag):
     spec = _spec(tag, malformed_every=2, http_error_every=3)
-    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=3),
+    out = runner.measure_outcome(spec, TrialConfig(), _workload(n=13),
                                  MeasureSettings(num_requests=12), str(tmp_path))
     f = out.failure
     assert f.kind == "measurement_failed"
@@ -201,7 +202,7 @@ def test_a_port_taken_between_probe_and_bind_is_retried_on_another(tmp_path, tag
     monkeypatch.setattr(tuner.measure.engine, "free_port",
                         lambda host="127.0.0.1": next(ports, None) or real_free_port(host))
     try:
-        out = runner.measure_outcome(_spec(tag), TrialConfig(), _workload(n=2),
+        out = runner.measure_outcome(_spec(tag), TrialConfig(), _workload(n=3),
                                      MeasureSettings(), str(tmp_path))
     finally:
         holder.close()

@@ -40,11 +40,11 @@ def test_a_record_carries_exact_ids_and_the_request_asks_for_them() -> None:
                 conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
-    records = _requests_to(srv, n=2, output_len=5, salts=(None, "spec-tuner-pass-1"))
+    records = _requests_to(srv, n=2, output_len=5)
     assert [r.error for r in records] == [None, None]
     assert [b["return_token_ids"] for b in bodies] == [True, True]
-    # A prompt sent again carries its pass's salt; a first one no salt at all.
-    assert [b.get("cache_salt", "none") for b in bodies] == ["none", "spec-tuner-pass-1"]
+    # No cache_salt: no engine is sent a prompt twice (tuner.measure.request_schedule).
+    assert [b.get("cache_salt", "none") for b in bodies] == ["none", "none"]
     assert records[0].prompt_token_ids == (9, 8, 7)
     assert records[0].output_token_ids == (1, 2, 3, 4, 0) and records[0].output_tokens == 5
     # The count disagrees with usage: the timing stays, the ids go.
@@ -106,16 +106,13 @@ def _one_post_per_connection_server() -> tuple[socket.socket, list[str]]:
     return srv, log
 
 
-def _requests_to(srv: socket.socket, *, n: int, output_len: int,
-                 salts: tuple[str | None, ...] = ()) -> list:
-    """n requests, one at a time, to a local test server (request i with cache salt salts[i]
-    where given); closes the server after."""
+def _requests_to(srv: socket.socket, *, n: int, output_len: int) -> list:
+    """n requests, one at a time, to a local test server; closes the server after."""
     from tuner.records import Prompt
 
     try:
         url = f"http://127.0.0.1:{srv.getsockname()[1]}"
-        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=output_len,
-                          cache_salt=salts[i] if i < len(salts) else None)
+        prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=output_len)
                    for i in range(n)]
         records, _ = loadgen.run_requests(
             url, prompts, loadgen.RequestSettings(model="m", api_key="k", request_timeout_s=10),

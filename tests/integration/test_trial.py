@@ -24,7 +24,7 @@ SETTINGS = MeasureSettings(concurrencies=(1, 3), num_requests=5, warmup_output_l
 def _workload() -> Workload:
     # Prompts of different lengths and output budgets: 7 tokens stop on EOS, 6 on length.
     prompts = tuple(Prompt(prompt=" ".join(f"w{i}x{j}" for j in range(3 + i % 4)),
-                           prompt_len=3 + i % 4, output_len=6 + 3 * (i % 2)) for i in range(8))
+                           prompt_len=3 + i % 4, output_len=6 + 3 * (i % 2)) for i in range(14))
     return Workload(spec=WorkloadSpec(name="random", num_prompts=8), prompts=prompts)
 
 

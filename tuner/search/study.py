@@ -197,7 +197,8 @@ def _same_schedule(name: str, out_dir: Path, was: dict[str, Any] | None,
                    asked: dict[str, Any] | None) -> None:
     """Refuse to resume a study with another request schedule: every launch of a study sends
     the same requests (tuner.measure.request_schedule)."""
-    if was is None or asked is None or was == asked:
+    if was is None or asked is None or \
+            RequestSchedule.model_validate(was) == RequestSchedule.model_validate(asked):
         return
 
     def levels(stored: dict[str, Any]) -> str:
