@@ -115,7 +115,7 @@ class FakeLab:
         self.seen: dict[str, int] = {}
 
     def measure(self, engine_spec: EngineSpec, config: TrialConfig, workload: Workload,
-                settings: MeasureSettings, *, trial_dir: Path, progress: Any = None,
+                settings: MeasureSettings, *, trial_dir: Path, schedule: Any = None, progress: Any = None,
                 show_bar: bool = False) -> BenchResult:
         trial_dir.mkdir(parents=True, exist_ok=True)
         spec = config.speculative_config or {}
