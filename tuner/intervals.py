@@ -85,6 +85,51 @@ class Pool:
                 f"({self.df} degrees of freedom)")
 
 
+# One launch's windows at a level (LevelMetrics.windows) with the digest of the requests they
+# hold (LevelMetrics.prompts_digest): window j of two launches with one digest hold the same
+# requests.
+LaunchWindows = tuple[str | None, Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Within:
+    """The paired within-level spread of a speedup's log: the SD over the level's fixed windows
+    of log(A's window throughput) - log(B's), each side averaged over its launches, window j
+    holding the same requests on both sides (tuner.measure.windows), over sqrt(windows); with
+    windows - 1 degrees of freedom. It is what another sample of the workload's prompts (and
+    the engine within a launch) would move the speedup by, which the between-launch spread of
+    launches sending the same requests does not hold."""
+
+    se: float
+    df: int
+
+    @classmethod
+    def paired(cls, a: Iterable[LaunchWindows], b: Iterable[LaunchWindows]) -> Within | None:
+        """From each side's launches (digest, windows); None where no launches of the two share
+        one digest and one window count of at least 2, or a window holds no positive figure."""
+        a, b = list(a), list(b)
+        for digest, _ in b:
+            if digest is None:
+                continue
+            sides = [[w for d, w in side if d == digest] for side in (a, b)]
+            counts = {len(w) for side in sides for w in side}
+            if not all(sides) or len(counts) != 1 or (n := counts.pop()) < 2:
+                continue
+            means = [[_mean_log([w[j] for w in side]) for j in range(n)] for side in sides]
+            if any(m is None for side in means for m in side):
+                return None
+            diffs = [x - y for x, y in zip(means[0], means[1], strict=True)]
+            mean = sum(diffs) / n
+            sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+            return cls(se=sd / math.sqrt(n), df=n - 1)
+        return None
+
+
+def _mean_log(values: Sequence[float]) -> float | None:
+    xs = logs(values)
+    return sum(xs) / len(xs) if len(xs) == len(values) and xs else None
+
+
 def logs(values: Iterable[float]) -> list[float]:
     """The logs of the measured throughputs (a missing, zero or negative figure is no
     measurement)."""
@@ -99,19 +144,26 @@ def enough(n: int, pool: Pool) -> bool:
 
 
 def speedup(a: Sequence[float], b: Sequence[float], *, pool: Pool,
-            confidence: float = CONFIDENCE) -> Interval | None:
-    """A's speedup over B (throughputs of their launches) with its interval from `pool`;
-    None where either side has too few launches (`enough`)."""
+            confidence: float = CONFIDENCE, within: Within | None = None) -> Interval | None:
+    """A's speedup over B (throughputs of their launches) with its interval from `pool`, and,
+    where given, the paired within-level spread `within` added (independent sources: the
+    between-launch spread of launches that send the same requests holds none of the prompt
+    sample's), degrees of freedom by Welch-Satterthwaite; None where either side has too few
+    launches (`enough`)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence {confidence!r} must lie between 0 and 1 (0.95: 95%)")
     la, lb = logs(a), logs(b)
     if not (enough(len(la), pool) and enough(len(lb), pool)):
         return None
     diff = sum(la) / len(la) - sum(lb) / len(lb)
-    half = t_quantile(0.5 + confidence / 2, pool.df) * pool.sd * math.sqrt(
-        1 / len(la) + 1 / len(lb))
+    between = pool.sd * math.sqrt(1 / len(la) + 1 / len(lb))
+    se, df = between, float(pool.df)
+    if within is not None and within.df >= 1 and within.se > 0:
+        se = math.sqrt(between ** 2 + within.se ** 2)
+        df = se ** 4 / (between ** 4 / pool.df + within.se ** 4 / within.df)
+    half = t_quantile(0.5 + confidence / 2, df) * se
     return Interval(point=math.exp(diff), lo=math.exp(diff - half), hi=math.exp(diff + half),
-                    confidence=confidence, n_a=len(la), n_b=len(lb), df=pool.df)
+                    confidence=confidence, n_a=len(la), n_b=len(lb), df=round(df))
 
 
 def decide(interval: Interval, margin: float = MARGIN) -> Decision:

@@ -678,3 +678,18 @@ def test_a_single_launch_says_how_far_its_own_windows_spread():
     # a spread as large as the gain itself leaves it unsettled too
     assert _window_spreads(row("k4", 9.0, True, 1.05), row("base", 1.0, True, 1.0))[1]
     assert _window_spreads(row("k4", None, None, 1.4), row("base", None, None, 1.0)) == ("", False)
+
+
+def test_a_config_launched_once_counts_no_surer_than_its_paired_windows_moved():
+    from tuner.analysis.recommend import _paired_window_spread
+
+    base = pd.Series({"prompts_digest": "d", "windows": (10.0, 20.0, 30.0)})
+    win = pd.Series({"prompts_digest": "d", "windows": (20.0, 44.0, 54.0)})  # 2.0, 2.2, 1.8x
+    assert _paired_window_spread(win, base) == pytest.approx(0.2 / 2.0)
+    # Other requests, a study stored before digests, or one window: nothing paired.
+    assert _paired_window_spread(win.copy().set_axis(win.index), base.replace("d", "e")) is None
+    assert _paired_window_spread(pd.Series({"prompts_digest": None, "windows": (1.0, 2.0)}),
+                                 pd.Series({"prompts_digest": None, "windows": (1.0, 2.0)})) \
+        is None
+    assert _paired_window_spread(pd.Series({"prompts_digest": "d", "windows": (1.0,)}),
+                                 pd.Series({"prompts_digest": "d", "windows": (1.0,)})) is None

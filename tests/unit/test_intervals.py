@@ -104,3 +104,47 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="margin"):
         decide(_iv(0.9, 1.1), -0.01)
     assert intervals.percent(0.95) == "95%" and intervals.percent(0.995) == "99.5%"
+
+
+# --- the paired within-level spread ------------------------------------------------------------
+def test_paired_windows_give_the_spread_of_the_per_window_log_ratio():
+    # Window j of every launch holds the same requests (digest "d"): A is 2x, 2.2x and 1.8x
+    # the baseline on the three windows, over two launches of each.
+    base = [("d", (10.0, 20.0, 30.0)), ("d", (10.0, 20.0, 30.0))]
+    a = [("d", (20.0, 44.0, 54.0)), ("d", (20.0, 44.0, 54.0))]
+    within = intervals.Within.paired(a, base)
+    diffs = [math.log(2.0), math.log(2.2), math.log(1.8)]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert within is not None and within.df == 2
+    assert within.se == pytest.approx(sd / math.sqrt(3))
+    # Equal ratios in every window: nothing moves within the level.
+    same = intervals.Within.paired([("d", (20.0, 40.0, 60.0))], base)
+    assert same is not None and same.se == pytest.approx(0.0, abs=1e-12)
+
+
+def test_windows_pair_only_on_the_same_requests_and_the_same_cut():
+    base = [("d", (10.0, 20.0, 30.0))]
+    assert intervals.Within.paired([("other", (20.0, 44.0, 54.0))], base) is None
+    assert intervals.Within.paired([("d", (20.0, 44.0))], base) is None  # another cut
+    assert intervals.Within.paired([(None, (20.0, 44.0, 54.0))], [(None, (1.0, 2.0, 3.0))]) \
+        is None  # stored before digests: not known to be paired
+    assert intervals.Within.paired([("d", (20.0,))], [("d", (10.0,))]) is None  # one window
+    assert intervals.Within.paired([("d", (20.0, math.nan, 5.0))], base) is None
+    # Launches on another schedule are left out, the paired ones kept.
+    mixed = [("old", (1.0, 1.0, 1.0)), ("d", (20.0, 40.0, 60.0))]
+    assert intervals.Within.paired(mixed, base).se == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_paired_spread_widens_the_interval_it_is_added_to():
+    pool = Pool(sd=0.02, df=4, configs=2)
+    a, b = [200.0, 204.0], [100.0, 101.0]
+    plain = speedup(a, b, pool=pool)
+    wide = speedup(a, b, pool=pool, within=intervals.Within(se=0.05, df=2))
+    assert plain is not None and wide is not None and wide.point == plain.point
+    assert wide.lo < plain.lo and wide.hi > plain.hi
+    # Welch-Satterthwaite: between 2 and 6 degrees of freedom, nearer the noisier source's.
+    assert 2 <= wide.df <= 6
+    # A within spread of 0, or none at all, leaves the interval as the launches give it.
+    assert speedup(a, b, pool=pool, within=intervals.Within(se=0.0, df=2)) == plain
+    assert speedup([200.0], [100.0], pool=Pool(), within=intervals.Within(se=0.01, df=2)) is None

@@ -49,6 +49,8 @@ def _search(runs: list[tuple[TrialConfig, list[float]]], *, aligned: bool = Fals
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048), **options)
     search.runs = {cfg.key(): list(values) for cfg, values in runs}
     search._runs = lambda: {k: list(v) for k, v in search.runs.items() if v}
+    search.windows = {}  # config key -> [(prompts digest, windows)] per launch
+    search._launch_windows = lambda: search.windows
     search._baselines = lambda: [BASE, *([ALIGNED] if aligned else [])]
     search.launches = lambda: 0  # no study: the budget (_n_trials, 0 here) is all that is left
     return search
@@ -68,6 +70,19 @@ def test_a_clear_winner_is_decided_with_its_interval():
     assert "ngram k=3 window 4-4 beats baseline (no speculation)" in verdict.full
     assert "ngram k=3 window 4-4 beats ngram k=5 window 2-5: 1.10x" in verdict.full
     assert "pooled over 3 config(s) (6 degrees of freedom)" in verdict.full
+
+
+def test_a_speedup_that_moves_across_the_levels_windows_is_not_decided_by_launches_alone():
+    runs = [(BASE, [100, 102, 98]), (A, [121, 119, 123]), (B, [110, 112, 108])]
+    assert _search(runs)._verdict([A, B]).decided
+    # The same launches, but A's gain over the baseline lives in one window of the three
+    # (the same requests in every launch): 1.6x, 1.0x, 1.0x. Across prompts it is not sure.
+    search = _search(runs)
+    search.windows = {BASE.key(): [("d", (100.0, 100.0, 100.0))] * 3,
+                      A.key(): [("d", (160.0, 100.0, 105.0))] * 3,
+                      B.key(): [("d", (110.0, 110.0, 110.0))] * 3}
+    verdict = search._verdict([A, B])
+    assert not verdict.decided and "open" in verdict.short
 
 
 def test_overlapping_launches_leave_it_open_and_say_which_comparison():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from tuner import intervals
 from tuner.records import LevelMetrics, Role, TrialAttr, TrialConfig
 
 if TYPE_CHECKING:
@@ -109,6 +110,24 @@ def launch_throughputs(df: pd.DataFrame, concurrency: int) -> dict[str, tuple[fl
     speedup's interval is computed from (tuner.intervals). Empty for a frame built by hand."""
     runs = df.attrs.get(RUNS_ATTR) or {}
     return {key: values for (key, level), values in runs.items() if level == concurrency}
+
+
+def launch_windows(df: pd.DataFrame, concurrency: int
+                   ) -> dict[str, tuple[intervals.LaunchWindows, ...]]:
+    """Each config's windows at `concurrency` (LevelMetrics.windows, with the prompts digest of
+    the requests they hold), one entry per launch of a completed trial, copies answered from
+    storage left out: what pairs a speedup's windows (tuner.intervals.Within)."""
+    out: dict[str, list[intervals.LaunchWindows]] = {}
+    if "windows" not in df.columns:
+        return {}
+    rows = df[(df["concurrency"] == concurrency).fillna(False) & (df["state"] == "COMPLETE")
+              & df["duplicate_of"].isna()]
+    for _, r in rows.iterrows():
+        windows, digest = r.get("windows"), r.get("prompts_digest")
+        if isinstance(windows, (tuple, list)) and windows:
+            out.setdefault(str(r["config_key"]), []).append(
+                (digest if isinstance(digest, str) else None, tuple(windows)))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def configs_of(df: pd.DataFrame) -> Mapping[str, TrialConfig]:

@@ -53,6 +53,9 @@ class _Level:
     runs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     pool: intervals.Pool = field(default_factory=intervals.Pool)
     base_key: str = ""
+    # config key -> each launch's windows at this level (frame.launch_windows): the paired
+    # within-level spread each interval adds (tuner.intervals.Within).
+    windows: Mapping[str, tuple[intervals.LaunchWindows, ...]] = field(default_factory=dict)
 
     @property
     def confidence(self) -> float:
@@ -67,9 +70,11 @@ class _Level:
 
     def interval(self, row: pd.Series) -> intervals.Interval | None:
         """The row's speedup over the plain baseline across launches, with its interval."""
+        within = intervals.Within.paired(self.windows.get(row["config_key"], ()),
+                                         self.windows.get(self.base_key, ()))
         return intervals.speedup(self.runs.get(row["config_key"], ()),
                                  self.runs.get(self.base_key, ()), pool=self.pool,
-                                 confidence=self.confidence)
+                                 confidence=self.confidence, within=within)
 
     def decision(self, row: pd.Series) -> intervals.Decision | None:
         """What the row's interval says against 1.00x (intervals.decide); None without one."""
@@ -129,7 +134,8 @@ def recommend(
     base = base_rows.iloc[0]
     runs = frame.launch_throughputs(df, concurrency)
     at = replace(at, single_run_spread=_single_run_spread(level), runs=runs,
-                 pool=intervals.Pool.of(runs.values()), base_key=str(base["config_key"]))
+                 pool=intervals.Pool.of(runs.values()), base_key=str(base["config_key"]),
+                 windows=frame.launch_windows(df, concurrency))
     candidates = level[level["method"] != "none"]
     if candidates["config_key"].nunique() < MIN_CANDIDATES:
         return _too_few_configs(candidates, base, at)

@@ -239,6 +239,7 @@ class ReplaySearch:
         # ranking; within `margin` of 1.00x two configs are as good as each other.
         self.confidence, self.margin = confidence, margin
         self._looks = 1  # how many times _confirm may look at the ranking (set there)
+        self._paired: dict[str, list[intervals.LaunchWindows]] = {}  # _verdict: windows by key
         self.say, self.detail, self.note = loop.say, loop.detail, loop.note
         self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
@@ -617,6 +618,15 @@ class ReplaySearch:
                 out.setdefault(m.config.key(), []).append(lv.output_throughput)
         return out
 
+    def _launch_windows(self) -> dict[str, list[intervals.LaunchWindows]]:
+        """Every config's windows at the target level with the digest of the requests they
+        hold, one entry per launch, by config key."""
+        c, out = self.loop.target, {}
+        for m in measured_trials(self.study, self.study_dir, captures=False):
+            if (lv := m.levels.get(c)) is not None and lv.windows:
+                out.setdefault(m.config.key(), []).append((lv.prompts_digest, lv.windows))
+        return out
+
     def _baselines(self) -> list[TrialConfig]:
         """The plain baseline, and the aligned one where the study measured it."""
         aligned = aligned_config(self.study)
@@ -638,6 +648,7 @@ class ReplaySearch:
         cost), and each leader's ratio to it, speculation's own gain, is said with its
         interval."""
         at, runs = f"c={self.loop.target}", self._runs()
+        self._paired = self._launch_windows()
         pool = intervals.Pool.of(runs.values())
         baselines = self._baselines()
         plain, ranked = baselines[0], [*baselines, *leaders]
@@ -681,9 +692,13 @@ class ReplaySearch:
 
     def _interval(self, runs: dict[str, list[float]], a: TrialConfig, b: TrialConfig,
                   pool: intervals.Pool) -> intervals.Interval | None:
-        """A's speedup over B with its interval at the study's --confidence."""
+        """A's speedup over B with its interval at the study's --confidence, the paired
+        within-level spread of their windows added (tuner.intervals.Within)."""
+        within = intervals.Within.paired(self._paired.get(a.key(), ()),
+                                         self._paired.get(b.key(), ()))
         return intervals.speedup(runs.get(a.key(), ()), runs.get(b.key(), ()), pool=pool,
-                                 confidence=1 - (1 - self.confidence) / self._looks)
+                                 confidence=1 - (1 - self.confidence) / self._looks,
+                                 within=within)
 
     def _compared(self, a: TrialConfig, b: TrialConfig, iv: intervals.Interval | None,
                   decision: intervals.Decision) -> str:
