@@ -21,6 +21,7 @@ from typing import Any
 from tuner import checks, engine_cmdline
 from tuner.errors import ConfigError
 from tuner.records import (
+    SCHEDULE,
     BenchOptions,
     BenchResult,
     EngineOptions,
@@ -269,7 +270,7 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
              "target_concurrency": o.target_concurrency, "constraints": dict(o.constraints),
              "acceptance_profile": o.acceptance_rates, "metadata": dict(o.metadata),
              "confidence": o.confidence, "margin": o.margin,
-             st.SCHEDULE: schedule.model_dump(mode="json"),
+             SCHEDULE: schedule.model_dump(mode="json"),
              "fingerprint": machine.fingerprint(engine, o.workload, wl.digest)}
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)

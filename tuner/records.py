@@ -87,6 +87,8 @@ SAMPLING_MISMATCH = "sampling_mismatch"
 # Key of a study's "tuner" settings: the PredictionMiss records the replay strategy found
 # (dumped), which the recommendation at their level names where it rests on that config.
 PREDICTION_MISSES = "prediction_misses"
+# Key of a study's "tuner" settings: the RequestSchedule every launch of the study sends.
+SCHEDULE = "schedule"
 
 
 class Workload(Frozen):

@@ -21,7 +21,13 @@ from tuner.outputs import decisions, files, split_table
 from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
-from tuner.records import PREDICTION_MISSES, LevelMetrics, PredictionMiss
+from tuner.records import (
+    PREDICTION_MISSES,
+    SCHEDULE,
+    LevelMetrics,
+    PredictionMiss,
+    RequestSchedule,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,6 +135,22 @@ def _csv_text(df: pd.DataFrame) -> str:
     return out.to_csv(index=False)
 
 
+def _schedule_text(stored: dict[str, Any] | None) -> str:
+    """The request schedule every launch sent, as the report's context says it."""
+    if not stored:
+        return "not recorded (a study stored before the request schedule)"
+    plan = RequestSchedule.model_validate(stored)
+    levels = ", ".join(f"c={lv.concurrency}: {len(lv.warmups)} warm-up(s) + "
+                       f"{len(lv.measured)} measured"
+                       + (f" (shortened from {lv.asked})" if lv.asked else "")
+                       for lv in plan.levels)
+    if plan.allow_repeats:
+        return (f"{plan.requests}, the same in every launch ({levels}); --allow-repeats: "
+                f"prompts may repeat within a launch, and suffix decoding and the prefix cache "
+                f"learn from the repeats")
+    return f"{plan.requests}, the same in every launch, no prompt twice ({levels})"
+
+
 class _Doc:
     """The content of one report, rendered as JSON summary, Markdown or HTML."""
 
@@ -210,6 +232,7 @@ class _Doc:
         rows.append(("objectives", ", ".join(m.get("objectives") or [])))
         rows.append(("target concurrency", str(m.get("target_concurrency", "?"))))
         rows.append(("concurrency levels", ", ".join(map(str, self.levels)) or "-"))
+        rows.append(("requests per launch", _schedule_text(m.get(SCHEDULE))))
         cons = m.get("constraints") or {}
         rows.append(("SLOs", ", ".join(f"{k}={v}" for k, v in cons.items() if v is not None)
                      or "none (knee of the front)"))

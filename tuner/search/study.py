@@ -24,6 +24,7 @@ from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records import (
+    SCHEDULE,
     BenchResult,
     EngineSpec,
     RequestSchedule,
@@ -35,7 +36,6 @@ from tuner.records import (
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
-SCHEDULE = "schedule"  # its key holding the RequestSchedule every launch sends
 
 
 def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
