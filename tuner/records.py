@@ -40,7 +40,7 @@ class WorkloadSpec(Frozen):
 
     name: str
     dataset_path: str | None = None
-    num_prompts: int = 32
+    num_prompts: int = 16
     seed: int = 0
     output_len: int | None = None  # None: the workload's default (vLLM's for that dataset)
     max_input_tokens: int | None = None
@@ -111,6 +111,13 @@ def prompts_digest(prompts: Sequence[Prompt]) -> str:
     return h.hexdigest()[:16]
 
 
+# An engine's time limits, the one home of their defaults (EngineSpec, EngineOptions and the
+# CLI's --ready-timeout, --request-timeout, --level-timeout read them).
+READY_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 300.0
+LEVEL_TIMEOUT_S = 3600.0
+
+
 class EngineSpec(Frozen):
     """How to start one vLLM server; the speculative config comes per trial."""
 
@@ -124,9 +131,9 @@ class EngineSpec(Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     host: str = "127.0.0.1"
     device: str = "cpu"
-    ready_timeout_s: float = 600.0
-    request_timeout_s: float = 300.0
-    level_timeout_s: float = 3600.0
+    ready_timeout_s: float = READY_TIMEOUT_S
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    level_timeout_s: float = LEVEL_TIMEOUT_S
     tokenizer: str | None = None
     # A server that is already running (`tuner bench --base-url`): measured, never launched.
     base_url: str | None = None
@@ -462,7 +469,7 @@ class MeasureSettings(Frozen):
     # Windows (`--stability`, tuner.measure.windows): each level's measured requests are cut
     # into `stable_windows` fixed slices; the level is steady when their decode times per
     # token agree within `stability_pct` percent. 0: no windows. Nothing more is sent either way.
-    stability_pct: float = Field(0.0, ge=0.0)
+    stability_pct: float = Field(3.0, ge=0.0)
     stable_windows: int = Field(3, ge=1)
     # `--allow-repeats`: the schedule may send a prompt to one engine again where the data
     # holds too few (RequestSchedule); otherwise levels are shortened instead.
@@ -548,9 +555,9 @@ class EngineOptions:
     vllm_cmd: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    ready_timeout_s: float = 900.0
-    request_timeout_s: float = 300.0
-    level_timeout_s: float = 3600.0
+    ready_timeout_s: float = READY_TIMEOUT_S
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    level_timeout_s: float = LEVEL_TIMEOUT_S
     base_url: str | None = None
 
     @classmethod
