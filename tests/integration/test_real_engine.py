@@ -172,10 +172,10 @@ def test_per_batch_size_schedule_is_honoured_by_the_real_engine(engine_spec, tmp
     schedule = rules.bands(rules.choose_k(per_k), per_k, max_batch=256)
     spec = rules.policy_config(NGRAM, schedule)
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 256, 0]]
+    settings = MeasureSettings(concurrencies=(1, 4), num_requests=8)
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=4, output_len=48),
-                        tokenizer=engine_spec.model)
-    result = runner.measure(engine_spec, TrialConfig(speculative_config=spec), wl,
-                            MeasureSettings(concurrencies=(1, 4), num_requests=8),
+                        tokenizer=engine_spec.model, pool=settings.pool_size(4))
+    result = runner.measure(engine_spec, TrialConfig(speculative_config=spec), wl, settings,
                             trial_dir=tmp_path)
     c1, c4 = result.levels
     assert c1.spec_decode_num_drafts > 20

@@ -60,7 +60,20 @@ def test_replay_launches_baseline_calibration_then_confirms(tmp_path):
     confirmed = ngram[ngram["measured_trials"] > 0]
     assert len(confirmed) >= 2 and confirmed["err_acceptance_length_pct"].notna().all()
     # every launch has its tokens stored with it
-    assert all(st.token_capture(tmp_path / "study", t) is not None for t in trials)
+    captures = [st.token_capture(tmp_path / "study", t) for t in trials]
+    assert all(cap is not None for cap in captures)
+    # Every launch at a level sent the same requests in the same order, and no launch sent
+    # one prompt twice (the study's request schedule, stored with it).
+    for c in (1, 2):
+        sent = {tuple(tuple(r.prompt.tolist()) for r in sorted(cap.level(c, warmup=False),
+                                                                key=lambda r: r.index))
+                for cap in captures}
+        assert len(sent) == 1, f"c={c}: {len(sent)} different request sequences"
+    for cap in captures:
+        prompts = [tuple(r.prompt.tolist()) for r in cap.requests]
+        assert len(prompts) == len(set(prompts))
+    schedule = st.schedule_of(study)
+    assert schedule is not None and schedule.requests == len(captures[0].requests)
 
 
 def test_the_confirm_loop_resumes_and_predict_reads_the_study(tmp_path, capsys):

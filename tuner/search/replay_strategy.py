@@ -66,7 +66,7 @@ def why_not_replayable(space: SearchSpace, *, rates: list[float] | None) -> str 
     if any(isinstance(p, Param) for p in space.engine.values()):
         return "the space searches engine knobs, which the step-cost model does not cover"
     if rates:
-        return "--acceptance-rates forces a synthetic acceptance that replay cannot predict"
+        return "--acceptance-profile forces a synthetic acceptance that replay cannot predict"
     return None
 
 
