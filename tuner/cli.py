@@ -110,6 +110,19 @@ class _Renamed(argparse.Action):
                 f"{self.old} is now {new} ({self.why}); the old name still works for now."))]
 
 
+class _Retired(argparse.Action):
+    """A flag that no longer does anything: its value is taken and dropped, with one warning
+    that says why (`why`), so a command written for an earlier version still runs."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, why: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.deprecated = [*getattr(namespace, "deprecated", []), (self.dest, (
+            f"{option_string} {values} is ignored: {self.why}."))]
+
+
 # --concurrency always names the levels to measure (bench, optimize), as in `vllm bench serve`
 # (where --max-concurrency is one load level); the flags that meant something else were renamed.
 _LADDER_MAX_WHY = ("the top of the policy ladder; in `vllm bench serve` --max-concurrency is "
@@ -247,6 +260,9 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
                    "same requests in every launch) and mark the level unsteady where their "
                    "decode times per token spread more than this many percent; 0: no windows. "
                    "Nothing more is sent either way")
+    g.add_argument("--stability-max-s", action=_Retired, metavar="S", help=argparse.SUPPRESS,
+                   why="a level no longer runs until its windows agree; every launch sends "
+                   "the same fixed requests (see --stability)")
     g.add_argument("--allow-repeats", action="store_true",
                    help="where the workload holds fewer distinct prompts than the levels ask "
                    "for, send prompts again (for traffic that truly repeats: suffix decoding and "

@@ -155,6 +155,14 @@ def test_the_flags_reach_the_settings(monkeypatch, tmp_path):
     assert (off.stability_pct, off.allow_repeats) == (0.0, True)
 
 
+def test_the_retired_time_cap_is_ignored_with_one_warning(monkeypatch, tmp_path, capsys):
+    settings = _bench_settings(monkeypatch, tmp_path, "--stability-max-s", "40")
+    assert settings == _bench_settings(monkeypatch, tmp_path)
+    err = capsys.readouterr().err
+    assert "tuner: warning: --stability-max-s 40 is ignored: a level no longer runs until its " \
+           "windows agree" in err
+
+
 def test_the_flags_for_optimize_too(monkeypatch, tmp_path):
     from tuner import api, cli
 
