@@ -60,6 +60,8 @@ def test_a_level_keeps_at_least_one_measured_request_or_the_command_is_refused()
     settings = MeasureSettings(concurrencies=(1, 4), requests_per_slot=4)
     schedule, _ = rs.build(_workload(7), settings)  # 5 warm-ups, 2 rooms
     assert [len(lv.measured) for lv in schedule.levels] == [1, 1]
+    with pytest.raises(ConfigError, match="has no prompts to send"):
+        rs.build(_workload(0), settings.model_copy(update={"allow_repeats": True}))
     with pytest.raises(ConfigError) as err:
         rs.build(_workload(6, name="custom"), settings)
     text = str(err.value)

@@ -24,8 +24,11 @@ from tuner.records import LevelRequests, MeasureSettings, Prompt, RequestSchedul
 
 def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedule, str | None]:
     """The schedule for `workload` under `settings`, and one line where a level was shortened
-    (None where every level got what it asked for)."""
+    or, with --allow-repeats, prompts repeat (None where every level got what it asked for)."""
     distinct = len(workload.prompts)
+    if not distinct:
+        raise ConfigError(f"{_source(workload)} has no prompts to send. Check --dataset-path "
+                          f"and the workload's filters (--max-input-tokens, --category).")
     levels = settings.concurrencies
     warm = [settings.warmups_for(c) for c in levels]
     asked = [settings.requests_for(c, workload.spec.num_prompts) for c in levels]
