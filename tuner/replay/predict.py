@@ -29,11 +29,17 @@ from typing import Any
 import numpy as np
 
 from tuner import intervals
-from tuner.records import LevelMetrics, Measured, PredictionMiss, SpeedupSplit, TrialConfig
+from tuner.records import (
+    LevelMetrics,
+    Measured,
+    PredictionMiss,
+    Role,
+    SpeedupSplit,
+    TrialConfig,
+)
 from tuner.replay import acceptance, cost, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
-BASELINE_ROLES = ("baseline", "aligned_baseline")
 # The replay's stated accuracy on a launched config's acceptance length, over the requests it
 # predicted (the paired schedule), at temperature 0: n-gram steps vLLM's own proposer over the
 # same tokens (within 0.4% at c=1 on the H100 and 0.22% on the CPU; docs/accuracy.md), suffix
@@ -47,14 +53,17 @@ class MeasuredTrial:
 
     number: int
     config: TrialConfig
-    role: str
+    role: Role  # a Role value given as its string is read as the Role
     levels: dict[int, LevelMetrics]
     capture: TokenCapture | None = None
     cudagraph_mode: str | None = None  # as the engine path read it from the trial's log
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))
+
     @property
     def aligned(self) -> bool:
-        return self.role == "aligned_baseline"
+        return self.role == Role.ALIGNED_BASELINE
 
     @property
     def speculative(self) -> bool:
