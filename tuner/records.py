@@ -885,6 +885,11 @@ class PredictionMiss(Frozen):
                 f"relying on it.")
 
 
+def stored_misses(settings: Mapping[str, Any]) -> list[PredictionMiss]:
+    """The PredictionMiss records kept in a study's settings (PREDICTION_MISSES)."""
+    return [PredictionMiss.model_validate(m) for m in settings.get(PREDICTION_MISSES) or []]
+
+
 class Recommendation(Frozen):
     """What to run at one concurrency level, or why the data cannot say."""
 

@@ -24,13 +24,13 @@ import pandas as pd
 from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
 from tuner.records import (
-    PREDICTION_MISSES,
     SAMPLING_MISMATCH,
     EngineSpec,
     PredictionMiss,
     Recommendation,
     Role,
     TrialConfig,
+    stored_misses,
 )
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
@@ -95,9 +95,8 @@ class _Level:
     def misses(self, row: pd.Series) -> tuple[PredictionMiss, ...]:
         """The replay's misses of the row's config at this level (PREDICTION_MISSES, written
         by the replay strategy): a recommendation resting on it says so."""
-        return tuple(m for stored in self.meta.get(PREDICTION_MISSES) or []
-                     if (m := PredictionMiss.model_validate(stored)).key == row["config_key"]
-                     and m.concurrency == self.concurrency)
+        return tuple(m for m in stored_misses(self.meta)
+                     if m.key == row["config_key"] and m.concurrency == self.concurrency)
 
     def config(self, row: pd.Series) -> TrialConfig:
         return self.configs[row["config_key"]]

@@ -22,11 +22,11 @@ from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
 from tuner.records import (
-    PREDICTION_MISSES,
     SCHEDULE,
     LevelMetrics,
     PredictionMiss,
     RequestSchedule,
+    stored_misses,
 )
 
 if TYPE_CHECKING:
@@ -431,9 +431,8 @@ class _Doc:
         """Every launched config at the recommendation's level whose acceptance the replay
         missed beyond its stated accuracy, the chosen one's already in its reason."""
         said = {m.key for m in rec.prediction_misses}
-        return [m for stored in self.meta.get(PREDICTION_MISSES) or []
-                if (m := PredictionMiss.model_validate(stored)).concurrency == rec.concurrency
-                and m.key not in said]
+        return [m for m in stored_misses(self.meta)
+                if m.concurrency == rec.concurrency and m.key not in said]
 
     def _html_rec(self, rec: Recommendation) -> str:
         e = html.escape

@@ -37,10 +37,10 @@ from tuner.records import (
     BenchResult,
     EngineLimits,
     LevelMetrics,
-    PredictionMiss,
     Role,
     TrialAttr,
     TrialConfig,
+    stored_misses,
 )
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
@@ -528,7 +528,7 @@ class ReplaySearch:
         record kept in the study's settings (PREDICTION_MISSES), where the recommendation
         that rests on that config reads it."""
         meta = dict(self.study.user_attrs.get(st.ATTR) or {})
-        known = [PredictionMiss.model_validate(m) for m in meta.get(PREDICTION_MISSES) or []]
+        known = stored_misses(meta)
         seen = {(m.key, m.concurrency) for m in known}
         fresh = [m for m in misses(pred.rows, temperature=pred.temperature)
                  if (m.key, m.concurrency) not in seen]
