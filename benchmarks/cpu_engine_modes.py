@@ -21,7 +21,8 @@ from pathlib import Path
 from tuner import api
 from tuner.measure import trial as runner
 from tuner.measure import workloads
-from tuner.records import EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import EngineOptions
 
 VARIANTS = {
     # name: (drop these default args, add these args, extra env)

@@ -32,7 +32,8 @@ import aiohttp
 import tuner
 from tuner.measure import loadgen, metrics
 from tuner.measure.engine import Engine
-from tuner.records import EngineSpec, LevelMetrics, Prompt, SpecDecodeCounts, TrialConfig
+from tuner.records.configs import EngineSpec, Prompt, TrialConfig
+from tuner.records.results import LevelMetrics, SpecDecodeCounts
 from tuner.testing.fake_engine import SCRIPT_ENV
 
 ROOT = Path(tuner.__file__).resolve().parent.parent  # the fake engine child imports this tuner

@@ -23,7 +23,8 @@ from pathlib import Path
 from tuner import api
 from tuner.measure import loadgen, metrics, workloads
 from tuner.measure.engine import Engine
-from tuner.records import EngineOptions, TrialConfig, WorkloadSpec
+from tuner.records.configs import TrialConfig, WorkloadSpec
+from tuner.records.options import EngineOptions
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
          "prompt_lookup_max": 5}

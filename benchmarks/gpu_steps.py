@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.records import BenchResult
+from tuner.records.results import BenchResult
 from tuner.replay.acceptance import replay
 from tuner.tokens import FILE_NAME, TokenCapture
 

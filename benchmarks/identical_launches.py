@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tuner import api, checks
 from tuner.errors import ConfigError
-from tuner.records import BenchOptions, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions
 
 DEFAULT_CONFIGS = {
     "baseline": None,

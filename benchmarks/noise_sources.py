@@ -39,15 +39,9 @@ from noise_probes import CpuMark, Monitor, gpu_placement
 
 from tuner import api, checks, engine_cmdline
 from tuner.errors import ConfigError, TrialFailed
-from tuner.records import (
-    BenchOptions,
-    BenchResult,
-    EngineOptions,
-    EngineSpec,
-    MeasureSettings,
-    TrialConfig,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions
+from tuner.records.results import BenchResult
 
 Say = Callable[[str], None]
 SUSPECTS = {"a": "repeats within a launch", "b": "converging measurement",

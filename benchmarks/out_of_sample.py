@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.records import BenchResult  # noqa: E402
+from tuner.records.results import BenchResult
 
 
 def _pct(pred: float | None, meas: float | None) -> str:

@@ -29,7 +29,9 @@ from pathlib import Path
 
 from tuner import api, checks, engine_cmdline
 from tuner.measure import trial, workloads
-from tuner.records import BenchResult, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import EngineOptions
+from tuner.records.results import BenchResult
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.search import replay_strategy

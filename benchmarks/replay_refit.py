@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.records import BenchResult, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import BenchResult
 from tuner.replay.acceptance import replay
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.tokens import FILE_NAME, TokenCapture

@@ -29,7 +29,8 @@ import pandas as pd
 
 from tuner import api, engine_cmdline
 from tuner.measure import trial, workloads
-from tuner.records import EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import EngineOptions
 
 COMMON = ["--workload", "instructcoder", "--num-prompts", "4", "--output-len", "64",
           "--concurrency", "1,4", "--requests-per-slot", "2"]

@@ -52,14 +52,9 @@ from noise_sources import _write_json as write_json  # noqa: E402
 
 from tuner import api, checks, engine_cmdline  # noqa: E402
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
-from tuner.records import (  # noqa: E402
-    BenchResult,
-    EngineOptions,
-    EngineSpec,
-    MeasureSettings,
-    TrialConfig,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import EngineOptions
+from tuner.records.results import BenchResult
 
 # Each engine's share of one GPU when several run at once (vLLM 0.26's flags): a fixed KV
 # cache skips vLLM's memory profiling, which other engines' allocations would upset.

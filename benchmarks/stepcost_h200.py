@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.records import BenchResult, LevelMetrics, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import BenchResult, LevelMetrics
 from tuner.replay.predict import MeasuredTrial, Prediction, predict
 from tuner.tokens import TokenCapture
 

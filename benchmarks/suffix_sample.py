@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from tuner.records import BenchResult
+from tuner.records.results import BenchResult
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.search import replay_strategy
 from tuner.search import space as spaces

@@ -41,17 +41,16 @@ from tuner import api
 from tuner.measure import trial as runner
 from tuner.measure.engine import TEARDOWN_GRACE_S
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import (
-    EngineOptions,
+from tuner.records.configs import (
     EngineSpec,
     MeasureSettings,
-    OptimizeOptions,
     Prompt,
     TrialConfig,
-    TrialOutcome,
     Workload,
     WorkloadSpec,
 )
+from tuner.records.options import EngineOptions, OptimizeOptions
+from tuner.records.results import TrialOutcome
 from tuner.search import study as st
 from tuner.testing import leaks
 from tuner.testing.fake_engine import SCRIPT_ENV

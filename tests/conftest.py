@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.engine import Engine
-from tuner.records import EngineSpec, Prompt, TrialConfig
+from tuner.records.configs import EngineSpec, Prompt, TrialConfig
 from tuner.testing import fake_engine as _fake
 
 # What a child process needs to import this checkout (tests that start Python themselves).

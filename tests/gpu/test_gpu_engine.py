@@ -10,7 +10,8 @@ import pytest
 
 from tuner import api
 from tuner.measure.machine import has_nvidia_gpu
-from tuner.records import BenchOptions, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,14 +16,8 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.records import (
-    BenchOptions,
-    EngineOptions,
-    EngineSpec,
-    OptimizeOptions,
-    TrialConfig,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions, OptimizeOptions
 from tuner.testing import conformance
 from tuner.testing import fake_engine as fake
 

@@ -30,14 +30,8 @@ from tuner.errors import EngineStartTimeout
 from tuner.measure import trial as runner
 from tuner.measure.engine import TEARDOWN_GRACE_S, Engine
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import (
-    MeasureSettings,
-    OptimizeOptions,
-    Prompt,
-    TrialConfig,
-    Workload,
-    WorkloadSpec,
-)
+from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records.options import OptimizeOptions
 from tuner.search import study as st
 from tuner.testing import leaks
 

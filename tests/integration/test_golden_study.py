@@ -61,15 +61,8 @@ import tuner
 from tuner import cli, tokens
 from tuner.errors import EngineCrashed
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import (
-    BenchResult,
-    EngineInfo,
-    EngineSpec,
-    LevelMetrics,
-    MeasureSettings,
-    TrialConfig,
-    Workload,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.testing.fake_engine import token_id
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"

@@ -27,7 +27,9 @@ import tuner
 from tuner import api
 from tuner.measure.engine import Engine
 from tuner.outputs import files
-from tuner.records import BenchResult, EngineInfo, EngineOptions, LevelMetrics, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.options import EngineOptions
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.testing.fake_engine import SCRIPT_ENV
 
 EVIL = "<script>alert('x')</script>"

@@ -108,7 +108,7 @@ def _one_post_per_connection_server() -> tuple[socket.socket, list[str]]:
 
 def _requests_to(srv: socket.socket, *, n: int, output_len: int) -> list:
     """n requests, one at a time, to a local test server; closes the server after."""
-    from tuner.records import Prompt
+    from tuner.records.configs import Prompt
 
     try:
         url = f"http://127.0.0.1:{srv.getsockname()[1]}"
@@ -135,7 +135,7 @@ def test_no_wait_outlives_the_level_deadline_even_without_a_cancellation() -> No
     # (thousands of slots made that common), so the loop must stop on its own at the deadline.
     import time
 
-    from tuner.records import Prompt
+    from tuner.records.configs import Prompt
 
     srv = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []

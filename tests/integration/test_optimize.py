@@ -18,7 +18,8 @@ from conftest import fake_engine_spec
 
 from tuner import api
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, OptimizeOptions, WorkloadSpec
+from tuner.records.configs import MeasureSettings, WorkloadSpec
+from tuner.records.options import OptimizeOptions
 from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)

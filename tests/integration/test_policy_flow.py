@@ -13,7 +13,8 @@ from conftest import fake_engine_spec
 from tuner import api
 from tuner.engine_cmdline import EMBEDDED_HUB_ID, EMBEDDED_SERVE_NOTE
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, OptimizeOptions, PolicyOptions, WorkloadSpec
+from tuner.records.configs import MeasureSettings, WorkloadSpec
+from tuner.records.options import OptimizeOptions, PolicyOptions
 
 
 def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 
 from tuner import api
 from tuner.errors import EngineCrashed
-from tuner.records import BenchOptions, EngineOptions, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions
 
 pytestmark = pytest.mark.engine
 

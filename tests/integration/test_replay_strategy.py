@@ -15,7 +15,8 @@ from conftest import fake_engine_spec
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
-from tuner.records import MeasureSettings, OptimizeOptions, WorkloadSpec
+from tuner.records.configs import MeasureSettings, WorkloadSpec
+from tuner.records.options import OptimizeOptions
 from tuner.search import replay_strategy
 from tuner.search import study as st
 
@@ -115,7 +116,7 @@ def test_a_space_replay_cannot_predict_is_refused_and_auto_falls_back(tmp_path):
 
 
 def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
-    from tuner.records import TrialConfig
+    from tuner.records.configs import TrialConfig
 
     aligned = TrialConfig(engine_env={"FAKE_PATH": "speculative"})
     lines: list[str] = []

@@ -12,7 +12,9 @@ from conftest import fake_engine_spec
 from tuner import api
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
-from tuner.records import SAMPLING_MISMATCH, MeasureSettings, OptimizeOptions, WorkloadSpec
+from tuner.records.configs import MeasureSettings, WorkloadSpec
+from tuner.records.options import OptimizeOptions
+from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.search import study as st
 

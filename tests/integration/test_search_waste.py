@@ -19,7 +19,9 @@ from tuner import api, cli
 from tuner.api import write_report as write_outputs
 from tuner.measure import workloads
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import BenchResult, MeasureSettings, OptimizeOptions, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import OptimizeOptions
+from tuner.records.results import BenchResult
 from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8)

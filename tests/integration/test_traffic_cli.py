@@ -21,7 +21,8 @@ from conftest import fake_engine_spec
 
 from tuner import api, cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import MeasureSettings, OptimizeOptions, TrialConfig, WorkloadSpec
+from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import OptimizeOptions
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import predict
 from tuner.search import replay_strategy

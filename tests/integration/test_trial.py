@@ -14,7 +14,7 @@ from pathlib import Path
 from conftest import fake_engine_spec
 
 from tuner.measure import trial as runner
-from tuner.records import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
 from tuner.testing.fake_engine import EOS_ID, token_id
 from tuner.tokens import FILE_NAME, TokenCapture
 

@@ -16,7 +16,8 @@ from conftest import fake_engine_spec
 
 from tuner.measure import request_schedule
 from tuner.measure import trial as runner
-from tuner.records import BenchResult, MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records.results import BenchResult
 from tuner.tokens import FILE_NAME, TokenCapture
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,

@@ -28,7 +28,7 @@ from tuner import cli
 from tuner.measure import engine
 from tuner.measure.engine import TEARDOWN_GRACE_S, Engine, live_engines
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.testing import leaks
 from tuner.testing.leaks import group_members as _group_members
 

@@ -27,7 +27,8 @@ from tuner.analysis import pareto
 from tuner.analysis.frame import configs_frame, configs_of, trials_frame
 from tuner.analysis.pareto import knee, pareto_front, speedups
 from tuner.analysis.recommend import recommend, recommendations, serve_config
-from tuner.records import Recommendation, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import Recommendation
 
 
 def pareto_speedups(study):

@@ -32,7 +32,7 @@ from tuner import api, cli
 from tuner import checks as bounds
 from tuner.errors import ConfigError
 from tuner.measure import workloads
-from tuner.records import WorkloadSpec
+from tuner.records.configs import WorkloadSpec
 from tuner.search import space
 from tuner.search import study as study_module
 from tuner.speculative import vllm_schema

@@ -19,16 +19,13 @@ import pytest
 from tuner import api, checks, cli, engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure import workloads
-from tuner.records import (
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import (
     AlignedBaselineFlags,
     BenchOptions,
     EngineOptions,
-    EngineSpec,
-    MeasureSettings,
     OptimizeOptions,
     PolicyOptions,
-    TrialConfig,
-    WorkloadSpec,
 )
 from tuner.search import space
 

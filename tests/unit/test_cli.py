@@ -28,7 +28,7 @@ def _bad_jsonl(tmp_path: Path) -> str:
 ])
 def test_the_strategy_the_command_line_asks_for(monkeypatch, tmp_path, argv, strategy, sampler):
     from tuner import api, cli
-    from tuner.records import StudyOutcome
+    from tuner.records.results import StudyOutcome
 
     seen = []
 
@@ -199,7 +199,7 @@ def test_engine_args_starting_with_dashes_in_either_form(api_calls, tmp_path, ar
 ])
 def test_aligned_baseline_is_auto_off_or_an_explicit_config(api_calls, tmp_path, argv, want):
     from tuner import api
-    from tuner.records import TrialConfig
+    from tuner.records.configs import TrialConfig
 
     options, _ = api_calls("optimize", "--model", TOK, "--output-dir", str(tmp_path / "o"),
                            *argv)

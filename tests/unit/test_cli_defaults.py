@@ -10,16 +10,8 @@ import dataclasses
 from pathlib import Path
 
 from tuner import cli
-from tuner.records import (
-    BenchOptions,
-    EngineOptions,
-    EngineSpec,
-    MeasureSettings,
-    OptimizeOptions,
-    PolicyOptions,
-    TrialConfig,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
+from tuner.records.options import BenchOptions, EngineOptions, OptimizeOptions, PolicyOptions
 
 
 def _parsed(*argv: str):

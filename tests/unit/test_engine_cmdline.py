@@ -11,7 +11,7 @@ import pytest
 
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records import EngineSpec, TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 TP_FORMS = [

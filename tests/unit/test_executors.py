@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.records import EngineSpec
+from tuner.records.configs import EngineSpec
 from tuner.search import executors
 
 GPU = EngineSpec(model="m", device="cuda")

@@ -10,18 +10,8 @@ import optuna
 import pytest
 from study_fakes import fake_level, fake_study, ngram
 
-from tuner.records import (
-    BenchResult,
-    EngineInfo,
-    EngineSpec,
-    Failure,
-    LevelMetrics,
-    MeasureSettings,
-    TrialConfig,
-    TrialOutcome,
-    Workload,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
+from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
 from tuner.search import ladder, optuna_compat
 from tuner.tokens import RequestTokens, TokenCapture
 

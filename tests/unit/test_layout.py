@@ -104,9 +104,12 @@ EDGES = {name: _imports(name, path) for name, path in _modules().items()}
 def test_the_layout_has_its_stage_folders():
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
-    for top in ("cli", "api", "checks", "records", "errors", "tokens", "speculative",
-                "engine_cmdline"):
+    for top in ("cli", "api", "checks", "errors", "tokens", "speculative", "engine_cmdline"):
         assert (PACKAGE / f"{top}.py").is_file(), top
+    # The records, by concern: what is asked, what was measured, the options of each command,
+    # the storage contract and the old keys it still reads.
+    for concern in ("configs", "results", "options", "storage", "migrations"):
+        assert (PACKAGE / "records" / f"{concern}.py").is_file(), concern
 
 
 @pytest.mark.parametrize("module", sorted(EDGES))

@@ -14,19 +14,10 @@ import optuna
 import pytest
 from study_fakes import fake_level
 
-from tuner.records import (
-    BenchResult,
-    EngineInfo,
-    EngineSpec,
-    LevelMetrics,
-    MeasureSettings,
-    OptimizeOptions,
-    TrialAttr,
-    TrialConfig,
-    TrialOutcome,
-    Workload,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
+from tuner.records.options import OptimizeOptions
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
+from tuner.records.storage import TrialAttr
 from tuner.search import loop
 from tuner.search import space as spaces
 from tuner.search import study as st
@@ -80,7 +71,7 @@ def _options(**given) -> OptimizeOptions:
 
 
 def test_the_loop_takes_resolved_options_only():
-    from tuner.records import EngineOptions
+    from tuner.records.options import EngineOptions
 
     with pytest.raises(TypeError, match="resolved options"):
         loop.SearchLoop(options=_options(engine=EngineOptions()), study=None, space=None,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.measure import metrics
-from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
+from tuner.records.results import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 # Two engines (data parallel), prometheus_client's exposition with HELP/TYPE and _created lines.
 SCRAPE = """\

@@ -23,7 +23,7 @@ from tuner.outputs.predictions import (
     load_predictions,
     write_predictions,
 )
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 
 PATH = "speculative path (anchored on the aligned baseline)"
 # realistic_study's measured medians, per level: baseline, ngram k=5, suffix k=8.

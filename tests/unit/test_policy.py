@@ -126,7 +126,7 @@ def _ladder_runs(key: str, speedups: dict[int, list[float]]) -> list[dict]:
 
 
 def test_predicted_ks_join_the_choice_and_are_named_in_the_document():
-    from tuner.records import TrialConfig
+    from tuner.records.configs import TrialConfig
 
     spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2,
             "prompt_lookup_max": 4}
@@ -149,7 +149,7 @@ def test_predicted_ks_join_the_choice_and_are_named_in_the_document():
 
 
 def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_speculation_gain():
-    from tuner.records import TrialConfig
+    from tuner.records.configs import TrialConfig
 
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3}
@@ -190,7 +190,7 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
 
 
 def test_the_ladder_varies_k_as_vllm_resolves_it():
-    from tuner.records import TrialConfig
+    from tuner.records.configs import TrialConfig
 
     ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 6,
                                             "prompt_lookup_min": 2, "prompt_lookup_max": 4})

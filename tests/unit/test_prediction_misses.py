@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from tuner.analysis import recommend
-from tuner.records import PREDICTION_MISSES, PredictionMiss
+from tuner.records.results import PredictionMiss
+from tuner.records.storage import PREDICTION_MISSES
 from tuner.replay.predict import ACCEPTANCE_ACCURACY_PCT, misses
 
 

@@ -14,21 +14,17 @@ import pytest
 from study_fakes import fake_level
 
 from tuner.outputs import console
-from tuner.records import (
-    BenchResult,
-    EngineInfo,
+from tuner.records.configs import (
     EngineLimits,
     EngineSpec,
-    Failure,
-    LevelMetrics,
     MeasureSettings,
-    OptimizeOptions,
-    TrialAttr,
     TrialConfig,
-    TrialOutcome,
     Workload,
     WorkloadSpec,
 )
+from tuner.records.options import OptimizeOptions
+from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
+from tuner.records.storage import TrialAttr
 from tuner.search import loop, replay_strategy
 from tuner.search import space as spaces
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from tuner.records import LevelMetrics, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, cost, schedule
 from tuner.replay.predict import MeasuredTrial, predict
 from tuner.search import replay_strategy

@@ -11,7 +11,8 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner.records import SAMPLING_MISMATCH, EngineSpec, TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.replay.predict import Prediction, predict
 from tuner.search import replay_strategy

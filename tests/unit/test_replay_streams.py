@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_replay_predict import _synthetic_trial  # the synthetic engine
 
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.replay import acceptance, streams
 from tuner.replay.predict import predict
 from tuner.tokens import RequestTokens, TokenCapture

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.records import EngineLimits, TrialConfig
+from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.search.replay_strategy import ReplaySearch
 
 BASE = TrialConfig()

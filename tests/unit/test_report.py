@@ -326,7 +326,8 @@ def test_without_an_aligned_baseline_the_report_has_no_split(outputs):
 
 def test_bench_files_use_vllm_names_and_sweep_reads_summary_json(tmp_path):
     from tuner.outputs import files
-    from tuner.records import BenchResult, EngineInfo, EngineSpec, LevelMetrics, TrialConfig
+    from tuner.records.configs import EngineSpec, TrialConfig
+    from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 
     levels = tuple(LevelMetrics.model_validate(fake_level(
         c, output_throughput=50.0 * c, mean_tpot_ms=20.0, acceptance_length=3.0, k=5))

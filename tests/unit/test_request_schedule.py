@@ -9,7 +9,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.measure import request_schedule as rs
-from tuner.records import MeasureSettings, Prompt, RequestSchedule, Workload, WorkloadSpec
+from tuner.records.configs import MeasureSettings, Prompt, RequestSchedule, Workload, WorkloadSpec
 
 
 def _workload(n: int, *, name: str = "instructcoder", num_prompts: int = 4) -> Workload:

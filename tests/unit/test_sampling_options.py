@@ -12,7 +12,8 @@ from tuner import api, cli, engine_cmdline
 from tuner.analysis import recommend
 from tuner.errors import ConfigError
 from tuner.measure import loadgen, workloads
-from tuner.records import SAMPLING_MISMATCH, EngineSpec, TrialConfig, WorkloadSpec
+from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
+from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.search import storage
 from tuner.search import study as st

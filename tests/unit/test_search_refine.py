@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import types
 
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.replay.predict import Prediction
 from tuner.search import replay_strategy
 from tuner.search import space as spaces

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tuner.measure.trial import capture_tokens
-from tuner.records import BenchResult, EngineInfo, Prompt, RequestRecord, TrialConfig, TrialOutcome
+from tuner.records.configs import Prompt, TrialConfig
+from tuner.records.results import BenchResult, EngineInfo, RequestRecord, TrialOutcome
 from tuner.tokens import FILE_NAME, RequestTokens, TokenCapture
 
 

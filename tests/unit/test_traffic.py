@@ -19,7 +19,8 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.measure.workloads import EMBEDDED_TOKENIZER, load_tokenizer
 from tuner.outputs import traffic as traffic_out
-from tuner.records import RequestRecord, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import RequestRecord
 from tuner.replay import acceptance, sampling, traffic
 from tuner.replay.traffic import capture, logs, price, prompts, sweep
 from tuner.search import replay_strategy

@@ -11,7 +11,7 @@ from optuna.trial import TrialState, create_trial
 from study_fakes import add_complete, add_failed, fake_level, ngram, realistic_study
 
 from tuner.analysis.frame import configs_frame, trials_frame
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.search import space
 from tuner.search import study as st
 

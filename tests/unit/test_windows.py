@@ -1,6 +1,6 @@
 """A level's measured requests as fixed windows (tuner/measure/windows.py): how they are cut,
 when they agree, how steady a level is said to be; the settings and level fields they add to
-tuner/records.py, and the flags that set them. Windows never change what a level sends
+tuner/records/configs.py, and the flags that set them. Windows never change what a level sends
 (tuner.measure.request_schedule fixes that before the first launch).
 """
 
@@ -13,7 +13,8 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.measure import windows
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.records import LevelMetrics, MeasureSettings, RequestRecord, SpecDecodeCounts
+from tuner.records.configs import MeasureSettings
+from tuner.records.results import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 ON = MeasureSettings(concurrencies=(2,), stability_pct=5.0)
 
@@ -204,7 +205,8 @@ def test_bench_table_and_report_say_whether_each_level_converged():
     import pandas as pd
 
     from tuner.outputs import console, report
-    from tuner.records import BenchResult, EngineInfo, TrialConfig
+    from tuner.records.configs import TrialConfig
+    from tuner.records.results import BenchResult, EngineInfo
 
     done = _level(converged=True, stability_pct=1.23, windows=(1.0,) * 3, stable_windows=3)
     late = _level(converged=False, stability_pct=6.06, windows=(1.0,) * 3, stable_windows=3)

@@ -6,7 +6,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.measure import workloads
-from tuner.records import WorkloadSpec
+from tuner.records.configs import WorkloadSpec
 
 TOK = workloads.EMBEDDED_TOKENIZER
 

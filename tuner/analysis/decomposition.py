@@ -1,6 +1,6 @@
 """Analysis stage, the engine path and speculation: where a study measured an aligned baseline
 (no speculation on the speculative configs' engine path), a speedup over the plain baseline is
-the path's cost x speculation's own gain. The arithmetic is tuner.records.SpeedupSplit's, one
+the path's cost x speculation's own gain. The arithmetic is tuner.records.results.SpeedupSplit's, one
 copy that the replay's predictions use too; here it is applied to a frame's rows, to a
 recommendation and to the policy's ladder, under the names each document keeps, and put in
 the sentences that carry it.
@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from tuner.analysis import frame
-from tuner.records import Measured, SpeedupSplit, ratio_text, split_text
+from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
 
 # Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
 # recommendation's `decomposition` (recommendation.json).
@@ -51,7 +51,7 @@ def decompose(df: pd.DataFrame) -> pd.DataFrame:
     (what a user gets today), the aligned baseline's over the plain one's (what the engine path
     the speculative configs run on costs without any speculation), and throughput over the
     aligned baseline's (what speculation alone gives). Medians where a config was re-measured,
-    the earliest of each baseline, spreads as tuner.records.Measured.over; per study when `df`
+    the earliest of each baseline, spreads as tuner.records.results.Measured.over; per study when `df`
     has several.
     """
     out = df.copy()

@@ -21,7 +21,9 @@ import numpy as np
 import pandas as pd
 
 from tuner import intervals
-from tuner.records import LevelMetrics, Role, TrialAttr, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import LevelMetrics, Role
+from tuner.records.storage import TrialAttr
 
 if TYPE_CHECKING:
     import optuna

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import decomposition, frame
 from tuner.errors import ConfigError
-from tuner.records import Measured, SpeedupSplit, TrialConfig
+from tuner.records.configs import TrialConfig
+from tuner.records.results import Measured, SpeedupSplit
 
 if TYPE_CHECKING:
     import pandas as pd
 
-ALIGNED_ROLE = "aligned_baseline"  # tuner.records.Role.ALIGNED_BASELINE, as runs store it
+ALIGNED_ROLE = "aligned_baseline"  # tuner.records.results.Role.ALIGNED_BASELINE, as runs store it
 UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
 
 

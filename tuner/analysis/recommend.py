@@ -23,15 +23,9 @@ import pandas as pd
 
 from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
-from tuner.records import (
-    SAMPLING_MISMATCH,
-    EngineSpec,
-    PredictionMiss,
-    Recommendation,
-    Role,
-    TrialConfig,
-    stored_misses,
-)
+from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.records.results import PredictionMiss, Recommendation, Role
+from tuner.records.storage import SAMPLING_MISMATCH, stored_misses
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
@@ -452,7 +446,7 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
         "mean_tpot_ms_median": frame.optional(win["mean_tpot_ms_median"]),
         "mean_tpot_ms_mad": frame.optional(win["mean_tpot_ms_mad"]),
         "baseline_output_throughput_mad": frame.optional(base["output_throughput_mad"]),
-        # The larger relative MAD of the two (tuner.records.Measured.over's rule).
+        # The larger relative MAD of the two (tuner.records.results.Measured.over's rule).
         "relative_throughput_spread": max(rels) if rels else None,
         # The gain over the baseline a config had to exceed to count (noise_floor).
         "noise_floor": noise_floor(max(rels) if rels else None),

@@ -37,7 +37,8 @@ from pathlib import Path
 from tuner import engine_cmdline
 from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
 from tuner.measure import enginepath, watchdog
-from tuner.records import EngineInfo, EngineSpec, TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.records.results import EngineInfo
 
 TEARDOWN_GRACE_S = 15.0
 # Once the driver is dead nobody waits for a graceful exit: a short grace lets vLLM free its

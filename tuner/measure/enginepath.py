@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from tuner.records import Frozen, TrialConfig
+from tuner.records.configs import Frozen, TrialConfig
 
 FIELDS = ("model_runner", "async_scheduling", "cudagraph_mode", "attention_backend")
 INFERRED_KEY = "inferred"  # in EngineInfo.details: the FIELDS that no log line stated

@@ -39,7 +39,8 @@ import httptools
 from pydantic import ValidationError
 
 from tuner.errors import MeasurementFailed
-from tuner.records import Prompt, RequestRecord
+from tuner.records.configs import Prompt
+from tuner.records.results import RequestRecord
 
 CONNECT_TIMEOUT_S = 30.0
 MAX_HEAD_BYTES = 64 * 1024

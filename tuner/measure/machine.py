@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.records import EngineSpec, WorkloadSpec
+from tuner.records.configs import EngineSpec, WorkloadSpec
 
 
 def has_nvidia_gpu() -> bool:

@@ -17,7 +17,7 @@ import statistics
 import urllib.request
 from collections.abc import Sequence
 
-from tuner.records import LevelMetrics, RequestRecord, SpecDecodeCounts
+from tuner.records.results import LevelMetrics, RequestRecord, SpecDecodeCounts
 
 OBJECTIVES = {
     # name: (direction, unit) -- names follow `vllm bench serve`

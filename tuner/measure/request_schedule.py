@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from tuner.errors import ConfigError
 from tuner.measure.workloads import BUNDLED
-from tuner.records import LevelRequests, MeasureSettings, Prompt, RequestSchedule, Workload
+from tuner.records.configs import LevelRequests, MeasureSettings, Prompt, RequestSchedule, Workload
 
 
 def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedule, str | None]:

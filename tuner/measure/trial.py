@@ -20,21 +20,17 @@ from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
 from tuner.measure import loadgen, metrics, request_schedule, windows
 from tuner.measure.engine import Engine, log_tail
-from tuner.records import (
-    BenchResult,
+from tuner.records.configs import (
     EngineSpec,
-    Failure,
-    LevelMetrics,
     LevelRequests,
     MeasureSettings,
     Prompt,
-    RequestRecord,
     RequestSchedule,
     TrialConfig,
-    TrialOutcome,
     Workload,
     prompts_digest,
 )
+from tuner.records.results import BenchResult, Failure, LevelMetrics, RequestRecord, TrialOutcome
 
 MAX_FAILED_FRACTION = 0.2
 

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.records import MeasureSettings, RequestRecord
+from tuner.records.configs import MeasureSettings
+from tuner.records.results import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 from tuner import checks
 from tuner.errors import ConfigError
 from tuner.measure import model as embedded
-from tuner.records import Prompt, Workload, WorkloadSpec
+from tuner.records.configs import Prompt, Workload, WorkloadSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 # Stored xz-compressed (5.7 MB -> 1.2 MB) so the package and every copy of the checkout stay

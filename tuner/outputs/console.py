@@ -23,7 +23,7 @@ from tuner.outputs.text import (
     with_noise,
     with_pm,
 )
-from tuner.records import BenchResult, Recommendation
+from tuner.records.results import BenchResult, Recommendation
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
              "insufficient_data": "No recommendation yet"}

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tuner.records import BenchResult, EngineSpec
+from tuner.records.configs import EngineSpec
+from tuner.records.results import BenchResult
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:

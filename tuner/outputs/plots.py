@@ -22,7 +22,7 @@ import pandas as pd
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
 from tuner.outputs import text
-from tuner.records import Recommendation, Role
+from tuner.records.results import Recommendation, Role
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

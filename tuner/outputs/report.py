@@ -21,19 +21,15 @@ from tuner.outputs import decisions, files, split_table
 from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
-from tuner.records import (
-    SCHEDULE,
-    LevelMetrics,
-    PredictionMiss,
-    RequestSchedule,
-    stored_misses,
-)
+from tuner.records.configs import RequestSchedule
+from tuner.records.results import LevelMetrics, PredictionMiss
+from tuner.records.storage import SCHEDULE, stored_misses
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from tuner.analysis.pareto import Points
-    from tuner.records import Recommendation
+    from tuner.records.results import Recommendation
 
 
 # --- study outputs, regenerated from storage ----------------------------------------------

@@ -17,7 +17,7 @@ from tuner.outputs import text
 if TYPE_CHECKING:
     import pandas as pd
 
-    from tuner.records import Recommendation
+    from tuner.records.results import Recommendation
 
 _TOP_CONFIGS = 5
 INTRO = ("Speedup over the plain baseline = engine path cost \u00d7 speculation gain. The "

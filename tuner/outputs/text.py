@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.analysis.frame import number
-from tuner.records import ratio_text, split_text
+from tuner.records.results import ratio_text, split_text
 
 
 def num(value: float | None, fmt: str = "{:.1f}") -> str:

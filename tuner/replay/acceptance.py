@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.tokens import RequestTokens, TokenCapture
 
 REPLAYABLE = ("ngram", "suffix")

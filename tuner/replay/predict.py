@@ -29,14 +29,8 @@ from typing import Any
 import numpy as np
 
 from tuner import intervals
-from tuner.records import (
-    LevelMetrics,
-    Measured,
-    PredictionMiss,
-    Role,
-    SpeedupSplit,
-    TrialConfig,
-)
+from tuner.records.configs import TrialConfig
+from tuner.records.results import LevelMetrics, Measured, PredictionMiss, Role, SpeedupSplit
 from tuner.replay import acceptance, cost, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
@@ -509,7 +503,7 @@ def _played_baseline(step: cost.StepCost | None, capture: TokenCapture, c: int,
 def _decomposed(row: dict[str, Any], base: dict[str, float] | None,
                 aligned: dict[str, float] | None) -> dict[str, Any]:
     """pred_speedup = path_cost x pred_speculation_gain where the study measured an aligned
-    baseline (tuner.records.SpeedupSplit): the path's cost is measured (aligned over plain
+    baseline (tuner.records.results.SpeedupSplit): the path's cost is measured (aligned over plain
     throughput at this level), the gain is the predicted throughput over the aligned
     baseline's. Both None otherwise."""
     out: dict[str, Any] = {"path_cost": None, "pred_speculation_gain": None}

@@ -13,7 +13,8 @@ from typing import Any
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure.trial import measure_outcome
-from tuner.records import EngineSpec, Failure, TrialOutcome
+from tuner.records.configs import EngineSpec
+from tuner.records.results import Failure, TrialOutcome
 
 
 def choose(engine: EngineSpec, *, ray_address: str | None, parallel: int | None,

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.records import (
+from tuner.records.configs import (
     EngineSpec,
     MeasureSettings,
     RequestSchedule,
-    TrialAttr,
     TrialConfig,
-    TrialOutcome,
     Workload,
 )
+from tuner.records.results import TrialOutcome
+from tuner.records.storage import TrialAttr
 from tuner.search import optuna_compat
 from tuner.search import study as st
 

@@ -24,17 +24,10 @@ from optuna.trial import TrialState
 
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import enginepath
-from tuner.records import (
-    BenchResult,
-    EngineSpec,
-    OptimizeOptions,
-    RequestSchedule,
-    Role,
-    TrialAttr,
-    TrialConfig,
-    TrialOutcome,
-    Workload,
-)
+from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig, Workload
+from tuner.records.options import OptimizeOptions
+from tuner.records.results import BenchResult, Role, TrialOutcome
+from tuner.records.storage import TrialAttr
 from tuner.search import study as st
 from tuner.search.space import SearchSpace
 

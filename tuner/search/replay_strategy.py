@@ -31,17 +31,9 @@ from optuna.trial import TrialState
 
 from tuner import intervals
 from tuner.errors import ConfigError
-from tuner.records import (
-    PREDICTION_MISSES,
-    SAMPLING_MISMATCH,
-    BenchResult,
-    EngineLimits,
-    LevelMetrics,
-    Role,
-    TrialAttr,
-    TrialConfig,
-    stored_misses,
-)
+from tuner.records.configs import EngineLimits, TrialConfig
+from tuner.records.results import BenchResult, LevelMetrics, Role
+from tuner.records.storage import PREDICTION_MISSES, SAMPLING_MISMATCH, TrialAttr, stored_misses
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import optuna_compat

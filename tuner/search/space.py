@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tuner.checks import METHODS, NEEDS_MODEL, Bound, show, unknown_name
 from tuner.errors import ConfigError
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.speculative import VllmSchema, vllm_schema
 
 PARAM_TYPES = ("int", "float", "choice")

@@ -23,16 +23,9 @@ from typing import Any
 from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
-from tuner.records import (
-    SCHEDULE,
-    BenchResult,
-    EngineSpec,
-    RequestSchedule,
-    Role,
-    TrialAttr,
-    TrialConfig,
-    WorkloadSpec,
-)
+from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig, WorkloadSpec
+from tuner.records.results import BenchResult, Role
+from tuner.records.storage import SCHEDULE, TrialAttr
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 ATTR = "tuner"  # study user attr holding the study's settings and fingerprint

@@ -30,7 +30,14 @@ from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
 from tuner.measure import loadgen, metrics
 from tuner.measure import trial as runner
 from tuner.measure.engine import Engine
-from tuner.records import EngineSpec, MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
+from tuner.records.configs import (
+    EngineSpec,
+    MeasureSettings,
+    Prompt,
+    TrialConfig,
+    Workload,
+    WorkloadSpec,
+)
 from tuner.testing import leaks
 
 NGRAM = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3,

@@ -33,7 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import tuner
-from tuner.records import EngineSpec, TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig
 
 SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
 FAKE_VERSION = "0.0.0+fake"

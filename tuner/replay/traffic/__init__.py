@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.records import TrialConfig
+from tuner.records.configs import TrialConfig
 from tuner.replay import acceptance, sampling
 from tuner.replay.traffic import price, sweep
 from tuner.replay.traffic.capture import Traffic, read

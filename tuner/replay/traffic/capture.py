@@ -30,7 +30,7 @@ from tuner.errors import ConfigError
 from tuner.replay.traffic import logs, prompts
 from tuner.replay.traffic.sweep import Requests
 
-# The fields of `tuner bench`'s requests.jsonl (tuner.records.RequestRecord) that name a
+# The fields of `tuner bench`'s requests.jsonl (tuner.records.results.RequestRecord) that name a
 # request of its token capture.
 BENCH_FIELDS = ("concurrency", "index", "warmup", "start_s")
 PROMPT_FIELDS = ("prompt_token_ids", "messages", "prompt")
