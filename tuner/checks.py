@@ -43,7 +43,7 @@ from tuner.records.options import (
     OptimizeOptions,
     PolicyOptions,
 )
-from tuner.speculative import vllm_schema
+from tuner.speculative import varying_k, vllm_schema, vllm_verdict
 
 DAY_S = 86_400.0
 MAX_TOKENS = 1_048_576  # 1M tokens: beyond the context of every served model we know
@@ -542,7 +542,8 @@ def live_engine_options(options: EngineOptions) -> None:
 
 
 def check_methods(space: Any, engine: EngineSpec) -> None:
-    """Refuse up front the methods whose package or model is missing on this machine."""
+    """Refuse up front the methods whose package or model is missing on this machine, and any
+    config of the space vLLM's own SpeculativeConfig would refuse (vllm_accepts)."""
     import importlib.util
 
     for method, params in space.methods.items():
@@ -563,6 +564,92 @@ def check_methods(space: Any, engine: EngineSpec) -> None:
         if method == "mtp" and engine.device == "cpu":
             raise ConfigError(f"Search space '{space.name}': method 'mtp' needs a target model "
                               f"with MTP layers on the GPU build; drop it for the CPU engine.")
+    for where, spec in _space_configs(space):
+        vllm_accepts(spec, engine, where=where)
+
+
+def _space_configs(space: Any, limit: int = 64) -> list[tuple[str, dict]]:
+    """Configs that stand for a search space before it runs: every grid point of a small
+    space, else each method with every searched value at its lowest and at its highest
+    (vLLM's refusals are of values out of range or keys that do not go together), and the
+    start points."""
+    out: list[tuple[str, dict]] = []
+    try:
+        points = space.grid(limit=limit)
+    except ConfigError:  # too many points, or a float range without `step`
+        points = []
+        for method in space.speculative_methods():
+            for end in ("low", "high"):
+                values: dict[str, Any] = {}
+                for key, p in space.methods[method].items():
+                    values[key] = _at_end(p, end, values)
+                out.append((f"search space '{space.name}' ({method}, every value at its "
+                            f"{end}est)", {"method": method, **values}))
+    for params in points:
+        spec = space.config_from_params(params).speculative_config
+        if spec:
+            out.append((f"search space '{space.name}' point {show(params)}", spec))
+    for point in space.start_points:
+        spec = {k: v for k, v in point.items() if k != "engine"}
+        if spec.get("method", "none") != "none":
+            out.append((f"search space '{space.name}' start point {show(point)}", spec))
+    return out
+
+
+def _at_end(p: Any, end: str, values: dict[str, Any]) -> Any:
+    """A searched value at one end of its range (or its first / last choice), within the
+    bounds set by the values before it (at_most / at_least); a fixed value as it is."""
+    kind = getattr(p, "type", None)
+    if kind is None:
+        return p
+    if kind == "choice":
+        return list(p.values)[0 if end == "low" else -1]
+    low, high = p.low, p.high
+    if getattr(p, "at_most", None) is not None:
+        high = min(high, values[p.at_most])
+    if getattr(p, "at_least", None) is not None:
+        low = max(low, values[p.at_least])
+    value = low if end == "low" else high
+    return int(value) if kind == "int" else value
+
+
+def vllm_accepts(spec: dict, engine: EngineSpec, *, where: str) -> None:
+    """Refuse, before any engine starts, a speculative config vLLM's own SpeculativeConfig
+    refuses (its field constraints and validators, run here without an engine:
+    tuner.speculative.vllm_verdict), or a per-batch-size K schedule for a method whose
+    proposer cannot take a changing K (tuner.speculative.varying_k): one message, vLLM's
+    reason in its words, what to do."""
+    verdict = vllm_verdict(spec, model=engine.model)
+    shown = show(json.dumps(spec, separators=(",", ":")), 200, quote=True)
+    if verdict.refused:
+        raise ConfigError(f"{where} {shown}: {verdict.origin}'s SpeculativeConfig refuses it: "
+                          f"\"{verdict.refused.rstrip('.')}\". {_what_to_do(spec)} (vLLM would "
+                          f"refuse it only after an engine launch.)")
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    k = spec.get("num_speculative_tokens")
+    if isinstance(schedule, list) and isinstance(k, int):
+        ks = {min(int(e[2]), k) for e in schedule if isinstance(e, (list, tuple)) and len(e) == 3}
+        method = spec.get("method")
+        rules = [varying_k(method, runner=r) for r in ("V1", "V2")]
+        if ks - {k} and not any(r.accepted for r in rules):
+            raise ConfigError(f"{where} {shown}: num_speculative_tokens_per_batch_size changes "
+                              f"K with the batch size, and {rules[0].why}. Drop the schedule "
+                              f"and give one num_speculative_tokens (`tuner policy` offers "
+                              f"bands, a K per range of concurrency, for a router), or use a "
+                              f"method whose K may change (ngram, eagle, draft_model).")
+
+
+def _what_to_do(spec: dict) -> str:
+    method = spec.get("method")
+    if method in NEEDS_MODEL and not spec.get("model"):
+        return (f"Method '{method}' ({METHODS[method].split(' (')[0]}) needs \"model\", its checkpoint (a "
+                f"folder or hub id), and \"num_speculative_tokens\", e.g. "
+                f"'{{\"method\":\"{method}\",\"model\":\"PATH\",\"num_speculative_tokens\":3}}'; or "
+                f"use a method that needs no model: ngram, suffix (or --speculative-config none "
+                f"for the baseline).")
+    return ("Fix the config as vLLM says (valid methods and keys: --speculative-config "
+            "'{\"method\":\"ngram\",\"num_speculative_tokens\":5}' is one), or use "
+            "--speculative-config none for the baseline.")
 
 
 # --- the search ---------------------------------------------------------------------------------
@@ -681,6 +768,8 @@ def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
                           f"server keeps the config it was started with, and its environment. "
                           f"Drop them to measure it as it is, or drop --base-url to let the "
                           f"tuner launch vLLM with this config.")
+    if config.speculative_config:
+        vllm_accepts(config.speculative_config, engine, where="--speculative-config")
     measurement(options.workload, options.settings, engine)
     check_sampling(options.workload, speculative=bool(config.speculative_config))
     output_dir(options.out_dir, keep=False)
