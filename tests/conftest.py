@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,15 +108,3 @@ def scrape_fake(url: str) -> dict[str, float]:
 def fake_stats() -> Callable[[str], dict[str, float]]:
     return scrape_fake
 
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ as a module (they are scripts, not a package), by file name."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    # A script imports its sibling modules (noise_probes) by name, as when run from benchmarks/.
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
