@@ -642,11 +642,12 @@ def vllm_accepts(spec: dict, engine: EngineSpec, *, where: str) -> None:
 def _what_to_do(spec: dict) -> str:
     method = spec.get("method")
     if method in NEEDS_MODEL and not spec.get("model"):
-        return (f"Method '{method}' ({METHODS[method].split(' (')[0]}) needs \"model\", its checkpoint (a "
-                f"folder or hub id), and \"num_speculative_tokens\", e.g. "
-                f"'{{\"method\":\"{method}\",\"model\":\"PATH\",\"num_speculative_tokens\":3}}'; or "
-                f"use a method that needs no model: ngram, suffix (or --speculative-config none "
-                f"for the baseline).")
+        what = METHODS[method].split(" (")[0]
+        example = json.dumps({"method": method, "model": "PATH", "num_speculative_tokens": 3},
+                             separators=(",", ":"))
+        return (f"Method '{method}' ({what}) needs \"model\", its checkpoint (a folder or hub "
+                f"id), and \"num_speculative_tokens\", e.g. '{example}'; or use a method that "
+                f"needs no model: ngram, suffix (or --speculative-config none for the baseline).")
     return ("Fix the config as vLLM says (valid methods and keys: --speculative-config "
             "'{\"method\":\"ngram\",\"num_speculative_tokens\":5}' is one), or use "
             "--speculative-config none for the baseline.")

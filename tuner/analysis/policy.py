@@ -4,8 +4,9 @@ From the leading configs of a study we measure a concurrency ladder (1, 2, 4, ..
 launch per config and repeat, interleaved with the baseline), find each config's break-even
 concurrency (speedup over the baseline falls to 1 within the measured noise), choose per band
 of concurrency the best K for the chosen method (K never rises with load, so neighbouring
-bands cannot flip-flop), emit `num_speculative_tokens_per_batch_size`, and verify the emitted
-config on the same ladder. Where the study has an aligned baseline (no speculation on the
+bands cannot flip-flop), emit `num_speculative_tokens_per_batch_size` where the method's
+proposer takes a changing K (tuner.speculative.varying_k, handed in by tuner.api; else the
+bands, a static K each, and why), and verify the emitted config on the same ladder. Where the study has an aligned baseline (no speculation on the
 speculative engine path), the ladder measures it too and every speedup over the plain baseline
 is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
@@ -191,16 +192,45 @@ def validate_schedule(schedule: Sequence[Sequence[int]], *, num_speculative_toke
     return problems
 
 
-def policy_config(base_spec: dict[str, Any], schedule: list[tuple[int, int, int]]
-                  ) -> dict[str, Any] | None:
-    """The complete --speculative-config; None when K is 0 everywhere (speculation off)."""
+def policy_config(base_spec: dict[str, Any], schedule: list[tuple[int, int, int]], *,
+                  varying_k: tuple[bool, str] | None = None) -> dict[str, Any] | None:
+    """The complete --speculative-config; None when K is 0 everywhere (speculation off), and
+    None where K differs across bands but the method's proposer takes no changing K
+    (`varying_k`: (accepted, why), tuner.speculative.varying_k's answer for the method, which
+    tuner.api hands in; None: accepted). vLLM would crash or ignore such a schedule, so the
+    policy offers the bands instead (schedule_refused)."""
     k_max = max(k for _, _, k in schedule)
     if k_max == 0:
         return None
     spec = {**base_spec, "num_speculative_tokens": k_max}
     if len({k for _, _, k in schedule}) > 1:
+        if schedule_refused(schedule, varying_k) is not None:
+            return None
         spec["num_speculative_tokens_per_batch_size"] = [list(b) for b in schedule]
     return spec
+
+
+def schedule_refused(schedule: Sequence[Sequence[int]], varying_k: tuple[bool, str] | None
+                     ) -> str | None:
+    """Why vLLM takes no per-batch-size schedule of these bands (their K changes, and the
+    method's proposer cannot take a changing K); None where it does, or K never changes."""
+    if varying_k is None or varying_k[0] or len({k for *_, k in schedule}) <= 1:
+        return None
+    return varying_k[1]
+
+
+def bands_verdict(label: str, why: str, schedule: Sequence[Sequence[int]],
+                  predicted_ks: Sequence[int]) -> str:
+    """The words of a policy that offers bands where vLLM takes no schedule."""
+    off = next((s for s, _, k in schedule if k == 0), None)
+    stops = (f" speculation stops paying from concurrency {off};" if off is not None else "")
+    guessed = sorted({k for *_, k in schedule if k in predicted_ks})
+    return (f"No per-batch-size schedule for {label}: {why}. Offered instead: a static K per "
+            f"band of concurrency (the router table below: send each band to an engine "
+            f"started with that K);{stops} each band's K is the best one measured there"
+            + (f" (K {', '.join(map(str, guessed))} predicted by the replay, not measured)"
+               if guessed else "")
+            + ". No launch was spent on a schedule vLLM would refuse.")
 
 
 def band_table(schedule: list[tuple[int, int, int]], label: str) -> list[str]:
@@ -240,7 +270,8 @@ def ladder_runs(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, s
 
 def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConfig]], *,
                  max_batch: int, context: dict[str, Any], where: str,
-                 predicted: dict[int, dict[int, float]] | None = None) -> dict[str, Any]:
+                 predicted: dict[int, dict[int, float]] | None = None,
+                 varying_k: tuple[bool, str] | None = None) -> dict[str, Any]:
     """The policy document from the ladder: per config its speedup per level and break-even,
     K per level for the first leader's method, the schedule up to `max_batch` (the engine's
     max_num_seqs) and the speculative config that carries it (None: speculation does not pay
@@ -248,7 +279,13 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
 
     `predicted` ({K: {level: speedup}}, the replay's curves for the chosen config) adds every
     K the ladder did not measure; such a K must pay by more than the chosen leader's measured
-    noise at that level, and the schedule it enters is verified on the engine like any other."""
+    noise at that level, and the schedule it enters is verified on the engine like any other.
+
+    `varying_k` ((accepted, why): whether the chosen method's proposer takes a changing K,
+    tuner.speculative.varying_k) decides whether a schedule is emitted: where it is not
+    accepted and K differs across bands, the document has no schedule and no config to verify
+    (schedule None, speculative_config None), the bands (`bands`, `fallback_bands`) and why
+    (`schedule_refused`, the verdict)."""
     chosen = _leader(runs)
     base = throughput_series(measured, TrialConfig().key())
     if not base:
@@ -263,7 +300,8 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
     per_k.update(_predicted_ks(predicted or {}, per_k, stats.get(chosen.key(), {})))
     picked = choose_k(per_k)
     schedule = bands(picked, per_k, max_batch=max_batch)
-    spec = policy_config(chosen.speculative_config, schedule)
+    spec = policy_config(chosen.speculative_config, schedule, varying_k=varying_k)
+    refused = schedule_refused(schedule, varying_k)
     doc: dict[str, Any] = {
         **context, "method": chosen.method, "chosen": chosen.label(),
         "configs": [{"label": c.label(), "role": role, "speculative_config":
@@ -271,7 +309,8 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
                      "break_even": break_even(stats[c.key()]) if stats.get(c.key())
                      else None} for role, c in runs if c.method != "none"],
         "baseline": {str(c): v for c, v in base.items()},
-        "k_by_level": picked, "schedule": [list(b) for b in schedule],
+        "k_by_level": picked, "schedule": None if refused else [list(b) for b in schedule],
+        "bands": [list(b) for b in schedule], "schedule_refused": refused,
         "k_measured": measured_ks,
         "k_predicted": sorted(k for k in per_k if k not in measured_ks),
         "predicted_speedups": {str(k): {str(c): round(v, 4) for c, v in curve.items()}
@@ -286,7 +325,11 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
             "path_cost": {str(c): v for c, v in level_stats(aligned_series, base).items()}},
         "decomposition": decomposition.policy_line(chosen.label(), stats.get(chosen.key(), {})),
     }
-    if spec is None:
+    if refused is not None:
+        doc["fallback_bands"] = band_table(schedule, chosen.label())
+        doc["verdict"] = _with_decomposition(
+            bands_verdict(chosen.label(), refused, schedule, doc["k_predicted"]), doc)
+    elif spec is None:
         doc["verdict"] = _with_decomposition(
             "Speculation does not pay beyond the noise at any measured level: leave it off.",
             doc)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tuner.records.configs import TrialConfig
+from tuner.speculative import varying_k
 from tuner.tokens import RequestTokens, TokenCapture
 
 REPLAYABLE = ("ngram", "suffix")
@@ -186,10 +187,11 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
         raise ValueError(f"a {method} config needs num_speculative_tokens")
     max_model_len = NO_LIMIT if max_model_len is None else max_model_len
     k_schedule = speculative_config.get("num_speculative_tokens_per_batch_size")
-    if method == "suffix" and k_schedule:
-        # vLLM's SuffixDecodingProposer asserts K == num_speculative_tokens every step.
-        raise ValueError("suffix decoding with num_speculative_tokens_per_batch_size: "
-                         "vLLM's suffix proposer accepts no per-batch-size K")
+    rule = varying_k(method, runner="V1")  # the proposers replayed are V1's
+    if k_schedule and not rule.accepted:
+        # tuner.speculative.varying_k: suffix's proposer asserts K never changes.
+        raise ValueError(f"{method} with num_speculative_tokens_per_batch_size: vLLM's "
+                         f"proposer accepts no per-batch-size K ({rule.why})")
     lookup = _schedule(k_schedule, max_num_seqs=max_num_seqs, k=k)
     if method == "ngram":
         lo, hi = _window(speculative_config)
