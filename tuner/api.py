@@ -381,8 +381,11 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
         study=study, engine=engine, workload=wl, settings=settings, schedule=schedule,
         repeats=options.repeats, out_dir=study_dir, say=say))
     measured = measure(runs=runs, phase="ladder")
+    from tuner import speculative  # whether vLLM takes a schedule of the leader's method
+
     doc = rules.draft_policy(
-        measured, runs, where=f"{study_dir}/policy",
+        measured, runs, where=f"{study_dir}/policy", varying_k=speculative.varying_k(
+            next(c for role, c in runs if role == "leader").method),
         predicted=_predicted_curves(measured, runs, study_dir=study_dir, engine=engine,
                                     temperature=wspec.temperature, say=say),
         max_batch=engine_cmdline.engine_limits(engine).max_num_seqs,
