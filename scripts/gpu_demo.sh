@@ -17,7 +17,11 @@
 # env: SITE (~/spec-tuner-gpu/site), WORK, OUT (./gpu-results), SPACE (ngram), N_TRIALS (4),
 #      WORKLOAD, NUM_PROMPTS, OUTPUT_LEN, CONCURRENCY (as gpu_bench.sh: instructcoder, 64, 128,
 #      1,8,32), TRIAL_S (150: the longest one trial is expected to take), SKIP_A=1 (skip A),
-#      M8 (the 8B shape's folder), TUNER_ARGS (more `tuner optimize` options, word-split).
+#      M8 (the 8B shape's folder), STUDY_DIR (the study's folder, default WORK/smol), MODEL
+#      (the study's --model; default the embedded SmolLM2-135M), ENGINE_ARGS (the study's vLLM
+#      arguments as one string, passed whole: ENGINE_ARGS='--load-format dummy --dtype bfloat16'),
+#      TUNER_ARGS (more `tuner optimize` options, split on whitespace, so no value with a space
+#      or a quote in it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET_S=${1:-${BUDGET_S:-480}}; WORK=${WORK:-$HOME/spec-tuner-gpu/demo}
@@ -25,6 +29,14 @@ BUDGET_S=${1:-${BUDGET_S:-480}}; WORK=${WORK:-$HOME/spec-tuner-gpu/demo}
 M8=${M8:-${SPEC_TUNER_SHAPES:-$SITE/model-shapes}/llama3-8b-shaped}
 DUMMY='--load-format dummy --dtype bfloat16 --max-model-len 4096'
 R="$WORK/results"; mkdir -p "$R"
+STUDY_DIR=${STUDY_DIR:-$WORK/smol}
+case "${TUNER_ARGS:-}" in *[\'\"]*)
+  echo "gpu_demo: TUNER_ARGS is split on whitespace and keeps quotes as they are; put vLLM's" \
+       "arguments in ENGINE_ARGS (one string) and the model in MODEL" >&2; exit 2 ;; esac
+STUDY_ENGINE=()
+[ -n "${MODEL:-}" ] && STUDY_ENGINE+=(--model "$MODEL")
+# As one argument, in the --opt=VALUE form: a value that starts with -- is not read as an option.
+[ -n "${ENGINE_ARGS:-}" ] && STUDY_ENGINE+=("--engine-args=$ENGINE_ARGS")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpu.txt"
 # run_for SECONDS CMD...: SIGINT at the budget (the tuner saves and exits), SIGKILL 30 s later.
 run_for() { local s=$1; shift; timeout -s INT -k 30 "$s" "$@"; }
@@ -39,23 +51,24 @@ if [ "${SKIP_A:-0}" != 1 ] && [ ! -f "$WORK/b8/result.json" ]; then
 fi
 TRIAL_S=${TRIAL_S:-150}
 if [ "$(left)" -gt $(( TRIAL_S + 30 )) ]; then
-  [ -d "$WORK/smol" ] && echo "gpu_demo: resuming the study in $WORK/smol"
+  [ -d "$STUDY_DIR" ] && echo "gpu_demo: resuming the study in $STUDY_DIR"
   run_for "$(( $(left) - 20 ))" python3 -m tuner optimize "${MEASURE[@]}" \
+    ${STUDY_ENGINE[@]+"${STUDY_ENGINE[@]}"} \
     --space "${SPACE:-ngram}" --n-trials "${N_TRIALS:-4}" --timeout "$(( $(left) - TRIAL_S ))" \
-    ${TUNER_ARGS:-} --output-dir "$WORK/smol" 2>&1 | tee -a "$R/b_study.txt"
+    ${TUNER_ARGS:-} --output-dir "$STUDY_DIR" 2>&1 | tee -a "$R/b_study.txt"
 else
   echo "gpu_demo: $(left) s left, too little for one trial (TRIAL_S=$TRIAL_S): not starting the study"
 fi
-if [ -d "$WORK/smol" ]; then
-  python3 -m tuner report "$WORK/smol" > "$R/b_report.txt" 2>&1
+if [ -d "$STUDY_DIR" ]; then
+  python3 -m tuner report "$STUDY_DIR" > "$R/b_report.txt" 2>&1
   # The study folder as `tuner report` and `tuner predict` read it: study.journal, the outputs
   # and each trial's token ids (trials/N/tokens.npz); engine logs, per-request records and lock
   # files stay here.
   rm -rf "$R/study"; mkdir -p "$R/study"
-  tar -C "$WORK/smol" --exclude=engine.log --exclude=requests.jsonl --exclude='*.lock' -cf - . \
+  tar -C "$STUDY_DIR" --exclude=engine.log --exclude=requests.jsonl --exclude='*.lock' -cf - . \
     | tar -C "$R/study" -xf -
   # The engine-path lines of every launch (vLLM 0.26's own wording, for the path parser's tests).
-  for d in "$WORK"/smol/trials/*/; do
+  for d in "$STUDY_DIR"/trials/*/ "$STUDY_DIR"/policy/*/; do
     grep -hE "model runner|Model Runner|[Aa]sync scheduling|backend|cudagraph_mode|non-default args" \
       "$d/engine.log" 2>/dev/null | cut -c1-400 | sed "s|^|$(basename "$d"): |"
     # The CUDA graph mode as the config line states it (0.26 may leave it out: exclude_unset).

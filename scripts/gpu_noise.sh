@@ -14,12 +14,22 @@
 # env: SITE, WORK, OUT (./gpu-results), WORKLOAD (instructcoder), NUM_PROMPTS (16 here: the c=1
 #      level sends 16 requests, 8 measurements of it a launch), OUTPUT_LEN (128), CONCURRENCY
 #      (1,8,32), LAUNCHES (3), REPS (3), SUSPECTS (a,b,c,d,e,f,g,h),
-#      NOISE_ARGS (more options of `noise_sources.py run`, e.g. --interleave JSON).
+#      MODEL (the model launched; default the embedded SmolLM2-135M), ENGINE_ARGS (vLLM's
+#      arguments as one string, passed whole: ENGINE_ARGS='--load-format dummy --dtype bfloat16'),
+#      NOISE_ARGS (more options of `noise_sources.py run`, split on whitespace, so no value
+#      with a space or a quote in it: e.g. --interleave JSON --stability 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET_S=${1:-500}; WORK=${WORK:-$HOME/spec-tuner-gpu}; RUN=$WORK/noise
 NUM_PROMPTS=${NUM_PROMPTS:-16}
 . scripts/gpu_host.sh
+case "${NOISE_ARGS:-}" in *[\'\"]*)
+  echo "gpu_noise: NOISE_ARGS is split on whitespace and keeps quotes as they are; put vLLM's" \
+       "arguments in ENGINE_ARGS (one string) and the model in MODEL" >&2; exit 2 ;; esac
+extra=()
+[ -n "${MODEL:-}" ] && extra+=(--model "$MODEL")
+# As one argument, in the --opt=VALUE form: a value that starts with -- is not read as an option.
+[ -n "${ENGINE_ARGS:-}" ] && extra+=("--engine-args=$ENGINE_ARGS")
 mkdir -p "$RUN"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$RUN/gpu.txt"
 # The benchmark stops itself 25 s before the budget's end (the packing's time); SIGINT at 10 s
@@ -29,7 +39,7 @@ timeout -s INT -k 30 "$(( $(left) - 10 ))" python3 benchmarks/noise_sources.py r
   --out "$RUN" --budget-s "$(( $(left) - 25 ))" --workload "$WORKLOAD" \
   --num-prompts "$NUM_PROMPTS" --output-len "$OUTPUT_LEN" --concurrency "$CONCURRENCY" \
   --launches "${LAUNCHES:-3}" --reps "${REPS:-3}" --suspects "${SUSPECTS:-a,b,c,d,e,f,g,h}" \
-  ${NOISE_ARGS:-} 2>&1 | tee -a "$RUN/run.txt"
+  ${extra[@]+"${extra[@]}"} ${NOISE_ARGS:-} 2>&1 | tee -a "$RUN/run.txt"
 python3 benchmarks/noise_sources.py analyze "$RUN" > "$RUN/tables.txt" 2>&1
 for d in "$RUN"/launch-*/; do
   grep -hE "non-default args|cudagraph_mode|[Aa]sync scheduling|[Mm]odel [Rr]unner" \

