@@ -590,8 +590,9 @@ def _space_configs(space: Any, limit: int = 64) -> list[tuple[str, dict]]:
         if spec:
             out.append((f"search space '{space.name}' point {show(params)}", spec))
     for point in space.start_points:
-        spec = {k: v for k, v in point.items() if k != "engine"}
-        if spec.get("method", "none") != "none":
+        params = space.params_of(point)  # as the study enqueues it: with the fixed values
+        spec = space.config_from_params(params).speculative_config if params else None
+        if spec:
             out.append((f"search space '{space.name}' start point {show(point)}", spec))
     return out
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner import api
+from tuner.errors import ConfigError
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
@@ -33,7 +34,7 @@ def _spec(**script):
 def _optimize(tmp_path, *, space="ngram", n_trials=5, **kw):
     return api.optimize(OptimizeOptions(
         strategy="optuna",  # the Optuna search under test
-        workload=WL, engine=_spec(), space_name=space,
+        workload=WL, engine=kw.pop("engine", None) or _spec(), space_name=space,
         settings=MeasureSettings(concurrencies=(1, 2)), out_dir=tmp_path / "study",
         study_name="s", n_trials=n_trials, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None},
@@ -55,19 +56,29 @@ def test_baseline_first_then_start_points_and_every_level_stored(tmp_path):
             assert t.values[0] == levels[0]["output_throughput"]
 
 
-def test_rejected_config_is_a_fail_trial_and_the_study_goes_on(tmp_path):
+def test_a_space_vllm_refuses_is_refused_before_any_launch(tmp_path):
+    # min 5 > max 2: vLLM's own SpeculativeConfig refuses every point, so no engine starts.
     bad = tmp_path / "bad.yaml"
     bad.write_text("methods:\n  ngram:\n    num_speculative_tokens: {type: int, low: 1, high: 3}\n"
                    "    prompt_lookup_min: 5\n    prompt_lookup_max: 2\n")
-    study = _optimize(tmp_path, space=str(bad), n_trials=3)
+    with pytest.raises(ConfigError, match="prompt_lookup_min=5 must be <= prompt_lookup_max=2"):
+        _optimize(tmp_path, space=str(bad), n_trials=3)
+    assert not (tmp_path / "study" / "trials").exists()
+
+
+def test_rejected_config_is_a_fail_trial_and_the_study_goes_on(tmp_path):
+    # A config the engine refuses at start-up past what vLLM's config checks can see (the
+    # fake refuses every ngram config): recorded as a FAIL trial with the engine's reason.
+    study = _optimize(tmp_path, space="ngram", n_trials=3,
+                      engine=_spec(crash_for_spec={"method": "ngram"}))
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert done and done[0].user_attrs["role"] == "baseline"
     assert failed, "the rejected configs are recorded"
     f = failed[0].user_attrs["failure"]
     assert f["kind"] == "engine_crashed"
-    assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in f["reason"]
-    assert "prompt_lookup_min=5" in f["log_tail"]
+    assert "fake rejection of {'method': 'ngram'}" in f["reason"]
+    assert "fake rejection" in f["log_tail"]
 
 
 def test_grid_space_duplicates_are_answered_from_storage(tmp_path):

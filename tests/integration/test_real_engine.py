@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tuner import api
-from tuner.errors import EngineCrashed
+from tuner.errors import ConfigError
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import BenchOptions, EngineOptions
 
@@ -120,14 +120,18 @@ def test_no_engine_process_survives_the_run(ngram_run, baseline_run):
 
 
 def test_rejected_config_reports_vllms_own_reason(engine_spec, tmp_path):
+    # vLLM's own SpeculativeConfig refuses it before any engine starts (tuner.checks), in the
+    # words the engine would have died with.
     bad = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
            "prompt_lookup_max": 2}
     wl = WorkloadSpec(name="instructcoder", num_prompts=1, output_len=8)
-    with pytest.raises(EngineCrashed) as e:
+    with pytest.raises(ConfigError) as e:
         api.bench(BenchOptions(workload=wl, engine=engine_spec,
                                config=TrialConfig(speculative_config=bad),
-                               settings=MeasureSettings(), out_dir=tmp_path), say=lambda _m: None)
+                               settings=MeasureSettings(), out_dir=tmp_path / "b"),
+                  say=lambda _m: None)
     assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in str(e.value)
+    assert not (tmp_path / "b").exists()  # no engine launched, nothing written
 
 
 def test_bench_cli_prints_a_table(engine_spec, tmp_path):
