@@ -4,7 +4,10 @@ At temperature 0 speculative decoding is lossless, so a recorded baseline (tuner
 what every step of an n-gram or suffix config drafts and accepts. This module steps the
 installed vLLM's proposer code over those tokens (imported, never re-implemented): for n-gram
 the function `NgramProposer.propose` calls per request, for suffix vLLM's
-`SuffixDecodingProposer` fed one engine step at a time, as the model runner feeds it.
+`SuffixDecodingProposer` fed one engine step at a time, as the model runner feeds it. That
+n-gram proposer is the V1 model runner's; the V2 runner's is a Triton scan that needs a GPU, so
+its rule is written out (tuner.replay.ngram_v2, tested against vLLM's kernels) and stepped the
+same way where the caller says the engine takes that path (`ngram_path`).
 
 `replay(capture, config, ...)` returns per config the drafted and accepted counts as vLLM's
 spec-decode counters count them, per-position rates, and each request's draft lengths (which
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tuner.records.configs import TrialConfig
+from tuner.replay import ngram_v2
 from tuner.speculative import varying_k
 from tuner.tokens import RequestTokens, TokenCapture
 
@@ -64,6 +68,7 @@ class Acceptance:
     _could_continue: int = 0  # accepted positions i followed by a drafted position i+1
     # replay(trace=True): per request index, every verify step's (drafted, accepted)
     trace: dict[int, list[tuple[int, int]]] | None = None
+    ngram_path: str | None = None  # n-gram: the proposer replayed, ngram_v2.V1 | V2
 
     @property
     def request_order(self) -> dict[int, int]:
@@ -170,11 +175,14 @@ def replayable(speculative_config: dict[str, Any] | None) -> bool:
 
 def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
            max_model_len: int | None = None, max_num_seqs: int | None = None,
-           levels: Iterable[int] | None = None, trace: bool = False) -> dict[int, Acceptance]:
+           levels: Iterable[int] | None = None, trace: bool = False,
+           ngram_path: str | None = None) -> dict[int, Acceptance]:
     """Acceptance of `speculative_config` at each level of `capture` (measured requests only);
     with `trace`, also every step of every request (Acceptance.trace). `max_model_len` and
     `max_num_seqs` are the engine's (EngineLimits): max_model_len None is no limit;
     max_num_seqs bounds a K schedule (num_speculative_tokens_per_batch_size), which needs it.
+    `ngram_path`: the n-gram proposer the engine runs (ngram_v2.PATHS); None, not known, steps
+    V1's, as every replay did before V2 was modeled (the caller says it was not known).
 
     Raises ValueError for a method the replay cannot run (see REPLAYABLE), and for a config
     without the K vLLM would need (an n-gram config names num_speculative_tokens)."""
@@ -186,6 +194,8 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
     if not k:
         raise ValueError(f"a {method} config needs num_speculative_tokens")
     max_model_len = NO_LIMIT if max_model_len is None else max_model_len
+    if ngram_path is not None and ngram_path not in ngram_v2.PATHS:
+        raise ValueError(f"unknown n-gram path {ngram_path!r}; known: {ngram_v2.PATHS}")
     k_schedule = speculative_config.get("num_speculative_tokens_per_batch_size")
     rule = varying_k(method, runner="V1")  # the proposers replayed are V1's
     if k_schedule and not rule.accepted:
@@ -195,7 +205,8 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
     lookup = _schedule(k_schedule, max_num_seqs=max_num_seqs, k=k)
     if method == "ngram":
         lo, hi = _window(speculative_config)
-        proposer: _Proposer = _Ngram(k=k, min_n=lo, max_n=hi, max_model_len=max_model_len)
+        proposer: _Proposer = _Ngram(k=k, min_n=lo, max_n=hi, max_model_len=max_model_len,
+                                     path=ngram_path or ngram_v2.V1)
         if lookup is None:  # stateless and one K: every request on its own is exact
             return {c: _independent(capture.level(c, warmup=False), proposer, c, trace)
                     for c in capture.levels() if c in wanted}
@@ -266,9 +277,14 @@ def _ngram_fn():
 
 
 class _Ngram(_Proposer):
-    def __init__(self, *, k: int, min_n: int, max_n: int, max_model_len: int) -> None:
+    """V1: vLLM's numba function as it is; V2: the Triton scan's rule (ngram_v2.find, the same
+    signature), which fills every one of the step's K slots."""
+
+    def __init__(self, *, k: int, min_n: int, max_n: int, max_model_len: int,
+                 path: str = ngram_v2.V1) -> None:
         self.k, self.min_n, self.max_n, self.max_model_len = k, min_n, max_n, max_model_len
-        self.find = _ngram_fn()
+        self.path = path
+        self.find = _ngram_fn() if path == ngram_v2.V1 else ngram_v2.find()
 
     @property
     def settings(self) -> tuple[int, int, int, int]:
@@ -280,7 +296,8 @@ class _Ngram(_Proposer):
             r.draft = self.draft(r.tokens, r.context_len, k)
 
     def draft(self, tokens: np.ndarray, length: int, k: int) -> np.ndarray:
-        if length >= self.max_model_len or k <= 0:  # MAX_MODEL_LEN
+        # MAX_MODEL_LEN: V1's propose skips the request; V2 drafts, and the trim below drops it
+        if length >= self.max_model_len or k <= 0:
             return tokens[:0]
         d = self.find(tokens[:length], self.min_n, self.max_n, self.max_model_len, min(k, self.k))
         return d[:max(0, self.max_model_len - length - 1)]  # MAX_MODEL_LEN: scheduler trim
@@ -341,8 +358,9 @@ def _verify(r: _Running) -> tuple[int, int]:
 def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
                  trace: bool) -> Acceptance:
     """Each request on its own, every step inside one compiled loop around vLLM's function."""
-    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None)
-    kernel = _ngram_kernel()
+    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None,
+                       ngram_path=proposer.path)
+    kernel = _ngram_kernel(proposer.path)
     for req in sorted(reqs, key=lambda q: q.index):
         tokens = np.concatenate([req.prompt, req.output]).astype(np.int32)
         drafted = np.zeros(max(1, len(req.output)), np.int64)
@@ -367,13 +385,13 @@ def _independent(reqs: list[RequestTokens], proposer: _Ngram, c: int,
 
 
 @functools.cache
-def _ngram_kernel():
+def _ngram_kernel(path: str = ngram_v2.V1):
     """One request's whole replay as a numba function that calls vLLM's jitted proposer
-    function step by step: the same rules as _Ngram.draft and _verify (a test holds the two
-    paths equal), about 100x faster than stepping in Python."""
+    function (V2: the scan's rule, ngram_v2.find) step by step: the same rules as _Ngram.draft
+    and _verify (a test holds the two paths equal), about 100x faster than stepping in Python."""
     import numba
 
-    find = _ngram_fn()
+    find = _ngram_fn() if path == ngram_v2.V1 else ngram_v2.find()
 
     @numba.njit
     def run(tokens, plen, olen, settings, drafted, accepted, past):
@@ -404,7 +422,8 @@ _ids = iter(range(1 << 62))
 def _closed_loop(reqs: list[RequestTokens], proposer: _Proposer, c: int,
                  lookup: list[int] | None, trace: bool) -> Acceptance:
     """CLOSED_LOOP: step the requests `c` at a time; returns their acceptance."""
-    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None)
+    stats = Acceptance(concurrency=c, k=proposer.k, trace={} if trace else None,
+                       ngram_path=getattr(proposer, "path", None))
     queue = sorted(reqs, key=lambda q: q.index)[::-1]
     running: list[_Running] = []
     steps_of: dict[int, int] = {}
