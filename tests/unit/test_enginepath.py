@@ -281,3 +281,45 @@ def test_a_cuda_config_line_without_a_graph_mode_takes_the_default_levels_mode(e
     assert path.cudagraph_mode == mode and "cudagraph_mode" in path.inferred
     cpu = read_log(line.replace("device_config=cuda", "device_config=cpu"))
     assert cpu.cudagraph_mode is None
+
+
+# -- the n-gram proposer a launch ran (EngineInfo.details["ngram_path"]) -------------------------
+def test_each_ngram_launch_records_the_proposer_its_runner_builds() -> None:
+    # vLLM 0.26 on the GPU: n-gram falls back to the V1 runner, so V1's numba proposer.
+    assert (read_log(NGRAM_26).ngram_path, read_log(NGRAM_26).inferred) == ("V1", ())
+    assert read_log(_real_26("trial1.log")).ngram_path == "V1"
+    # vLLM 0.32 on the GPU keeps the V2 runner: its Triton scan. On the CPU build: no Triton, V1.
+    assert read_log(NGRAM_32_GPU).ngram_path == "V2"
+    assert read_log(NGRAM_32_CPU).ngram_path == "V1"
+    # No speculation, no proposer: the plain and the aligned baselines record none.
+    for text in (PLAIN_26, ALIGNED_26, PLAIN_32_GPU, PLAIN_32_CPU, _real_26("trial0.log")):
+        assert read_log(text).ngram_path is None
+        assert "ngram_path" not in read_log(text).details()
+
+
+def test_ngram_gpu_on_v1_is_its_own_proposer_and_a_method_from_the_args_counts() -> None:
+    gpu_v1 = NGRAM_26.replace("method='ngram'", "method='ngram_gpu'")
+    assert read_log(gpu_v1).ngram_path == "V1-gpu"
+    assert read_log(NGRAM_32_GPU.replace("method='ngram'", "method='ngram_gpu'")).ngram_path \
+        == "V2"
+    # The config line cut before its speculative_config: the non-default args still say it.
+    cut = NGRAM_26.replace(f"speculative_config={_SPEC_26}", "")
+    assert read_log(cut).ngram_path == "V1"
+    suffix = NGRAM_32_GPU.replace("method='ngram'", "method='suffix'")
+    assert read_log(suffix).ngram_path is None
+
+
+def test_an_unknown_runner_leaves_the_ngram_path_unknown_and_an_inferred_one_says_so() -> None:
+    # No INFO lines: the runner is not known, so neither is the proposer.
+    quiet = "\n".join(line.replace(" INFO ", " WARN ") for line in NGRAM_32_GPU.splitlines()
+                      if "Using V2 Model Runner" not in line)
+    assert (read_log(quiet).model_runner, read_log(quiet).ngram_path) == (None, None)
+    # The runner by silence (INFO lines, no V2 line): V1, and the proposer inferred with it.
+    silent = "\n".join(line for line in NGRAM_32_GPU.splitlines()
+                       if "Using V2 Model Runner" not in line)
+    path = read_log(silent)
+    assert (path.model_runner, path.ngram_path) == ("V1", "V1")
+    assert {"model_runner", "ngram_path"} <= set(path.inferred)
+    assert EnginePath.from_details(path.details()) == path
+    assert "n-gram proposer V1" in path.describe()
+    assert EnginePath.from_details({"ngram_path": "V9"}).ngram_path is None

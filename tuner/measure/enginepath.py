@@ -12,6 +12,14 @@ come from vLLM's own lines where it prints them: the "non-default args" summary,
 "with config:" line, the runner and scheduling lines of vLLM 0.26 and 0.32 alike. Where no
 line says a value, it is the default that version's source takes (named in `inferred`). vLLM
 serves no path on /metrics (only cache_config_info) nor on /version, so the log is the source.
+
+An n-gram launch also records which n-gram proposer it ran (`ngram_path`, which
+tuner.replay.predict models): no vLLM line names the proposer, so it is the runner's, by vLLM
+0.32's source (and 0.26's, which never builds V2 for n-gram): the V1 runner runs method
+`ngram` on its numba proposer (v1/worker/gpu_model_runner.py: `method == "ngram"` ->
+NgramProposer) and `ngram_gpu` on v1/spec_decode/ngram_proposer_gpu.py; the V2 runner runs
+both on its Triton scan (v1/worker/gpu/spec_decode/__init__.py, `use_ngram()` ->
+NgramGPUSpeculator). Where the runner is unknown, so is the proposer.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ from tuner.records.configs import Frozen, TrialConfig
 
 FIELDS = ("model_runner", "async_scheduling", "cudagraph_mode", "attention_backend")
 INFERRED_KEY = "inferred"  # in EngineInfo.details: the FIELDS that no log line stated
+# In EngineInfo.details of an n-gram launch: "V1" (numba), "V2" (Triton scan), "V1-gpu" (the V1
+# runner's ngram_gpu proposer, which the replay does not model); inferred with the runner.
+NGRAM_PATH_KEY = "ngram_path"
+NGRAM_PATHS = ("V1", "V2", "V1-gpu")
 # vllm/envs.py of 0.26 and 0.32: unset = vLLM decides; "0"/"1" forces V1/V2 (bool(int(value))).
 MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
@@ -48,6 +60,9 @@ _CUDAGRAPH_CONFIG = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
 # "CUDAGraphMode.FULL is not supported with X backend ...; setting cudagraph_mode=PIECEWISE".
 _CUDAGRAPH_SET = re.compile(r"; setting cudagraph_mode=(\w+)")
 _DEVICE = re.compile(r"\bdevice_config=(\w+)")
+# The config line's SpeculativeConfig.__repr__ (config/speculative.py of 0.26 and 0.32):
+# "SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5)".
+_SPEC_METHOD = re.compile(r"speculative_config=SpeculativeConfig\(method='([\w-]+)'")
 # platforms/cuda.py: "Using %s attention backend out of potential backends: %s." (automatic)
 # and "Using %s backend." (--attention-backend; %s of the enum may print its class name).
 _ATTENTION_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends")
@@ -68,10 +83,15 @@ class EnginePath(Frozen):
     cudagraph_mode: str | None = None  # vLLM's CUDAGraphMode name: NONE, PIECEWISE, ...
     attention_backend: str | None = None  # vLLM's AttentionBackendEnum name
     inferred: tuple[str, ...] = ()  # the fields taken from vLLM's defaults, not from a line
+    # An n-gram launch's proposer (NGRAM_PATHS), from its runner; None: no n-gram, or not known.
+    # Not a field alignment compares: a baseline runs no proposer.
+    ngram_path: str | None = None
 
     def details(self) -> dict[str, str]:
         """As EngineInfo.details stores it (strings only)."""
         out = {f: v for f in FIELDS if (v := getattr(self, f)) is not None}
+        if self.ngram_path is not None:
+            out[NGRAM_PATH_KEY] = self.ngram_path
         if self.inferred:
             out[INFERRED_KEY] = ",".join(self.inferred)
         return out
@@ -81,21 +101,27 @@ class EnginePath(Frozen):
         """Back from EngineInfo.details, also as older tuners stored them ("disabled",
         "False", "V1") before values were normalized."""
         d = dict(details or {})
-        inferred = tuple(x for x in str(d.get(INFERRED_KEY) or "").split(",") if x in FIELDS)
+        inferred = tuple(x for x in str(d.get(INFERRED_KEY) or "").split(",")
+                         if x in (*FIELDS, NGRAM_PATH_KEY))
+        ngram = str(d.get(NGRAM_PATH_KEY) or "")
         runner = str(d.get("model_runner") or "").upper() or None
         flag = {"true": "true", "enabled": "true", "false": "false",
                 "disabled": "false"}.get(str(d.get("async_scheduling") or "").lower())
         return cls(model_runner=runner if runner in ("V1", "V2") else None,
                    async_scheduling=flag, inferred=inferred,
                    cudagraph_mode=_str_or_none(d.get("cudagraph_mode")),
-                   attention_backend=_str_or_none(d.get("attention_backend")))
+                   attention_backend=_str_or_none(d.get("attention_backend")),
+                   ngram_path=ngram if ngram in NGRAM_PATHS else None)
 
     def describe(self) -> str:
         """One line, e.g. "runner V1, async scheduling false, CUDA graphs PIECEWISE,
         attention FLASH_ATTN (inferred: runner)"."""
         names = {"model_runner": "runner", "async_scheduling": "async scheduling",
-                 "cudagraph_mode": "CUDA graphs", "attention_backend": "attention"}
+                 "cudagraph_mode": "CUDA graphs", "attention_backend": "attention",
+                 NGRAM_PATH_KEY: "n-gram proposer"}
         parts = [f"{names[f]} {getattr(self, f) or '?'}" for f in FIELDS]
+        if self.ngram_path is not None:
+            parts.append(f"{names[NGRAM_PATH_KEY]} {self.ngram_path}")
         guessed = [names[f] for f in self.inferred]
         return ", ".join(parts) + (f" (inferred: {', '.join(guessed)})" if guessed else "")
 
@@ -172,12 +198,38 @@ def read_log(text: str, *, env: Mapping[str, str] | None = None) -> EnginePath:
     flag = _async_scheduling(text, device)
     cudagraph = _cudagraph_mode(text, config, device)
     attention = _attention_backend(text, device)
+    ngram = _ngram_path(_spec_method(text, config), runner[0])
     inferred = tuple(name for name, (_, guessed) in (
         ("model_runner", runner), ("async_scheduling", flag), ("cudagraph_mode", cudagraph),
-        ("attention_backend", attention)) if guessed)
+        ("attention_backend", attention), (NGRAM_PATH_KEY, (ngram, runner[1] and bool(ngram))))
+        if guessed)
     return EnginePath(model_runner=runner[0], async_scheduling=flag[0],
                       cudagraph_mode=cudagraph[0], attention_backend=attention[0],
-                      inferred=inferred)
+                      inferred=inferred, ngram_path=ngram)
+
+
+def _spec_method(text: str, config: str) -> str | None:
+    """The speculative method the engine was configured with: its config line's
+    SpeculativeConfig, else the non-default args' speculative_config (the line is cut)."""
+    if (method := _last(_SPEC_METHOD, config)) is not None:
+        return method
+    spec = _non_default_args(text).get("speculative_config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            return None
+    return spec.get("method") if isinstance(spec, dict) else None
+
+
+def _ngram_path(method: str | None, runner: str | None) -> str | None:
+    """The n-gram proposer an engine with this method and runner builds (the module docstring
+    names vLLM's lines); None where it runs no n-gram or the runner is not known."""
+    if method not in ("ngram", "ngram_gpu") or runner not in ("V1", "V2"):
+        return None
+    if runner == "V2":
+        return "V2"
+    return "V1" if method == "ngram" else "V1-gpu"
 
 
 _Reading = tuple[str | None, bool]  # a value of the path, and whether it was inferred
