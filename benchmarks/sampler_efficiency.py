@@ -26,8 +26,8 @@ def table(study_dir: Path) -> tuple[dict[str, float], str, int, object]:
     from tuner.search import study as st
 
     study = st.open_existing(study_dir)
-    meta = study.user_attrs[st.ATTR]
-    sp = spaces.load(meta["space"])
+    meta = st.settings_of(study)
+    sp = spaces.load(meta.space)
     values: dict[str, float] = {}
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         key = t.user_attrs.get("key")

@@ -20,6 +20,7 @@ from optuna.trial import TrialState, create_trial
 
 from tuner.records.configs import TrialConfig
 from tuner.records.results import LevelMetrics
+from tuner.records.storage import StudySettings
 
 DIRECTIONS = ["maximize", "minimize"]
 METHOD_CHOICES = ["none", "ngram", "suffix"]
@@ -87,6 +88,11 @@ def fake_meta(
                         "workload": workload, "workload_digest": "0123456789abcdef",
                         "temperature": 0.0, "ignore_eos": False},
     }
+
+
+def fake_settings(**meta: Any) -> StudySettings:
+    """fake_meta as the record every stage reads (tuner.search.study.settings_of)."""
+    return StudySettings.model_validate(fake_meta(**meta))
 
 
 def fake_study(

@@ -36,7 +36,7 @@ from tuner.records.options import (
     TrafficOptions,
 )
 from tuner.records.results import BenchResult, Recommendation, StudyOutcome, TrafficOutcome
-from tuner.records.storage import SCHEDULE
+from tuner.records.storage import StudySettings
 
 Say = Callable[[str], None]
 _log = logging.getLogger(__name__)
@@ -263,14 +263,13 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
     from tuner.search import study as st
 
     o, engine = options, resolve_engine(options.engine)
-    attrs = {"workload": o.workload.model_dump(), "workload_digest": wl.digest,
-             "engine_spec": engine.model_dump(), "settings": o.settings.model_dump(),
-             "space": space.name, "objectives": list(o.objectives),
-             "target_concurrency": o.target_concurrency, "constraints": dict(o.constraints),
-             "acceptance_profile": o.acceptance_rates, "metadata": dict(o.metadata),
-             "confidence": o.confidence, "margin": o.margin,
-             SCHEDULE: schedule.model_dump(mode="json"),
-             "fingerprint": machine.fingerprint(engine, o.workload, wl.digest)}
+    settings = StudySettings(
+        workload=o.workload, workload_digest=wl.digest, engine_spec=engine, settings=o.settings,
+        space=space.name, objectives=tuple(o.objectives),
+        target_concurrency=o.target_concurrency, constraints=dict(o.constraints),
+        acceptance_profile=o.acceptance_rates, metadata=dict(o.metadata),
+        confidence=o.confidence, margin=o.margin, schedule=schedule,
+        fingerprint=machine.fingerprint(engine, o.workload, wl.digest))
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
     # Every input is checked by now: only now is the study folder made and announced.
@@ -280,7 +279,7 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
         f"c={o.target_concurrency}: {', '.join(o.objectives)}); every launch sends the same "
         f"{_levels_text(schedule)}")
     study = st.create(out_dir=o.out_dir, name=o.study_name, objectives=list(o.objectives),
-                      sampler=sampler, storage_url=o.storage_url, settings=attrs)
+                      sampler=sampler, storage_url=o.storage_url, settings=settings)
     retry = st.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
@@ -360,12 +359,12 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     from tuner.search import loop
     from tuner.search import study as st
 
-    study = st.open_existing(study_dir, storage_url, study_name, setup=True, write=True)
-    meta = study.user_attrs.get(st.ATTR) or {}
-    engine = EngineSpec.model_validate(meta["engine_spec"])
+    study = st.open_existing(study_dir, storage_url, study_name, write=True)
+    stored = st.settings_of(study)
+    engine = stored.engine_spec
     updates = {k: v for k, v in (("num_prompts", options.num_prompts),
                                  ("output_len", options.output_len)) if v}
-    wspec = WorkloadSpec.model_validate(meta["workload"]).model_copy(update=updates)
+    wspec = stored.workload.model_copy(update=updates)
     ladder = checks.ladder(options)
     settings = MeasureSettings(concurrencies=ladder, requests_per_slot=options.requests_per_slot)
     wl, schedule = _load_workload(wspec, engine, settings, say)
@@ -424,7 +423,7 @@ def _verified(doc: dict, runs: list, measured: list[dict], *, measure: Callable[
 
     policy_cfg, static = rules.policy_configs(doc, runs)
     doc["serve_command"] = engine_cmdline.serve_command(engine, policy_cfg)
-    doc["serve_note"] = engine_cmdline.serve_note(engine.model_dump())
+    doc["serve_note"] = engine_cmdline.serve_note(engine)
     verify_runs = [("policy", policy_cfg)]
     if side_by_side:
         verify_runs = [("baseline", TrialConfig()), ("static", static)] + verify_runs
@@ -453,12 +452,14 @@ def report(*, study_dir: Path, storage_url: str | None = None, study_name: str |
 def _render(study: Any, out_dir: Path) -> tuple[dict[str, Path], list[Recommendation]]:
     from tuner.analysis import frame, pareto, recommend
     from tuner.outputs import report as outputs
+    from tuner.search import study as st
 
+    settings = st.settings_of(study)
     df = pareto.speedups(frame.trials_frame(study))
-    recs = recommend.recommendations(df)
+    recs = recommend.recommendations(df, settings)
     paths = outputs.write_outputs(
         study_name=study.study_name, df=df, configs=pareto.speedups(frame.configs_frame(df)),
-        points=pareto.points(df), recs=recs, out_dir=out_dir)
+        points=pareto.points(df), recs=recs, out_dir=out_dir, settings=settings)
     return paths, recs
 
 
@@ -473,16 +474,16 @@ def recommend(*, study_dir: Path, storage_url: str | None = None,
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name)
+    settings = st.settings_of(study)
     df = frame.trials_frame(study)
     levels = frame.levels_of(df)
     c = level or (levels[0] if levels else None)
     if c is None or c not in levels:
         raise ConfigError(f"--level {c}: the study measured "
                           f"{', '.join(map(str, levels)) or 'no levels yet'}. Pick one of those.")
-    meta = df.attrs.get("tuner", {})
-    slos = meta.get("constraints") or {}
+    slos = settings.constraints
     return rec.recommend(
-        df, concurrency=c, meta=meta,
+        df, concurrency=c, settings=settings,
         max_tpot_ms=max_tpot_ms if max_tpot_ms is not None else slos.get("max_tpot_ms"),
         max_ttft_ms=max_ttft_ms if max_ttft_ms is not None else slos.get("max_ttft_ms"))
 
@@ -500,9 +501,9 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name)
-    meta = study.user_attrs.get(st.ATTR) or {}
-    engine = EngineSpec.model_validate(meta["engine_spec"])
-    sp = spaces.load(space_name or meta.get("space") or "default")
+    stored = st.settings_of(study)
+    engine = stored.engine_spec
+    sp = spaces.load(space_name or stored.space)
     base = next((t for t in replay_strategy.measured_trials(study, study_dir)
                  if t.role == "baseline" and t.capture is not None), None)
     if base is None:
@@ -520,7 +521,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     measured = replay_strategy.measured_trials(study, study_dir)
     memo: dict = {}
     limits = engine_cmdline.engine_limits(engine)
-    temperature = WorkloadSpec.sampling_of(meta.get("workload") or {})["temperature"]
+    temperature = stored.workload.temperature
 
     def run(cands: list[TrialConfig]) -> Prediction:
         return predict_space(base.capture, cands, measured, max_model_len=limits.max_model_len,
@@ -581,8 +582,7 @@ def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, Eng
     from tuner.search import study as st
 
     study = st.open_existing(options.study_dir, options.storage_url, options.study_name)
-    meta = study.user_attrs.get(st.ATTR) or {}
-    engine = EngineSpec.model_validate(meta["engine_spec"])
+    engine = st.settings_of(study).engine_spec
     measured = replay_strategy.measured_trials(study, options.study_dir)
     base = next((t for t in measured if t.role == "baseline" and t.capture is not None), None)
     if base is None:
@@ -600,7 +600,7 @@ def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, Eng
 
 def _study_model(engine: EngineSpec | None) -> str | None:
     """The model (or tokenizer) a study's engine ran: None for none or the embedded default."""
-    if engine is None or engine_cmdline.embedded_default(engine.model_dump()):
+    if engine is None or engine_cmdline.embedded_default(engine):
         return None
     return engine.tokenizer or engine.model
 

@@ -15,7 +15,7 @@ import functools
 import math
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tuner.errors import ConfigError
@@ -93,41 +93,28 @@ def serve_command(spec: EngineSpec, config: TrialConfig) -> str:
     return shlex.join(parts + engine_flags(config) + list(spec.extra_args))
 
 
-def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: TrialConfig,
-                   concurrency: int, settings: dict[str, Any] | None = None) -> str:
+def verify_command(*, engine: EngineSpec | None, workload: WorkloadSpec | None,
+                   config: TrialConfig, concurrency: int,
+                   settings: MeasureSettings | None = None) -> str:
     """The `tuner bench` line that re-measures one config on the same model and workload,
-    from a study's stored engine spec and workload. The model is named as the user gave it
-    (the resolved path stays in the fingerprint); the embedded default is not named at all,
-    since `tuner bench` loads it without --model. With the study's stored `settings` it names
-    every level and the request counts they were measured with, so the bench builds the
-    study's own request schedule (tuner.measure.request_schedule) and the level `concurrency`
-    gets the requests it got in the study."""
+    from a study's stored engine spec and workload (None: unknown, named by a placeholder).
+    The model is named as the user gave it (the resolved path stays in the fingerprint); the
+    embedded default is not named at all, since `tuner bench` loads it without --model. With
+    the study's `settings` it names every level and the request counts they were measured
+    with, so the bench builds the study's own request schedule
+    (tuner.measure.request_schedule) and the level `concurrency` gets the requests it got in
+    the study."""
     model = bench_model(engine)
     parts = ["tuner", "bench", *(["--model", model] if model else [])]
-    if engine.get("tokenizer"):  # stored as the user typed it, like the model's name
-        parts += ["--tokenizer", str(engine["tokenizer"])]
-    parts += ["--workload", str(workload.get("name") or "WORKLOAD")]
-    for flag, key in (("--dataset-path", "dataset_path"), ("--num-prompts", "num_prompts"),
-                      ("--output-len", "output_len"), ("--max-input-tokens", "max_input_tokens"),
-                      ("--category", "category")):
-        if workload.get(key) is not None:
-            parts += [flag, str(workload[key])]
-    if workload.get("seed"):
-        parts += ["--seed", str(workload["seed"])]
-    for key, value in WorkloadSpec.sampling_of(workload).items():
-        if value:  # the temperature where it is not 0, the others where they are not off
-            parts += ["--" + key.replace("_", "-"), str(value)]
-    if workload.get("name") == "random":
-        parts += ["--random-input-len", str(workload.get("random_input_len")),
-                  "--random-output-len", str(workload.get("random_output_len"))]
-    if workload.get("ignore_eos"):
-        parts.append("--ignore-eos")
-    if workload.get("skip_chat_template"):
-        parts.append("--skip-chat-template")
+    if engine is not None and engine.tokenizer:  # stored as the user typed it
+        parts += ["--tokenizer", engine.tokenizer]
+    parts += ["--workload", workload.name if workload else "WORKLOAD"]
+    if workload is not None:
+        parts += _workload_flags(workload)
     # FLAG=VALUE: argparse would take a value that starts with "--" for another flag.
-    if engine.get("vllm_cmd"):
-        parts.append("--vllm-cmd=" + shlex.join(engine["vllm_cmd"]))
-    engine_args = list(engine.get("extra_args") or []) + engine_flags(config)
+    if engine is not None and engine.vllm_cmd:
+        parts.append("--vllm-cmd=" + shlex.join(engine.vllm_cmd))
+    engine_args = list(engine.extra_args if engine else ()) + engine_flags(config)
     if engine_args:
         parts.append("--engine-args=" + shlex.join(engine_args))
     flags, levels = _schedule_flags(settings, concurrency)
@@ -137,47 +124,74 @@ def verify_command(*, engine: dict[str, Any], workload: dict[str, Any], config: 
     return shlex.join(parts)
 
 
-def _schedule_flags(settings: dict[str, Any] | None, concurrency: int
+def _workload_flags(workload: WorkloadSpec) -> list[str]:
+    """The `tuner bench` flags that rebuild `workload`'s prompts and sampling."""
+    parts: list[str] = []
+    for flag, value in (("--dataset-path", workload.dataset_path),
+                        ("--num-prompts", workload.num_prompts),
+                        ("--output-len", workload.output_len),
+                        ("--max-input-tokens", workload.max_input_tokens),
+                        ("--category", workload.category)):
+        if value is not None:
+            parts += [flag, str(value)]
+    if workload.seed:
+        parts += ["--seed", str(workload.seed)]
+    for key, value in workload.sampling.items():
+        if value:  # the temperature where it is not 0, the others where they are not off
+            parts += ["--" + key.replace("_", "-"), str(value)]
+    if workload.name == "random":
+        parts += ["--random-input-len", str(workload.random_input_len),
+                  "--random-output-len", str(workload.random_output_len)]
+    if workload.ignore_eos:
+        parts.append("--ignore-eos")
+    if workload.skip_chat_template:
+        parts.append("--skip-chat-template")
+    return parts
+
+
+def _schedule_flags(settings: MeasureSettings | None, concurrency: int
                     ) -> tuple[list[str], list[int]]:
-    """The request-count flags of a study's stored settings that differ from the defaults, and
-    the levels to bench: all of the study's (so the schedule is the study's), or `concurrency`
+    """The request-count flags of a study's settings that differ from the defaults, and the
+    levels to bench: all of the study's (so the schedule is the study's), or `concurrency`
     alone where the settings are unknown or do not hold it."""
-    if not settings:
+    if settings is None:
         return [], [concurrency]
-    measured, default = MeasureSettings.model_validate(settings), MeasureSettings()
+    default = MeasureSettings()
     flags: list[str] = []
-    for flag, value, off in (("--num-requests", measured.num_requests, None),
-                             ("--requests-per-slot", measured.requests_per_slot,
+    for flag, value, off in (("--num-requests", settings.num_requests, None),
+                             ("--requests-per-slot", settings.requests_per_slot,
                               default.requests_per_slot),
-                             ("--num-warmups", measured.num_warmups, None)):
+                             ("--num-warmups", settings.num_warmups, None)):
         if value != off:
             flags += [flag, str(value)]
-    if measured.allow_repeats:
+    if settings.allow_repeats:
         flags.append("--allow-repeats")
-    levels = list(measured.concurrencies)
+    levels = list(settings.concurrencies)
     return flags, levels if concurrency in levels else [concurrency]
 
 
-def bench_model(engine: dict[str, Any]) -> str | None:
-    """`tuner bench --model`'s value for a study's stored engine spec: the model as the user
-    named it; None for the embedded default (named by its hub id, loaded from a resolved
-    cache path); the stored path for a study from before names were kept."""
+def bench_model(engine: EngineSpec | None) -> str | None:
+    """`tuner bench --model`'s value for a study's engine spec: the model as the user named
+    it; None for the embedded default (named by its hub id, loaded from a resolved cache
+    path); the stored path for a study from before names were kept."""
+    if engine is None:
+        return "MODEL"
     if embedded_default(engine):
         return None
-    return str(engine.get("model_name") or engine.get("model") or "MODEL")
+    return engine.model_name or engine.model
 
 
-def embedded_default(engine: Mapping[str, Any]) -> bool:
-    """Whether a stored engine spec runs the embedded default: named by its hub id, loaded from
-    the converted checkpoint (tuner.checks.engine_spec records both)."""
-    named = engine.get("model_name")
-    return named == EMBEDDED_HUB_ID and engine.get("model") != named
+def embedded_default(engine: EngineSpec) -> bool:
+    """Whether an engine spec runs the embedded default: named by its hub id, loaded from the
+    converted checkpoint (tuner.checks.engine_spec records both)."""
+    return engine.model_name == EMBEDDED_HUB_ID and engine.model != engine.model_name
 
 
-def serve_note(engine: Mapping[str, Any]) -> str | None:
-    """The note that goes beside a serve command for a stored engine spec: EMBEDDED_SERVE_NOTE
-    for the embedded default, whose command names weights other than those measured."""
-    return EMBEDDED_SERVE_NOTE if embedded_default(engine) else None
+def serve_note(engine: EngineSpec | None) -> str | None:
+    """The note that goes beside a serve command for a study's engine spec:
+    EMBEDDED_SERVE_NOTE for the embedded default, whose command names weights other than those
+    measured."""
+    return EMBEDDED_SERVE_NOTE if engine is not None and embedded_default(engine) else None
 
 
 # --- what the engine flags say ---------------------------------------------------------------

@@ -84,8 +84,8 @@ def test_the_confirm_loop_resumes_and_predict_reads_the_study(tmp_path, capsys):
     assert numbers.count("baseline") == 1 and numbers.count("calibration") == 1
     assert len(study.trials) == 4
     # The decision rule is kept with the study's settings, so `tuner report` renders the same.
-    assert (study.user_attrs["tuner"]["confidence"], study.user_attrs["tuner"]["margin"]) == \
-        (0.95, 0.02)
+    stored = st.settings_of(study)
+    assert (stored.confidence, stored.margin) == (0.95, 0.02)
     rc = cli.main(["predict", str(tmp_path / "study"), "--top", "3", "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)

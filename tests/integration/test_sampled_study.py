@@ -14,7 +14,6 @@ from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
-from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.search import study as st
 
@@ -40,9 +39,9 @@ def test_a_sampled_study_carries_its_error_and_says_what_the_engine_did_not_deli
     assert pred[pred["method"] == "none"]["acceptance_length_pm"].isna().all()
     said = [line for line in lines if " tokens per draft step " in line]
     assert len(said) == 1 and said[0].startswith("vLLM 0.0.0+fake (cpu) accepted ")
-    meta = study.user_attrs[st.ATTR]
-    assert meta["fingerprint"]["top_k"] == 40 and meta["workload"]["top_k"] == 40
-    mismatch = meta[SAMPLING_MISMATCH]
+    meta = st.settings_of(study)
+    assert meta.stored()["fingerprint"]["top_k"] == 40 and meta.workload.top_k == 40
+    mismatch = meta.sampling_mismatch
     assert set(mismatch) == {"1", "2"}
     noted = [e["text"] for e in decisions.load_decisions(out) if e["topic"] == "sampling"]
     assert sorted(noted) == sorted(mismatch.values())

@@ -169,20 +169,19 @@ def test_a_study_stored_with_the_baseline_as_a_sampled_choice_resumes(tmp_path):
     out.mkdir()
     shutil.copy(OLD_STUDY / "study.journal", out / "study.journal")
     old = st.open_existing(out)
-    meta = old.user_attrs[st.ATTR]
+    meta = st.settings_of(old)
     before = {t.number: t.values for t in old.get_trials() if t.state == COMPLETE}
     assert old.trials[0].distributions["method"].choices == ("none", "ngram")
-    workload = WorkloadSpec.model_validate(meta["workload"])
-    settings = MeasureSettings.model_validate(meta["settings"])
+    workload, settings = meta.workload, meta.settings
     digest = workloads.load(workload, tokenizer=str(EMBEDDED_TOKENIZER),
                             pool=settings.pool_size(workload.num_prompts)).digest
-    if digest != meta["workload_digest"]:
+    if digest != meta.workload_digest:
         # How prompts are loaded may change; this test is about Optuna's distributions.
-        old.set_user_attr(st.ATTR, {**meta, "workload_digest": digest})
+        st.store_settings(old, meta.model_copy(update={"workload_digest": digest}))
     study = _optimize(out, space="ngram_small", n_trials=12, workload=workload,
                       settings=settings,
-                      study_name=old.study_name, objectives=meta["objectives"],
-                      target_concurrency=meta["target_concurrency"])
+                      study_name=old.study_name, objectives=list(meta.objectives),
+                      target_concurrency=meta.target_concurrency)
     trials = study.get_trials(deepcopy=False)
     for number, values in before.items():
         assert trials[number].values == values

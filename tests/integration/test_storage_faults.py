@@ -18,6 +18,7 @@ import pytest
 
 from tuner import cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
+from tuner.records.storage import STUDY_ATTR
 from tuner.search import storage
 from tuner.search import study as st
 
@@ -175,7 +176,7 @@ def test_shared_database_fails_only_trials_whose_heartbeat_went_stale(tmp_path, 
     monkeypatch.setattr(storage, "HEARTBEAT_GRACE_S", 2)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     dead = optuna.create_study(study_name="s", storage=st.storage(tmp_path, url))
-    dead.set_user_attr(st.ATTR, {"objectives": ["output_throughput"]})
+    dead.set_user_attr(STUDY_ATTR, {"objectives": ["output_throughput"]})
     orphan = dead.ask({"k": optuna.distributions.IntDistribution(1, 8)})
     rdb = dead._storage._backend  # under Optuna's _CachedStorage
     with rdb._beats_lock:

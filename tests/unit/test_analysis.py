@@ -17,6 +17,7 @@ from study_fakes import (
     add_running,
     aligned_study,
     fake_level,
+    fake_settings,
     fake_study,
     ngram,
     realistic_study,
@@ -27,13 +28,24 @@ from tuner.analysis import pareto
 from tuner.analysis.frame import configs_frame, configs_of, trials_frame
 from tuner.analysis.pareto import knee, pareto_front, speedups
 from tuner.analysis.recommend import recommend, recommendations, serve_config
-from tuner.records.configs import TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.results import Recommendation
+from tuner.search.study import settings_of
 
 
 def pareto_speedups(study):
     """The frame as tuner.api renders it: speedups over the plain baseline."""
     return speedups(trials_frame(study))
+
+
+def study_recommendations(study):
+    """Every level's recommendation as tuner.api renders them: the frame and the settings."""
+    return recommendations(pareto_speedups(study), settings_of(study))
+
+
+def _with(study, **fields):
+    """The study's settings with `fields` changed (as a resumed command changes them)."""
+    return settings_of(study).model_copy(update=fields)
 
 
 def points(*rows: tuple) -> pd.DataFrame:
@@ -107,7 +119,6 @@ def test_frame_rows_per_level_and_failed_running_rows():
     assert len(running) == 1 and "not finished" in running["reason"].iloc[0]
     assert running["label"].iloc[0] == "ngram k=6 window 3-6"
     assert "params_ngram.num_speculative_tokens" in df.columns
-    assert df.attrs["tuner"]["workload"]["name"] == "instructcoder"
 
 
 def test_spread_is_median_and_mad_over_original_and_repeats():
@@ -211,7 +222,7 @@ def test_speedup_never_mixes_studies_and_needs_a_baseline():
 def test_recommends_the_knee_with_commands():
     study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
                        (suffix(8), {1: (50.0, 20.0)}), (ngram(2), {1: (30.0, 33.0)}))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert isinstance(rec, Recommendation)
     assert rec.status == "recommend" and rec.trial == 2
     assert rec.speculative_config == suffix(8)
@@ -229,7 +240,7 @@ def test_verify_command_parses_with_the_cli():
 
     study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
                        (suffix(8), {1: (50.0, 20.0)}))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     argv = shlex.split(rec.verify_command)
     assert argv[:2] == ["tuner", "bench"]
     args = build_parser().parse_args(argv[1:])
@@ -244,7 +255,7 @@ def test_verify_command_parses_with_the_cli():
 
 def test_refuses_without_a_baseline():
     study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "insufficient_data" and rec.speculative_config is None
     assert "No baseline" in rec.reason and "--speculative-config none" in rec.verify_command
 
@@ -252,7 +263,7 @@ def test_refuses_without_a_baseline():
 def test_refuses_when_the_baseline_failed_and_says_why():
     study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
     add_failed(study, None, role="baseline", reason="out of memory", kind="engine_crashed")
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "insufficient_data" and "out of memory" in rec.reason
 
 
@@ -261,7 +272,7 @@ def test_refuses_with_too_few_speculative_configs():
     add_complete(study, ngram(5), [fake_level(1, output_throughput=40.0, mean_tpot_ms=25.0)],
                  duplicate_of=1)  # the same config again does not count twice
     add_running(study, suffix(8))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "insufficient_data" and "Only 1 speculative config" in rec.reason
     assert rec.speculative_config is None
 
@@ -272,7 +283,7 @@ def test_refuses_a_gain_within_the_measured_spread():
     add_complete(study, None, lv(100.0), role="baseline", repeats=[lv(90.0), lv(110.0)])
     add_complete(study, ngram(5), lv(104.0))
     add_complete(study, ngram(3), lv(101.0))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     # Gain +4% against a baseline MAD of 10/100 = 10%: noise, so speculation stays off.
     assert rec.status == "speculation_off" and rec.speculative_config is None
     assert "no measurable difference" in rec.reason
@@ -301,7 +312,7 @@ def test_a_gain_beside_a_zero_spread_is_no_finding():
     _twice(study, None, 1, 327.6, 327.6, role="baseline")
     _twice(study, ngram(8, 3, 3), 1, 327.7, 327.7)
     _twice(study, ngram(5), 1, 327.5, 327.5)
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "speculation_off" and rec.speculative_config is None
     assert rec.reason.startswith("Leave speculation off at concurrency 1: no measurable "
                                  "difference. The fastest config, ngram k=8 window 3-3, "
@@ -329,7 +340,7 @@ def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
     _twice(study, ngram(8, 1, 5), 1, 534.5, 521.7)
     lv = [fake_level(1, output_throughput=562.5, mean_tpot_ms=3.0)]
     add_complete(study, ngram(8, 1, 2), lv, role="calibration")
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
     assert "ngram k=8 window 1-2, reached 1.08x" in rec.reason
     assert "the ±11.9% that one run of a speculative config can differ by here" in rec.reason
@@ -340,7 +351,7 @@ def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
     _twice(study, ngram(8, 1, 6), 1, 530.0, 532.0)
     _twice(study, ngram(8, 1, 5), 1, 534.5, 521.7)
     add_complete(study, ngram(8, 1, 2), lv, role="calibration")
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.speculative_config is not None and rec.label == "ngram k=8 window 1-2"
     assert rec.spread["single_run_spread"] == pytest.approx(0.05)
 
@@ -355,7 +366,7 @@ def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_
     add_complete(study, ngram(6, 1, 6), [unsettled])
     twin = [fake_level(1, output_throughput=436.4, mean_tpot_ms=2.1)]  # k=6 window 1-5, once
     add_complete(study, ngram(6, 1, 5), twin)
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
     assert "not more than the ±22.7% that its one launch's windows moved by" in rec.reason
     assert rec.spread["unsettled_spread"] == pytest.approx(0.227)
@@ -366,7 +377,7 @@ def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_
     settled = {**unsettled, "stability_pct": 1.5, "converged": True}
     add_complete(study, ngram(6, 1, 6), [settled])
     add_complete(study, ngram(6, 1, 5), twin)
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.label == "ngram k=6 window 1-6" and rec.spread["unsettled_spread"] is None
 
 
@@ -376,7 +387,7 @@ def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
     _twice(study, None, 8, 2562.4, 2593.4, role="baseline")  # median 2577.9, MAD 15.5 (0.6%)
     _twice(study, ngram(8, 3, 3), 8, 2590.0, 2611.2)  # median 2600.6
     _twice(study, ngram(5), 8, 2570.0, 2580.0)
-    rec = recommend(trials_frame(study), concurrency=8)
+    rec = recommend(trials_frame(study), concurrency=8, settings=settings_of(study))
     assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
     assert "1.01x the baseline's throughput (2600.6 against 2577.9 tok/s, +0.9%)" in rec.reason
     assert rec.spread["relative_throughput_spread"] == pytest.approx(15.5 / 2577.9)
@@ -392,7 +403,7 @@ def test_a_gain_beyond_the_spread_and_the_floor_is_recommended():
     _twice(study, None, 1, 100.0, 101.0, role="baseline")  # MAD 0.5%
     _twice(study, ngram(5), 1, 103.0, 104.0)  # +3%: beyond both
     _twice(study, ngram(3), 1, 100.5, 101.0)  # +0.0%: noise
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "recommend" and rec.speculative_config == ngram(5)
     assert rec.confidence.startswith("high: 2 launch(es) of ngram k=5 window 2-5")
     assert "95% interval 1.01-1.05 of its speedup (1.03x) lies above 1.00x" in rec.confidence
@@ -418,7 +429,7 @@ def test_the_knee_is_taken_among_measurable_gains_only():
 def test_nothing_beats_the_baseline_means_speculation_off():
     study = study_with((None, {8: (111.0, 66.0)}), (ngram(5), {8: (96.0, 76.0)}),
                        (ngram(2), {8: (105.0, 70.0)}), concurrencies=(8,))
-    rec = recommend(trials_frame(study), concurrency=8)
+    rec = recommend(trials_frame(study), concurrency=8, settings=settings_of(study))
     assert rec.status == "speculation_off" and rec.speculative_config is None
     assert rec.reason.startswith("Leave speculation off at concurrency 8")
     assert "ngram k=2 window 2-5" in rec.reason and "0.95x" in rec.reason
@@ -436,7 +447,8 @@ def test_slos_pick_the_fastest_feasible_config():
     study = study_with((None, {1: (20.0, 50.0)}), (suffix(8), {1: (50.0, 20.0)}),
                        (ngram(5), {1: (40.0, 18.0)}))
     # suffix has more throughput but misses the TPOT SLO.
-    rec = recommend(trials_frame(study), concurrency=1, max_tpot_ms=19.0)
+    rec = recommend(trials_frame(study), concurrency=1, max_tpot_ms=19.0,
+                    settings=settings_of(study))
     assert rec.status == "recommend" and rec.speculative_config == ngram(5)
     assert "The baseline itself misses mean TPOT <= 19 ms" in rec.reason
     assert rec.slos == {"max_tpot_ms": 19.0, "max_ttft_ms": None}
@@ -457,25 +469,28 @@ def test_slos_nobody_meets_and_only_the_baseline_meets():
 
 def test_recommendations_cover_every_level_with_stored_slos():
     study = realistic_study()
-    recs = recommendations(trials_frame(study))
+    recs = recommendations(trials_frame(study), settings_of(study))
     assert [r.concurrency for r in recs] == [1, 8]
     assert all(r.status == "recommend" for r in recs)
     assert recs[0].trial == 2 and recs[0].n_repeats == 0
     constrained = realistic_study(name="slo", max_tpot_ms=17.0)
-    assert recommendations(trials_frame(constrained))[0].slos["max_tpot_ms"] == 17.0
+    assert recommendations(trials_frame(constrained), settings_of(constrained)
+                           )[0].slos["max_tpot_ms"] == 17.0
 
 
 def test_a_study_with_only_a_baseline_is_not_a_crash():
     study = study_with((None, {1: (20.0, 50.0)}))
-    (rec,) = recommendations(trials_frame(study))
+    (rec,) = recommendations(trials_frame(study), settings_of(study))
     assert rec.status == "insufficient_data" and "Only 0" in rec.reason
-    assert recommendations(trials_frame(fake_study(name="empty")))[0].status == "insufficient_data"
+    empty = fake_study(name="empty")
+    assert recommendations(trials_frame(empty), settings_of(empty))[0].status == \
+        "insufficient_data"
 
 
 def test_a_baseline_still_running_is_named_as_the_reason():
     study = study_with((ngram(5), {1: (40.0, 25.0)}), (suffix(8), {1: (50.0, 20.0)}))
     add_running(study, None, role="baseline")
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "insufficient_data" and "has not finished yet" in rec.reason
 
 
@@ -513,7 +528,7 @@ def test_a_settled_interval_counts_a_gain_the_noise_floor_would_not():
     _thrice(study, None, 100.0, 101.0, 99.0, role="baseline")
     _thrice(study, ngram(8, 3, 3), 100.5, 101.3, 99.7)
     add_complete(study, ngram(5), [fake_level(1, output_throughput=104.0, mean_tpot_ms=9.6)])
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "recommend" and rec.speculative_config == ngram(5)
     assert rec.spread["noise_floor"] == pytest.approx(0.05)  # what the floor asked for
     lo, hi = rec.speedup_interval
@@ -531,7 +546,7 @@ def test_leave_it_off_says_the_best_configs_interval_within_the_margin():
     _thrice(study, None, 100.0, 100.4, 99.6, role="baseline")
     _thrice(study, ngram(8, 3, 3), 100.5, 100.9, 100.1)
     _thrice(study, ngram(5), 95.0, 95.4, 94.6)
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "speculation_off" and "no measurable difference" in rec.reason
     lo, hi = rec.speedup_interval
     assert 0.98 < lo < 1.0 < hi < 1.02
@@ -551,7 +566,7 @@ def test_within_a_wider_margin_the_interval_overrules_the_noise_floor():
     _thrice(study, ngram(5), 95.0, 95.4, 94.6)
     df = trials_frame(study)
     assert recommend(df, concurrency=1).status == "recommend"  # the default 2% margin
-    rec = recommend(df, concurrency=1, meta={**df.attrs["tuner"], "margin": 0.05})
+    rec = recommend(df, concurrency=1, settings=_with(study, margin=0.05))
     assert rec.status == "speculation_off" and rec.speculative_config is None
     lo, hi = rec.speedup_interval
     assert ("+3.0%), more than the launches' spread (\u00b12.0%), but its 95% interval "
@@ -560,8 +575,7 @@ def test_within_a_wider_margin_the_interval_overrules_the_noise_floor():
     assert rec.equivalence_margin == 0.05
     # A higher --confidence widens the interval past the band: at 99.9% it is no longer
     # within 5% of 1.00x, but still above it, and it is recommended again.
-    wide = recommend(df, concurrency=1, meta={**df.attrs["tuner"], "margin": 0.05,
-                                              "confidence": 0.999})
+    wide = recommend(df, concurrency=1, settings=_with(study, margin=0.05, confidence=0.999))
     assert wide.status == "recommend" and wide.confidence.startswith("high")
     assert "99.9% interval 1.01-1.05 of its speedup (1.03x) lies above 1.00x" in wide.confidence
 
@@ -571,7 +585,7 @@ def test_speculation_off_states_the_fastest_configs_interval():
     _thrice(study, None, 100.0, 101.0, 99.0, role="baseline")
     _thrice(study, ngram(8, 3, 3), 90.0, 91.0, 89.0)
     _thrice(study, ngram(5), 80.0, 81.0, 79.0)
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "speculation_off"
     assert "over the baseline: 0.90x (95% interval 0.8" in rec.reason
     assert "; 3 and 3 launches), below 1.00x. Serve without --speculative-config." in rec.reason
@@ -581,7 +595,7 @@ def test_speculation_off_states_the_fastest_configs_interval():
 def test_without_repeats_there_is_no_interval_and_the_old_words_stay():
     study = study_with((None, {1: (20.0, 50.0)}), (ngram(5), {1: (40.0, 25.0)}),
                        (suffix(8), {1: (50.0, 20.0)}))
-    rec = recommend(trials_frame(study), concurrency=1)
+    rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.speedup_interval is None and rec.launches is None
     assert "Across launches" not in rec.reason and rec.confidence.startswith("medium")
 
@@ -590,7 +604,7 @@ def test_without_repeats_there_is_no_interval_and_the_old_words_stay():
 
 
 def test_the_recommendation_says_what_the_path_costs_in_one_line():
-    recs = {r.concurrency: r for r in recommendations(pareto_speedups(aligned_study()))}
+    recs = {r.concurrency: r for r in study_recommendations(aligned_study())}
     on = recs[1]
     assert on.status == "recommend" and on.label == "ngram k=3 window 1-3"
     # Each ratio with its spread, as the report's table shows them.
@@ -630,16 +644,16 @@ def test_a_path_ratio_within_its_spread_of_one_is_no_cost_or_gain():
 
 
 def test_without_an_aligned_baseline_the_recommendation_has_no_split():
-    for rec in recommendations(pareto_speedups(realistic_study())):
+    for rec in study_recommendations(realistic_study()):
         assert rec.decomposition is None and "over plain" not in rec.reason
 
 
 def test_serve_command_names_the_model_as_the_user_gave_it():
-    (rec, *_) = recommendations(pareto_speedups(aligned_study()))
+    (rec, *_) = study_recommendations(aligned_study())
     assert rec.serve_command.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct ")
     assert "/root/.cache" not in rec.serve_command
     # The verify lines name no model: `tuner bench` loads the embedded default without one.
-    for each in recommendations(pareto_speedups(aligned_study())):
+    for each in study_recommendations(aligned_study()):
         assert "/root/.cache" not in each.verify_command and "--model" not in each.verify_command
     assert shlex.split(rec.serve_command)[-3:] == ["--max-model-len", "4096", "--enforce-eager"]
     assert rec.serve_config == {
@@ -650,13 +664,14 @@ def test_serve_command_names_the_model_as_the_user_gave_it():
 
 
 def test_serve_config_maps_every_flag_form_as_vllm_reads_it():
-    meta = {"engine_spec": {"model": "/models/llama", "extra_args": [
-        "-tp", "2", "--no-async-scheduling", "--gpu-memory-utilization=0.85",
-        "--compilation-config", '{"level": 0}', "--max-model-len", "4k", "--seed", "-1",
-        "--enable-prefix-caching"]}}
+    settings = fake_settings().model_copy(update={"engine_spec": EngineSpec(
+        model="/models/llama", extra_args=(
+            "-tp", "2", "--no-async-scheduling", "--gpu-memory-utilization=0.85",
+            "--compilation-config", '{"level": 0}', "--max-model-len", "4k", "--seed", "-1",
+            "--enable-prefix-caching"))})
     config = TrialConfig(speculative_config=ngram(5), engine_args={"max_num_seqs": 64,
                                                                   "enforce_eager": False})
-    assert serve_config(meta, config) == {
+    assert serve_config(settings, config) == {
         "model": "/models/llama", "speculative-config": ngram(5), "max-num-seqs": 64,
         "tensor-parallel-size": 2, "async-scheduling": False, "gpu-memory-utilization": 0.85,
         "compilation-config": {"level": 0}, "max-model-len": "4k", "seed": -1,

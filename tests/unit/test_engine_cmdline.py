@@ -11,7 +11,9 @@ import pytest
 
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
+
+INSTRUCTCODER = WorkloadSpec(name="instructcoder")
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 TP_FORMS = [
@@ -72,11 +74,12 @@ def test_the_embedded_defaults_serve_command_names_its_hub_id_with_a_note():
     embedded = EngineSpec(model="/cache/smollm2-bf16", model_name=engine_cmdline.EMBEDDED_HUB_ID)
     assert engine_cmdline.serve_command(embedded, TrialConfig()) == \
         f"vllm serve {engine_cmdline.EMBEDDED_HUB_ID}"
-    assert engine_cmdline.serve_note(embedded.model_dump()) == engine_cmdline.EMBEDDED_SERVE_NOTE
+    assert engine_cmdline.serve_note(embedded) == engine_cmdline.EMBEDDED_SERVE_NOTE
     # The hub checkpoint itself (--model HuggingFaceTB/...), a path, an old study: no note.
-    for engine in ({"model": engine_cmdline.EMBEDDED_HUB_ID,
-                    "model_name": engine_cmdline.EMBEDDED_HUB_ID},
-                   {"model": "/models/x", "model_name": "./x"}, {"model": "/cache/smollm2"}):
+    for engine in (EngineSpec(model=engine_cmdline.EMBEDDED_HUB_ID,
+                              model_name=engine_cmdline.EMBEDDED_HUB_ID),
+                   EngineSpec(model="/models/x", model_name="./x"),
+                   EngineSpec(model="/cache/smollm2"), None):
         assert engine_cmdline.serve_note(engine) is None
 
 
@@ -92,9 +95,10 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
     config = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                          engine_args={"no_async_scheduling": True})
     line = engine_cmdline.verify_command(
-        engine={"model": "/m", "vllm_cmd": ["/opt/v/bin/python", "-m", "vllm"],
-                "extra_args": ["--max-num-seqs", "8"]},
-        workload={"name": "instructcoder", "num_prompts": 16}, config=config, concurrency=4)
+        engine=EngineSpec(model="/m", vllm_cmd=("/opt/v/bin/python", "-m", "vllm"),
+                          extra_args=("--max-num-seqs", "8")),
+        workload=WorkloadSpec(name="instructcoder", num_prompts=16), config=config,
+        concurrency=4)
     argv = shlex.split(line)
     assert argv[:2] == ["tuner", "bench"]
     parser = cli.build_parser()
@@ -126,8 +130,8 @@ def test_the_verify_command_parses_back_to_the_same_engine_flags():
 def test_the_verify_command_names_the_model_as_the_user_gave_it(engine, model):
     from tuner import cli
 
-    line = engine_cmdline.verify_command(engine=engine, workload={"name": "instructcoder"},
-                                   config=TrialConfig(), concurrency=1)
+    line = engine_cmdline.verify_command(engine=EngineSpec(**engine), workload=INSTRUCTCODER,
+                                         config=TrialConfig(), concurrency=1)
     assert "/root/.cache" not in line
     args = cli.build_parser().parse_args(shlex.split(line)[1:])
     assert args.model == model
@@ -138,10 +142,10 @@ def test_the_verify_command_keeps_the_studys_tokenizer():
     # of a model without its own tokenizer files failed.
     from tuner import cli
 
-    line = engine_cmdline.verify_command(engine={"model": "fake-model", "tokenizer": "/tok/dir x"},
-                                   workload={"name": "instructcoder"}, config=TrialConfig(),
-                                   concurrency=1)
+    line = engine_cmdline.verify_command(
+        engine=EngineSpec(model="fake-model", tokenizer="/tok/dir x"), workload=INSTRUCTCODER,
+        config=TrialConfig(), concurrency=1)
     assert cli.build_parser().parse_args(shlex.split(line)[1:]).tokenizer == "/tok/dir x"
-    plain = engine_cmdline.verify_command(engine={"model": "m"}, workload={"name": "instructcoder"},
-                                    config=TrialConfig(), concurrency=1)
+    plain = engine_cmdline.verify_command(engine=EngineSpec(model="m"), workload=INSTRUCTCODER,
+                                          config=TrialConfig(), concurrency=1)
     assert "--tokenizer" not in plain

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from study_fakes import fake_settings
 
 from tuner.analysis import recommend
 from tuner.records.results import PredictionMiss
-from tuner.records.storage import PREDICTION_MISSES
 from tuner.replay.predict import ACCEPTANCE_ACCURACY_PCT, misses
 
 
@@ -45,6 +45,7 @@ def test_a_recommendation_resting_on_a_missed_config_names_the_miss():
     miss = PredictionMiss(key="k", label="ngram k=5", concurrency=1, predicted=4.21,
                           measured=2.45, error_pct=71.8, accuracy_pct=5.0)
     other = miss.model_copy(update={"concurrency": 4})
-    at = recommend._Level(1, {}, {PREDICTION_MISSES: [miss.model_dump(), other.model_dump()]})
+    settings = fake_settings().model_copy(update={"prediction_misses": (miss, other)})
+    at = recommend._Level(1, {}, settings)
     assert at.misses(pd.Series({"config_key": "k"})) == (miss,)
     assert at.misses(pd.Series({"config_key": "x"})) == ()

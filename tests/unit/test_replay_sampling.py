@@ -10,9 +10,9 @@ import types
 import numpy as np
 import optuna
 import pytest
+from study_fakes import fake_settings
 
 from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.replay.predict import Prediction, predict
 from tuner.search import replay_strategy
@@ -90,7 +90,7 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
     from tuner.analysis import recommend
 
     study = optuna.create_study()
-    study.set_user_attr(st.ATTR, {"workload": {"name": "sharegpt", "temperature": 0.8}})
+    st.store_settings(study, fake_settings(workload="sharegpt"))
     row = {**_row("k3", 120.0, 4.0), "acceptance_length": 1.43, "acceptance_length_pm": 0.05,
            "meas_acceptance_length": 1.0}
     search = _search(study)
@@ -102,9 +102,9 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
     assert line.startswith("vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step (k3, c=4) "
                            "where the replay predicts 1.43 \u00b1 0.05 at temperature 0.8")
     assert [n[2] for n in search.notes] == ["c=4", "c=1"]
-    meta = study.user_attrs[st.ATTR]
-    assert set(meta[SAMPLING_MISMATCH]) == {"1", "4"}
-    at = recommend._Level(concurrency=4, slos={}, meta=meta)
+    settings = st.settings_of(study)
+    assert set(settings.sampling_mismatch) == {"1", "4"}
+    at = recommend._Level(concurrency=4, slos={}, settings=settings)
     assert at.refuse("insufficient_data", "Too few.").reason == f"Too few. {line}"
     # at temperature 0 the same figures are the replay's own error: nothing is said
     search = _search(optuna.create_study())

@@ -27,6 +27,7 @@ from tuner.analysis.recommend import recommendations
 from tuner.api import write_report as write_outputs
 from tuner.outputs import console
 from tuner.outputs.console import format_recommendation
+from tuner.search.study import settings_of
 
 EVIL = "<script>alert('x')</script>"
 
@@ -193,7 +194,7 @@ def test_rewriting_replaces_the_outputs(outputs, tmp_path):
 
 def test_format_recommendation_for_the_terminal():
     study = realistic_study()
-    text = format_recommendation(recommendations(trials_frame(study))[0])
+    text = format_recommendation(recommendations(trials_frame(study), settings_of(study))[0])
     assert text.startswith("Concurrency 1: Turn on suffix k=8")
     assert "2.52x baseline" in text and "serve:  vllm serve" in text and "verify: tuner bench" \
         in text
@@ -201,7 +202,7 @@ def test_format_recommendation_for_the_terminal():
     for spec, t in ((None, 111.0), (ngram(5), 96.0), (ngram(2), 100.0)):
         add_complete(off, spec, [fake_level(8, output_throughput=t, mean_tpot_ms=8000 / t)],
                      role="baseline" if spec is None else "search")
-    text = format_recommendation(recommendations(trials_frame(off))[0])
+    text = format_recommendation(recommendations(trials_frame(off), settings_of(off))[0])
     assert text.startswith("Concurrency 8: Leave speculation off")
 
 
@@ -226,7 +227,7 @@ def test_a_gain_within_the_noise_is_reported_as_no_measurable_difference(tmp_pat
         assert "ngram k=8 window 3-3" in lv["reason"] and lv["spread"]["noise_floor"] == 0.02
         assert "speculative-config" not in yaml.safe_load(
             (out / lv["serve_config_file"]).read_text())
-    text = format_recommendation(recommendations(trials_frame(reopen(tmp_path)))[1])
+    text = format_recommendation(recommendations(trials_frame(again := reopen(tmp_path)), settings_of(again))[1])
     assert text.startswith("Concurrency 8: Leave speculation off\n  Leave speculation off at "
                            "concurrency 8: no measurable difference.")
     assert "95% interval 0.99-1.03 of its speedup (1.01x) holds 1.00x" in text
@@ -296,7 +297,8 @@ def test_the_embedded_defaults_serve_command_says_it_names_other_weights(aligned
                        ("report_html", html.escape(EMBEDDED_SERVE_NOTE))):
         assert paths[name].read_text().count(f"Note: {note}.") == 3  # one per level
     assert f"# Note: {EMBEDDED_SERVE_NOTE}." in (out / "vllm_config_c1.yaml").read_text()
-    rec = recommendations(trials_frame(aligned_study()))[0]
+    aligned = aligned_study()
+    rec = recommendations(trials_frame(aligned), settings_of(aligned))[0]
     lines = format_recommendation(rec).splitlines()
     assert lines[lines.index(f"  serve:  {rec.serve_command}") + 1] == \
         f"  note:   {EMBEDDED_SERVE_NOTE}"
@@ -304,7 +306,8 @@ def test_the_embedded_defaults_serve_command_says_it_names_other_weights(aligned
                                     "serve_note": EMBEDDED_SERVE_NOTE}).splitlines()
     assert policy[policy.index("  serve:  vllm serve x") + 1] == f"  note:   {EMBEDDED_SERVE_NOTE}"
     # A model the user named is served as measured: no note.
-    (mine, *_) = recommendations(trials_frame(realistic_study()))
+    mine_study = realistic_study()
+    (mine, *_) = recommendations(trials_frame(mine_study), settings_of(mine_study))
     assert mine.serve_command and mine.serve_note is None
     assert "note:" not in format_recommendation(mine)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from study_fakes import fake_settings
 
 from tuner import api, cli, engine_cmdline
 from tuner.analysis import recommend
 from tuner.errors import ConfigError
 from tuner.measure import loadgen, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
-from tuner.records.storage import SAMPLING_MISMATCH
 from tuner.replay import sampling
 from tuner.search import storage
 from tuner.search import study as st
@@ -46,7 +46,7 @@ def test_the_flags_reach_the_workload_and_its_verify_command(no_stage, capsys, t
     assert rc is None and reached is not None, err
     spec = reached.args[0][0]
     assert (spec.temperature, spec.top_p, spec.top_k, spec.min_p) == (0.8, 0.9, 50, 0.0)
-    line = engine_cmdline.verify_command(engine={"model": "m"}, workload=spec.model_dump(),
+    line = engine_cmdline.verify_command(engine=EngineSpec(model="m"), workload=spec,
                                          config=TrialConfig(), concurrency=1)
     assert "--temperature 0.8 --top-p 0.9 --top-k 50 " in line and "--min-p" not in line
 
@@ -98,10 +98,11 @@ def test_the_request_sends_them_when_sampling_and_never_at_temperature_0():
 
 
 def _create(out: Path, workload: dict) -> None:
-    settings = {"objectives": ["output_throughput"], "workload_digest": "d",
-                "target_concurrency": 1, "workload": workload}
+    settings = fake_settings().model_copy(update={
+        "objectives": ("output_throughput",), "workload_digest": "d", "target_concurrency": 1,
+        "workload": WorkloadSpec.model_validate(workload)})
     with storage.driver(say=lambda _m: None):
-        st.create(out_dir=out, name="s", objectives=settings["objectives"],
+        st.create(out_dir=out, name="s", objectives=list(settings.objectives),
                   sampler=st.make_sampler("random", seed=0, constrained=False),
                   storage_url=None, settings=settings)
 
@@ -116,9 +117,10 @@ def test_a_study_at_other_sampling_is_another_study(tmp_path):
 
 def test_a_mismatch_recorded_for_a_level_ends_its_recommendations_reason():
     line = "vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step ..."
-    at = recommend._Level(concurrency=4, slos={}, meta={SAMPLING_MISMATCH: {"4": line}})
+    settings = fake_settings().model_copy(update={"sampling_mismatch": {"4": line}})
+    at = recommend._Level(concurrency=4, slos={}, settings=settings)
     assert at.refuse("insufficient_data", "Too few.").reason == f"Too few. {line}"
-    other = recommend._Level(concurrency=1, slos={}, meta={SAMPLING_MISMATCH: {"4": line}})
+    other = recommend._Level(concurrency=1, slos={}, settings=settings)
     assert other.refuse("insufficient_data", "Too few.").reason == "Too few."
 
 

@@ -11,14 +11,15 @@ import optuna
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
+from study_fakes import fake_meta
 
 from tuner import cli
 from tuner.errors import ConfigError
+from tuner.records.storage import STUDY_ATTR
 from tuner.search import storage
 from tuner.search import study as st
 
-SETTINGS = {"engine_spec": {"model": "fake"}, "workload": {"name": "random"},
-            "objectives": ["output_throughput"]}
+SETTINGS = fake_meta(workload="random")
 
 
 def _make_study(folder: Path, *, n_trials: int = 4, attrs: dict | None = SETTINGS) -> Path:
@@ -28,7 +29,7 @@ def _make_study(folder: Path, *, n_trials: int = 4, attrs: dict | None = SETTING
     study = optuna.create_study(study_name="s", direction="maximize",
                                 storage=JournalStorage(JournalFileBackend(str(path))))
     if attrs is not None:
-        study.set_user_attr(st.ATTR, attrs)
+        study.set_user_attr(STUDY_ATTR, attrs)
     for i in range(n_trials):
         trial = study.ask()
         trial.suggest_int("k", 1, 8)

@@ -8,18 +8,19 @@ import warnings
 from pathlib import Path
 
 import optuna
+from study_fakes import fake_settings
 
+from tuner.records.storage import StudySettings
 from tuner.search import storage
 from tuner.search import study as st
 
 OLD_STUDY = Path(__file__).resolve().parent.parent / "data" / "old_study_grid"
-SETTINGS = {"objectives": ["output_throughput", "mean_tpot_ms"], "workload_digest": "d",
-            "target_concurrency": 1}
+SETTINGS = fake_settings()
 
 
-def _create(out: Path, settings: dict, name: str = "s") -> optuna.Study:
+def _create(out: Path, settings: StudySettings, name: str = "s") -> optuna.Study:
     with storage.driver(say=lambda _m: None):
-        return st.create(out_dir=out, name=name, objectives=settings["objectives"],
+        return st.create(out_dir=out, name=name, objectives=list(settings.objectives),
                          sampler=st.make_sampler("random", seed=0, constrained=False),
                          storage_url=None, settings=settings)
 
@@ -40,11 +41,12 @@ def test_an_old_study_without_names_gets_them_when_it_resumes(tmp_path):
     old = st.open_existing(out)
     assert old.metric_names is None
     before = [(t.number, t.state, t.values) for t in old.get_trials()]
-    settings = old.user_attrs[st.ATTR]
+    settings = st.settings_of(old)
     study = _create(out, settings, name=old.study_name)
-    assert study.metric_names == settings["objectives"] == ["output_throughput", "mean_tpot_ms"]
+    assert study.metric_names == list(settings.objectives) == ["output_throughput",
+                                                               "mean_tpot_ms"]
     again = st.open_existing(out)
-    assert again.metric_names == settings["objectives"]
+    assert again.metric_names == list(settings.objectives)
     assert [(t.number, t.state, t.values) for t in again.get_trials()] == before
 
 

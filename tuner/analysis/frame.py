@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,9 +66,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     Columns: TRIAL_COLUMNS, the flat Optuna params as `params_<name>`, `concurrency`, every
     LevelMetrics field, and SPREAD_COLUMNS: median and MAD of throughput and TPOT over every
     measurement of the same config (the trial's own result, its "repeats", and other trials of
-    the same config that are not copies); NaN when the config was measured once. The study's
-    "tuner" attributes are kept in `df.attrs["tuner"]` for commands and titles, each row's
-    config as a record in `configs_of(df)`.
+    the same config that are not copies); NaN when the config was measured once. Each row's
+    config is kept as a record in `configs_of(df)`; the study's settings are read apart
+    (tuner.search.study.settings_of) and handed to the analysis beside the frame.
     """
     seen = _Trials(study.study_name)
     for t in study.get_trials(deepcopy=False):
@@ -79,7 +79,6 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     df["concurrency"] = pd.to_numeric(df["concurrency"]).astype("Int64")
     df["duplicate_of"] = pd.to_numeric(df["duplicate_of"]).astype("Int64")
     _add_spreads(df, seen.pooled)
-    df.attrs["tuner"] = dict(study.user_attrs.get("tuner") or {})
     df.attrs["study_name"] = study.study_name
     df.attrs[CONFIGS_ATTR] = Configs(seen.configs)
     df.attrs[RUNS_ATTR] = {key: tuple(r[0] for r in runs) for key, runs in seen.pooled.items()}
@@ -341,9 +340,8 @@ def configs_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def levels_of(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> list[int]:
+def levels_of(df: pd.DataFrame, asked: Sequence[int] = ()) -> list[int]:
     """The study's concurrency levels: those it was asked for, and any that were measured."""
-    asked = ((meta or {}).get("settings") or {}).get("concurrencies") or []
     measured = df["concurrency"].dropna().astype(int).tolist()
     return sorted({int(c) for c in [*asked, *measured]})
 

@@ -25,7 +25,7 @@ from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.results import PredictionMiss, Recommendation, Role
-from tuner.records.storage import SAMPLING_MISMATCH, stored_misses
+from tuner.records.storage import StudySettings
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
@@ -37,7 +37,9 @@ class _Level:
 
     concurrency: int
     slos: dict[str, float | None]
-    meta: dict[str, Any]
+    # The study's settings (model, workload, decision rule, what the replay found); None where
+    # the frame comes without a study (tests, a frame built by hand).
+    settings: StudySettings | None = None
     # The spread taken for a speculative config measured once (_single_run_spread).
     single_run_spread: float = 0.05
     # config key -> TrialConfig (frame.configs_of): the records behind the rows.
@@ -54,12 +56,13 @@ class _Level:
     @property
     def confidence(self) -> float:
         """The study's --confidence (a fraction), stored with its settings."""
-        return float(self.meta.get("confidence") or intervals.CONFIDENCE)
+        stored = self.settings.confidence if self.settings else None
+        return intervals.CONFIDENCE if stored is None else float(stored)
 
     @property
     def margin(self) -> float:
         """The study's --margin (a fraction): within it of 1.00x is no difference."""
-        stored = self.meta.get("margin")
+        stored = self.settings.margin if self.settings else None
         return intervals.MARGIN if stored is None else float(stored)
 
     def interval(self, row: pd.Series) -> intervals.Interval | None:
@@ -82,21 +85,25 @@ class _Level:
     @property
     def caveat(self) -> str:
         """The line, after a space, where the engine's measured acceptance at this level did not match the
-        replay at temperature > 0 (SAMPLING_MISMATCH, written by the replay strategy)."""
-        line = (self.meta.get(SAMPLING_MISMATCH) or {}).get(str(self.concurrency))
+        replay at temperature > 0 (StudySettings.sampling_mismatch, written by the replay strategy)."""
+        line = self.settings.sampling_mismatch.get(str(self.concurrency)) \
+            if self.settings else None
         return f" {line}" if line else ""
 
     def misses(self, row: pd.Series) -> tuple[PredictionMiss, ...]:
-        """The replay's misses of the row's config at this level (PREDICTION_MISSES, written
+        """The replay's misses of the row's config at this level (StudySettings.prediction_misses, written
         by the replay strategy): a recommendation resting on it says so."""
-        return tuple(m for m in stored_misses(self.meta)
-                     if m.key == row["config_key"] and m.concurrency == self.concurrency)
+        found = self.settings.misses_at(self.concurrency) if self.settings else ()
+        return tuple(m for m in found if m.key == row["config_key"])
 
     def config(self, row: pd.Series) -> TrialConfig:
         return self.configs[row["config_key"]]
 
     def verify(self, config: TrialConfig) -> str:
-        return _verify_command(self.meta, config, self.concurrency)
+        s = self.settings
+        return engine_cmdline.verify_command(
+            engine=s.engine_spec if s else None, workload=s.workload if s else None,
+            config=config, concurrency=self.concurrency, settings=s.settings if s else None)
 
     def verify_against_baseline(self, config: TrialConfig) -> str:
         """The baseline's verify line, then `config`'s: a "leave speculation off" verdict is
@@ -106,18 +113,18 @@ class _Level:
 
 def recommend(
     df: pd.DataFrame, *, concurrency: int, max_tpot_ms: float | None = None,
-    max_ttft_ms: float | None = None, meta: dict[str, Any] | None = None,
+    max_ttft_ms: float | None = None, settings: StudySettings | None = None,
 ) -> Recommendation:
     """The config to run at `concurrency`, "leave speculation off", or a refusal with reasons.
 
     With SLOs (mean TPOT, p99 TTFT: the metrics the search constrains the sampler on) the
     winner is the highest-throughput point of the front among configs meeting them; without,
-    the knee of the front. `meta` is the study's "tuner" attributes (model, workload) for the
-    commands; default `df.attrs["tuner"]`. Each refusal is a function of its own below.
+    the knee of the front. `settings` are the study's (model, workload and request counts for
+    the commands, the decision rule, what the replay found); None: unknown, the commands
+    name placeholders. Each refusal is a function of its own below.
     """
     at = _Level(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
-                meta if meta is not None else dict(df.attrs.get("tuner") or {}),
-                configs=frame.configs_of(df))
+                settings, configs=frame.configs_of(df))
     rows = df[(df["concurrency"] == concurrency).fillna(False)]
     level = decomposition.decompose(pareto.speedups(frame.with_medians(
         rows[rows["state"] == "COMPLETE"]))).reset_index(drop=True)
@@ -250,7 +257,7 @@ def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> R
         f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
         f"{base['output_throughput']:.1f} tok/s).{_interval_sentence(best, at)} Serve without "
         "--speculative-config." + _split_sentence(split),
-        **_serving(at.meta, TrialConfig()), decomposition=split,
+        **_serving(at.settings, TrialConfig()), decomposition=split,
         metrics=_metrics(base),
         baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
         speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
@@ -288,7 +295,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
         f"({best['output_throughput']:.1f} against {base['output_throughput']:.1f} tok/s, "
         f"{gain:+.1%}), {noise_text}.{_interval_sentence(best, at)} Serve without "
         f"--speculative-config. {resolve}" + _split_sentence(split),
-        **_serving(at.meta, TrialConfig()), decomposition=split,
+        **_serving(at.settings, TrialConfig()), decomposition=split,
         metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
         trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
         n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
@@ -348,7 +355,7 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
     return Recommendation(
         concurrency=at.concurrency, status="recommend", reason=reason,
         speculative_config=config.speculative_config, label=str(win["label"]),
-        trial=int(win["trial"]), **_serving(at.meta, config), decomposition=split,
+        trial=int(win["trial"]), **_serving(at.settings, config), decomposition=split,
         metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
         baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
@@ -358,14 +365,15 @@ def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: s
         prediction_misses=missed, verify_command=at.verify(config))
 
 
-def recommendations(df: pd.DataFrame) -> list[Recommendation]:
-    """One Recommendation per measured concurrency level, with the study's stored SLOs
-    (`df.attrs["tuner"]`: the study's settings, as frame.trials_frame keeps them)."""
-    meta = dict(df.attrs.get("tuner") or {})
-    slos = meta.get("constraints") or {}
+def recommendations(df: pd.DataFrame, settings: StudySettings | None = None
+                    ) -> list[Recommendation]:
+    """One Recommendation per measured concurrency level (in the order the study asked for
+    them), with the study's stored SLOs."""
+    slos = settings.constraints if settings else {}
+    asked = settings.settings.concurrencies if settings else ()
     return [recommend(df, concurrency=c, max_tpot_ms=slos.get("max_tpot_ms"),
-                      max_ttft_ms=slos.get("max_ttft_ms"), meta=meta)
-            for c in frame.levels_of(df, meta)]
+                      max_ttft_ms=slos.get("max_ttft_ms"), settings=settings)
+            for c in frame.levels_of(df, asked)]
 
 
 # The figures a recommendation carries, keyed and in the units `vllm bench serve` uses
@@ -561,38 +569,28 @@ def _int(value: Any) -> int:
 # --- commands -----------------------------------------------------------------------------
 
 
-def _engine_spec(meta: dict[str, Any]) -> EngineSpec | None:
-    stored = meta.get("engine_spec") or {}
-    known = {k: v for k, v in stored.items() if k in EngineSpec.model_fields}
-    try:
-        return EngineSpec.model_validate(known)
-    except ValueError:
-        return None
-
-
-def _shown_engine(meta: dict[str, Any]) -> EngineSpec:
+def _shown_engine(settings: StudySettings | None) -> EngineSpec:
     """The study's engine with the model as the user named it (the resolved path stays in the
     fingerprint); a study stored before names were kept shows its path."""
-    spec = _engine_spec(meta) or EngineSpec(model=str(
-        (meta.get("engine_spec") or {}).get("model") or "MODEL"))
+    spec = settings.engine_spec if settings else EngineSpec(model="MODEL")
     return spec.model_copy(update={"model": spec.model_name or spec.model})
 
 
-def _serving(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
+def _serving(settings: StudySettings | None, config: TrialConfig) -> dict[str, Any]:
     """A recommendation's serve fields: the command (`vllm serve MODEL --speculative-config
     '...'` plus the engine flags it was measured with), the same as a `vllm serve --config`
     mapping, and the note that goes beside them (tuner.engine_cmdline.serve_note)."""
-    return {"serve_command": engine_cmdline.serve_command(_shown_engine(meta), config),
-            "serve_config": serve_config(meta, config),
-            "serve_note": engine_cmdline.serve_note(meta.get("engine_spec") or {})}
+    return {"serve_command": engine_cmdline.serve_command(_shown_engine(settings), config),
+            "serve_config": serve_config(settings, config),
+            "serve_note": engine_cmdline.serve_note(settings.engine_spec if settings else None)}
 
 
-def serve_config(meta: dict[str, Any], config: TrialConfig) -> dict[str, Any]:
+def serve_config(settings: StudySettings | None, config: TrialConfig) -> dict[str, Any]:
     """The serve command as the mapping `vllm serve --config FILE.yaml` reads: each option's
     name without its dashes, the speculative config as a mapping, a flag as true (`--no-x`
     as `x: false`), JSON values as mappings. A short flag the mapping cannot name is kept
     under its own spelling, so nothing measured is dropped silently."""
-    spec = _shown_engine(meta)
+    spec = _shown_engine(settings)
     out: dict[str, Any] = {"model": spec.model}
     if config.speculative_config:
         out["speculative-config"] = dict(config.speculative_config)
@@ -643,11 +641,3 @@ def _flags_mapping(argv: list[str]) -> dict[str, Any]:
         out[name] = parsed if isinstance(parsed, (int, float, dict, list)) and not isinstance(
             parsed, bool) else value
     return out
-
-
-def _verify_command(meta: dict[str, Any], config: TrialConfig, concurrency: int) -> str:
-    """The `tuner bench` line that re-measures one config on the same model and workload."""
-    return engine_cmdline.verify_command(engine=meta.get("engine_spec") or {},
-                                         workload=meta.get("workload") or {}, config=config,
-                                         concurrency=concurrency,
-                                         settings=meta.get("settings"))

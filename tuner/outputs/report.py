@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, predictio
 from tuner.outputs.text import num, times
 from tuner.records.configs import RequestSchedule
 from tuner.records.results import LevelMetrics, PredictionMiss
-from tuner.records.storage import SCHEDULE, stored_misses
+from tuner.records.storage import StudySettings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +45,8 @@ _METRIC_ROWS = (("output_throughput", "output throughput (tok/s)", "{:.1f}"),
 
 
 def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame, points: Points,
-                  recs: Sequence[Recommendation], out_dir: Path) -> dict[str, Path]:
+                  recs: Sequence[Recommendation], out_dir: Path, settings: StudySettings
+                  ) -> dict[str, Path]:
     """Write trials.csv (`configs`: a row per config and level), trials_raw.csv (`df`: a row per
     trial and level), recommendation.json, the plots and the split's table (`points`: the
     measured points, tuner.analysis.pareto.points), report.md and report.html.
@@ -59,20 +60,19 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame, p
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = dict(df.attrs.get("tuner") or {})
-    workload = str((meta.get("workload") or {}).get("name") or "")
+    workload = settings.workload.name
     predictions = load_predictions(out_dir)
     drawn, notes = plots.draw_all(points, out_dir / "plots", workload=workload,
                                   recommendations=recs, predictions=predictions)
     policy = _load_policy(out_dir)
     if policy:
         drawn["policy"] = plots.policy_plot(policy, out_dir / "plots", notes=notes)
-    doc = _Doc(study_name=study_name, meta=meta, df=df, recs=list(recs), plots=drawn,
+    doc = _Doc(study_name=study_name, settings=settings, df=df, recs=list(recs), plots=drawn,
                notes=notes, out_dir=out_dir)
     doc.policy, doc.predictions = policy, predictions
     doc.split_table = split_table.table(points.measured, recs)
     doc.decisions = decisions.decision_rows(decisions.load_decisions(out_dir))
-    doc.config_files = write_serve_configs(recs, out_dir, meta=meta)
+    doc.config_files = write_serve_configs(recs, out_dir, env=settings.engine_spec.env)
     paths = {
         # Each config once, repeats pooled; every trial (copies answered from storage too)
         # stays in trials_raw.csv for whoever wants the single measurements.
@@ -96,7 +96,7 @@ def serve_config_name(concurrency: int) -> str:
 
 
 def write_serve_configs(recs: Sequence[Recommendation], out_dir: Path, *,
-                        meta: dict[str, Any]) -> dict[int, Path]:
+                        env: Mapping[str, str]) -> dict[int, Path]:
     """Each level's serve flags as a `vllm serve --config` YAML file ({level: path}); a level
     with nothing to serve writes none, and a file left by an earlier report is removed, so
     the folder never offers a config the data no longer supports."""
@@ -108,7 +108,6 @@ def write_serve_configs(recs: Sequence[Recommendation], out_dir: Path, *,
         if rec.serve_config is None:
             path.unlink(missing_ok=True)
             continue
-        env = {**((meta.get("engine_spec") or {}).get("env") or {})}
         lines = [f"# Concurrency {rec.concurrency}: {HEADLINES[rec.status]}"
                  + (f" {rec.label}" if rec.status == "recommend" else "") + ".",
                  f"# Serve with: vllm serve --config {path.name}"]
@@ -131,11 +130,10 @@ def _csv_text(df: pd.DataFrame) -> str:
     return out.to_csv(index=False)
 
 
-def _schedule_text(stored: dict[str, Any] | None) -> str:
+def _schedule_text(plan: RequestSchedule | None) -> str:
     """The request schedule every launch sent, as the report's context says it."""
-    if not stored:
+    if plan is None:
         return "not recorded (a study stored before the request schedule)"
-    plan = RequestSchedule.model_validate(stored)
     levels = ", ".join(f"c={lv.concurrency}: {len(lv.warmups)} warm-up(s) + "
                        f"{len(lv.measured)} measured"
                        + (f" (shortened from {lv.asked})" if lv.asked else "")
@@ -150,10 +148,10 @@ def _schedule_text(stored: dict[str, Any] | None) -> str:
 class _Doc:
     """The content of one report, rendered as JSON summary, Markdown or HTML."""
 
-    def __init__(self, *, study_name: str, meta: dict[str, Any], df: pd.DataFrame,
+    def __init__(self, *, study_name: str, settings: StudySettings, df: pd.DataFrame,
                  recs: list[Recommendation], plots: dict[str, list[Path]], notes: list[str],
                  out_dir: Path) -> None:
-        self.study_name, self.meta, self.df, self.recs = study_name, meta, df, recs
+        self.study_name, self.settings, self.df, self.recs = study_name, settings, df, recs
         self.plots, self.notes, self.out_dir = plots, notes, out_dir
         every = df.drop_duplicates("trial")
         # Proposals answered from storage measured nothing: counted apart, listed nowhere.
@@ -163,14 +161,14 @@ class _Doc:
                        for s in ("COMPLETE", "FAIL", "RUNNING", "WAITING", "PRUNED")}
         self.unfinished = trials[trials["state"].isin(["RUNNING", "WAITING"])]
         self.failed = trials[trials["state"] == "FAIL"]
-        fp, engine = meta.get("fingerprint") or {}, meta.get("engine_spec") or {}
+        fp, engine = settings.fingerprint, settings.engine_spec
         # As the user named it; the fingerprint keeps the resolved path.
-        model = str(engine.get("model_name") or fp.get("model") or engine.get("model") or "?")
+        model = engine.model_name or fp.model or engine.model
         # A local path is named by its folder; a hub id (org/name) is shown whole.
         local = model.startswith(("/", ".", "~"))
         self.model = (model.rstrip("/").rsplit("/", 1)[-1] if local else model) or model
-        self.workload = str((meta.get("workload") or {}).get("name") or "?")
-        self.device = str(fp.get("device") or (meta.get("engine_spec") or {}).get("device") or "?")
+        self.workload = settings.workload.name
+        self.device = fp.device or engine.device
         self.levels = sorted({int(c) for c in df["concurrency"].dropna()})
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
         self.policy: dict[str, Any] | None = None
@@ -182,14 +180,14 @@ class _Doc:
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        m = self.meta
+        m = self.settings.stored()
         return {"study": self.study_name, "complete": self.unfinished.empty,
                 "trials": {**self.counts, "answered_from_storage": self.copies},
-                "fingerprint": m.get("fingerprint"),
-                "workload": m.get("workload"), "workload_digest": m.get("workload_digest"),
-                "objectives": m.get("objectives"),
-                "target_concurrency": m.get("target_concurrency"),
-                "constraints": m.get("constraints"),
+                "fingerprint": m["fingerprint"],
+                "workload": m["workload"], "workload_digest": m["workload_digest"],
+                "objectives": m["objectives"],
+                "target_concurrency": m["target_concurrency"],
+                "constraints": m["constraints"],
                 "levels": [{**r.model_dump(mode="json"), "serve_config_file": (
                     self.config_files[r.concurrency].name
                     if r.concurrency in self.config_files else None)} for r in self.recs],
@@ -200,9 +198,8 @@ class _Doc:
         return f"Speculative decoding for {self.model} on {self.workload}"
 
     def subtitle(self) -> str:
-        fp = self.meta.get("fingerprint") or {}
         c = self.counts
-        return (f"{self.device}, vLLM {fp.get('vllm', '?')}; study {self.study_name}: "
+        return (f"{self.device}, vLLM {self.settings.fingerprint.vllm or '?'}; study {self.study_name}: "
                 f"{c['complete']} completed, {c['fail']} failed, "
                 f"{c['running'] + c['waiting']} unfinished trial(s)"
                 + (f"; {self.copies} proposal(s) of a config already measured or refused "
@@ -217,22 +214,21 @@ class _Doc:
                 f"rerun the same command to resume, then regenerate this report.")
 
     def context_rows(self) -> list[tuple[str, str]]:
-        m, fp = self.meta, self.meta.get("fingerprint") or {}
-        wl = m.get("workload") or {}
-        rows = [(k, str(v)) for k, v in fp.items()]
-        named = (m.get("engine_spec") or {}).get("model_name")
-        if named and named != fp.get("model"):
-            rows.append(("model as named (serve commands)", str(named)))
-        rows.append(("workload spec", json.dumps(wl, sort_keys=True)))
-        rows.append(("search space", str(m.get("space", "?"))))
-        rows.append(("objectives", ", ".join(m.get("objectives") or [])))
-        rows.append(("target concurrency", str(m.get("target_concurrency", "?"))))
+        s = self.settings
+        stored = s.stored()
+        rows = [(k, str(v)) for k, v in stored["fingerprint"].items()]
+        named = s.engine_spec.model_name
+        if named and named != s.fingerprint.model:
+            rows.append(("model as named (serve commands)", named))
+        rows.append(("workload spec", json.dumps(stored["workload"], sort_keys=True)))
+        rows.append(("search space", s.space))
+        rows.append(("objectives", ", ".join(s.objectives)))
+        rows.append(("target concurrency", str(s.target_concurrency)))
         rows.append(("concurrency levels", ", ".join(map(str, self.levels)) or "-"))
-        rows.append(("requests per launch", _schedule_text(m.get(SCHEDULE))))
-        cons = m.get("constraints") or {}
-        rows.append(("SLOs", ", ".join(f"{k}={v}" for k, v in cons.items() if v is not None)
-                     or "none (knee of the front)"))
-        extra = (m.get("engine_spec") or {}).get("extra_args")
+        rows.append(("requests per launch", _schedule_text(s.schedule)))
+        rows.append(("SLOs", ", ".join(f"{k}={v}" for k, v in s.constraints.items()
+                                       if v is not None) or "none (knee of the front)"))
+        extra = s.engine_spec.extra_args
         if extra:
             rows.append(("engine arguments", " ".join(map(str, extra))))
         return rows
@@ -427,8 +423,7 @@ class _Doc:
         """Every launched config at the recommendation's level whose acceptance the replay
         missed beyond its stated accuracy, the chosen one's already in its reason."""
         said = {m.key for m in rec.prediction_misses}
-        return [m for m in stored_misses(self.meta)
-                if m.concurrency == rec.concurrency and m.key not in said]
+        return [m for m in self.settings.misses_at(rec.concurrency) if m.key not in said]
 
     def _html_rec(self, rec: Recommendation) -> str:
         e = html.escape

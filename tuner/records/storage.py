@@ -3,20 +3,92 @@ records in Optuna's user attrs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tuner.records.configs import EngineSpec, MeasureSettings, RequestSchedule, WorkloadSpec
 from tuner.records.results import PredictionMiss
 
-# Key of a study's "tuner" settings: {level: the line saying that the engine's measured
-# acceptance at temperature > 0 does not match the replay} (the replay strategy writes it, the
-# recommendation's reason at that level repeats it).
-SAMPLING_MISMATCH = "sampling_mismatch"
-# Key of a study's "tuner" settings: the PredictionMiss records the replay strategy found
-# (dumped), which the recommendation at their level names where it rests on that config.
-PREDICTION_MISSES = "prediction_misses"
-# Key of a study's "tuner" settings: the RequestSchedule every launch of the study sends.
-SCHEDULE = "schedule"
+# The study user attr that holds a StudySettings.
+STUDY_ATTR = "tuner"
+
+
+class Fingerprint(BaseModel):
+    """Versions and hardware the results depend on (tuner.measure.machine.fingerprint), shown
+    in every report. Unknown keys of older study folders are kept as they were stored."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    tuner: str | None = None
+    vllm: str | None = None
+    vllm_entry_point: str | None = None
+    torch: str | None = None
+    device: str | None = None
+    model: str | None = None
+    workload: str | None = None
+    workload_digest: str | None = None
+
+
+class StudySettings(BaseModel):
+    """A study's settings, stored as its STUDY_ATTR user attr: written when the study is made
+    (tuner.search.study.create, which merges a resumed command's), read through
+    tuner.search.study.settings_of by every stage that needs them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: WorkloadSpec
+    workload_digest: str
+    engine_spec: EngineSpec
+    settings: MeasureSettings = Field(default_factory=MeasureSettings)
+    space: str = "default"
+    objectives: tuple[str, ...] = ("output_throughput", "mean_tpot_ms")
+    target_concurrency: int | None = None
+    # The SLOs the command set (--max-tpot-ms, --max-ttft-ms); None: not set.
+    constraints: dict[str, float | None] = Field(default_factory=dict)
+    acceptance_profile: tuple[float, ...] | None = None  # --acceptance-profile
+    metadata: dict[str, str] = Field(default_factory=dict)
+    # The speedup intervals' confidence and the equivalence margin, as fractions; None: a
+    # study stored before they were kept (tuner.intervals' defaults then apply).
+    confidence: float | None = None
+    margin: float | None = None
+    # The RequestSchedule every launch of the study sends; None: stored before schedules.
+    schedule: RequestSchedule | None = None
+    fingerprint: Fingerprint = Field(default_factory=Fingerprint)
+    # What the replay strategy found while it ran, which the recommendation at the level names:
+    # launched configs whose acceptance missed the prediction beyond its stated accuracy, and
+    # per level (as a string key, as JSON keeps it) the line saying that the engine's
+    # acceptance at temperature > 0 does not match the replay's.
+    prediction_misses: tuple[PredictionMiss, ...] = ()
+    sampling_mismatch: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored(cls, data: Any) -> Any:
+        """Settings as older study folders stored them: JSON nulls where a field now has a
+        default are read as that default, and an engine spec's or workload's fields that this
+        version no longer has are dropped (they change nothing it does)."""
+        if not isinstance(data, dict):
+            return data
+        out = {k: v for k, v in data.items()
+               if v is not None or k in ("target_concurrency", "acceptance_profile",
+                                         "confidence", "margin", "schedule")}
+        for key, record in (("engine_spec", EngineSpec), ("workload", WorkloadSpec)):
+            if isinstance(out.get(key), dict):
+                out[key] = {k: v for k, v in out[key].items() if k in record.model_fields}
+        return out
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON the study's storage keeps; what the replay strategy found is left out
+        until it found something, as studies stored before these fields read."""
+        out = self.model_dump(mode="json")
+        for key in ("prediction_misses", "sampling_mismatch"):
+            if not out[key]:
+                del out[key]
+        return out
+
+    def misses_at(self, concurrency: int) -> tuple[PredictionMiss, ...]:
+        return tuple(m for m in self.prediction_misses if m.concurrency == concurrency)
 
 
 # --- the storage contract: what each trial stores in its Optuna user attrs ----------------------
@@ -40,8 +112,3 @@ class TrialAttr:
     # {"file": the tuner.tokens capture, relative to the study folder, "requests": n,
     #  "output_tokens": n (measured requests)}; absent when the engine returned no token ids
     TOKENS = "tokens"
-
-
-def stored_misses(settings: Mapping[str, Any]) -> list[PredictionMiss]:
-    """The PredictionMiss records kept in a study's settings (PREDICTION_MISSES)."""
-    return [PredictionMiss.model_validate(m) for m in settings.get(PREDICTION_MISSES) or []]

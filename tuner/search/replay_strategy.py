@@ -33,7 +33,7 @@ from tuner import intervals
 from tuner.errors import ConfigError
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.results import BenchResult, LevelMetrics, Role
-from tuner.records.storage import PREDICTION_MISSES, SAMPLING_MISMATCH, TrialAttr, stored_misses
+from tuner.records.storage import TrialAttr
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import optuna_compat
@@ -517,10 +517,10 @@ class ReplaySearch:
     def _check_predictions(self, pred: Prediction) -> None:
         """A launched config whose measured acceptance the replay missed beyond its stated
         accuracy (tuner.replay.predict.misses): one line when first found, a note, and the
-        record kept in the study's settings (PREDICTION_MISSES), where the recommendation
-        that rests on that config reads it."""
-        meta = dict(self.study.user_attrs.get(st.ATTR) or {})
-        known = stored_misses(meta)
+        record kept in the study's settings (StudySettings.prediction_misses), where the
+        recommendation that rests on that config reads it."""
+        stored = st.settings_of(self.study)
+        known = list(stored.prediction_misses)
         seen = {(m.key, m.concurrency) for m in known}
         fresh = [m for m in misses(pred.rows, temperature=pred.temperature)
                  if (m.key, m.concurrency) not in seen]
@@ -529,13 +529,13 @@ class ReplaySearch:
         for m in fresh:
             self.say(m.text())
             self.note("prediction_miss", m.text(), f"c={m.concurrency}")
-        self.study.set_user_attr(st.ATTR, {**meta, PREDICTION_MISSES: [
-            m.model_dump() for m in known + fresh]})
+        st.store_settings(self.study, stored.model_copy(
+            update={"prediction_misses": (*known, *fresh)}))
 
     def _check_sampling(self, pred: Prediction) -> None:
         """At temperature > 0, a launch whose measured acceptance lies outside the replay's
         interval (sampling.mismatch): said once, noted, and kept per level in the study's
-        settings (SAMPLING_MISMATCH), where the recommendation's reason reads it."""
+        settings (StudySettings.sampling_mismatch), where the recommendation's reason reads it."""
         found: dict[int, dict[str, Any]] = {}
         for r in pred.rows:
             if sampling.mismatch(r, temperature=pred.temperature):
@@ -545,8 +545,8 @@ class ReplaySearch:
         lines = {str(c): sampling.mismatch_line(
             r, temperature=pred.temperature, vllm_version=self._vllm_version(r["key"]),
             device=self.loop.engine.device) for c, r in sorted(found.items())}
-        meta = dict(self.study.user_attrs.get(st.ATTR) or {})
-        known = dict(meta.get(SAMPLING_MISMATCH) or {})
+        stored = st.settings_of(self.study)
+        known = stored.sampling_mismatch
         fresh = {c: text for c, text in lines.items() if c not in known}
         if not fresh:
             return
@@ -554,7 +554,8 @@ class ReplaySearch:
             self.say(fresh.get(str(self.loop.target)) or next(iter(fresh.values())))
         for c, text in fresh.items():
             self.note("sampling", text, f"c={c}")
-        self.study.set_user_attr(st.ATTR, {**meta, SAMPLING_MISMATCH: {**known, **fresh}})
+        st.store_settings(self.study, stored.model_copy(
+            update={"sampling_mismatch": {**known, **fresh}}))
 
     def _vllm_version(self, key: str) -> str | None:
         """The vLLM version a completed launch of config `key` reported (EngineInfo)."""

@@ -23,12 +23,11 @@ from typing import Any
 from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
-from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig, WorkloadSpec
+from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
 from tuner.records.results import BenchResult, Role
-from tuner.records.storage import SCHEDULE, TrialAttr
+from tuner.records.storage import STUDY_ATTR, StudySettings, TrialAttr
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
-ATTR = "tuner"  # study user attr holding the study's settings and fingerprint
 
 
 def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
@@ -49,10 +48,10 @@ def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> An
 
 
 def open_existing(out_dir: Path, url: str | None = None, name: str | None = None, *,
-                  setup: bool = False, write: bool = False) -> Any:
-    """Load a spec-tuner study; the study folder alone is enough. Another tool's study is
-    refused before anything is written there; `setup`: the study must hold its engine and
-    workload (the policy relaunches them); `write`: lock it for this driver (see storage)."""
+                  write: bool = False) -> Any:
+    """Load a spec-tuner study; the study folder alone is enough. Another tool's study, or one
+    whose settings cannot be read, is refused before anything is written there; `write`: lock
+    it for this driver (see storage)."""
     import optuna
 
     if url is None and not (out_dir / "study.journal").exists():
@@ -68,19 +67,13 @@ def open_existing(out_dir: Path, url: str | None = None, name: str | None = None
     elif name not in names:
         raise ConfigError(f"No study named '{name}' in the storage. Available: {', '.join(names)}.")
     study = optuna.load_study(study_name=name, storage=st)
-    meta = study.user_attrs.get(ATTR)
-    if not isinstance(meta, dict):
+    if not isinstance(study.user_attrs.get(STUDY_ATTR), dict):
         raise ConfigError(
-            f"Study '{name}' in {where} is not a spec-tuner study (no '{ATTR}' settings): another "
-            f"tool's Optuna study, or a `tuner optimize` stopped before storing its setup. "
-            f"Nothing was written there. Pass a folder made by `tuner optimize`, e.g. "
+            f"Study '{name}' in {where} is not a spec-tuner study (no '{STUDY_ATTR}' settings): "
+            f"another tool's Optuna study, or a `tuner optimize` stopped before storing its "
+            f"setup. Nothing was written there. Pass a folder made by `tuner optimize`, e.g. "
             f"outputs/instructcoder-smollm2.")
-    missing = [k for k in ("engine_spec", "workload") if k not in meta]
-    if setup and missing:
-        raise ConfigError(
-            f"Study '{name}' in {where} has no finished setup (its settings lack "
-            f"{', '.join(missing)}): `tuner optimize` stopped before storing them. Run "
-            f"`tuner optimize` for this study first; the policy starts from its measured trials.")
+    settings_of(study, where=where)  # readable, or one clear refusal
     if write:
         study = optuna.load_study(study_name=name, storage=storage(out_dir, url, write=True))
     return study
@@ -142,7 +135,7 @@ def _constraints(trial: Any) -> list[float]:
 
 def create(
     *, out_dir: Path, name: str, objectives: list[str], sampler: Any,
-    storage_url: str | None, settings: dict[str, Any],
+    storage_url: str | None, settings: StudySettings,
 ) -> Any:
     """Create the study or load it to resume; refuse to resume with different settings."""
     import warnings
@@ -153,30 +146,28 @@ def create(
     study = optuna.create_study(study_name=name, storage=storage(out_dir, storage_url,
                                                                  write=True),
                                 directions=directions, sampler=sampler, load_if_exists=True)
-    old = study.user_attrs.get(ATTR)
-    if old is None:
-        study.set_user_attr(ATTR, settings)
+    if study.user_attrs.get(STUDY_ATTR) is None:
+        store_settings(study, settings)
     else:
-        pairs = [(key, old.get(key), settings.get(key))
-                 for key in ("objectives", "workload_digest", "target_concurrency")]
-        # The sampling belongs to the workload: a study at other sampling is another study.
-        pairs.append(("sampling", WorkloadSpec.sampling_of(old.get("workload") or {}),
-                      WorkloadSpec.sampling_of(settings.get("workload") or {})))
+        old = settings_of(study, where=str(out_dir))
+        pairs = [("objectives", old.objectives, settings.objectives),
+                 ("workload_digest", old.workload_digest, settings.workload_digest),
+                 ("target_concurrency", old.target_concurrency, settings.target_concurrency),
+                 # The sampling belongs to the workload: a study at other sampling is another.
+                 ("sampling", old.workload.sampling, settings.workload.sampling)]
         for key, was, asked in pairs:
             if was != asked:
                 raise ConfigError(
                     f"Study '{name}' in {out_dir} was started with {key}={was!r}, this "
                     f"command asks for {asked!r}. Resume with the same options, or "
                     f"pass --study-name NEW (or another --output-dir) to start a new study.")
-        _same_schedule(name, out_dir, old.get(SCHEDULE), settings.get(SCHEDULE))
+        _same_schedule(name, out_dir, old.schedule, settings.schedule)
         # The latest command's SLOs, measurement and decision rule (--confidence, --margin)
-        # are what the report renders.
-        merged = {**old, "constraints": settings.get("constraints"),
-                  "settings": settings.get("settings"),
-                  **{k: settings[k] for k in ("confidence", "margin") if k in settings}}
-        if old.get(SCHEDULE) is None and settings.get(SCHEDULE) is not None:
-            merged[SCHEDULE] = settings[SCHEDULE]  # a study stored before schedules existed
-        study.set_user_attr(ATTR, merged)
+        # are what the report renders; a study stored before schedules takes this one's.
+        store_settings(study, old.model_copy(update={
+            "constraints": settings.constraints, "settings": settings.settings,
+            "confidence": settings.confidence, "margin": settings.margin,
+            "schedule": old.schedule or settings.schedule}))
     # Named values: optuna-dashboard and Optuna's plots then say "output_throughput" where they
     # said "Objective 0". A study stored before this line gets its names when it resumes.
     if study.metric_names != objectives:
@@ -186,16 +177,43 @@ def create(
     return study
 
 
-def _same_schedule(name: str, out_dir: Path, was: dict[str, Any] | None,
-                   asked: dict[str, Any] | None) -> None:
+def settings_of(study: Any, *, where: str | None = None) -> StudySettings:
+    """The study's settings (StudySettings), the one reader of its STUDY_ATTR; a study whose
+    settings cannot be read is one clear refusal."""
+    from pydantic import ValidationError
+
+    try:
+        return StudySettings.model_validate(study.user_attrs.get(STUDY_ATTR))
+    except ValidationError as e:
+        name = f"Study '{study.study_name}'{f' in {where}' if where else ''}"
+        missing = [str(err["loc"][0]) for err in e.errors()
+                   if err["type"] == "missing" and len(err["loc"]) == 1]
+        if missing:
+            raise ConfigError(
+                f"{name} has no finished setup (its settings lack {', '.join(missing)}): "
+                f"`tuner optimize` stopped before storing them. Run `tuner optimize` for this "
+                f"study first; the report, recommend, predict and policy start from its "
+                f"settings.") from None
+        fields = sorted({str(err["loc"][0]) for err in e.errors() if err["loc"]})
+        raise ConfigError(
+            f"{name} has settings this spec-tuner cannot read (at {', '.join(fields)}): "
+            f"another version wrote them. Run `tuner optimize` with --study-name NEW for a "
+            f"new study.") from None
+
+
+def store_settings(study: Any, settings: StudySettings) -> None:
+    """Write the study's settings (the one writer of its STUDY_ATTR)."""
+    study.set_user_attr(STUDY_ATTR, settings.stored())
+
+
+def _same_schedule(name: str, out_dir: Path, was: RequestSchedule | None,
+                   asked: RequestSchedule | None) -> None:
     """Refuse to resume a study with another request schedule: every launch of a study sends
     the same requests (tuner.measure.request_schedule)."""
-    if was is None or asked is None or \
-            RequestSchedule.model_validate(was) == RequestSchedule.model_validate(asked):
+    if was is None or asked is None or was == asked:
         return
 
-    def levels(stored: dict[str, Any]) -> str:
-        plan = RequestSchedule.model_validate(stored)
+    def levels(plan: RequestSchedule) -> str:
         return ", ".join(f"c={lv.concurrency} {len(lv.warmups)}+{len(lv.measured)}"
                          for lv in plan.levels) + (" with repeats" if plan.allow_repeats else "")
 
@@ -209,8 +227,7 @@ def _same_schedule(name: str, out_dir: Path, was: dict[str, Any] | None,
 
 def schedule_of(study: Any) -> RequestSchedule | None:
     """The request schedule stored with `study`; None for a study stored before schedules."""
-    stored = (study.user_attrs.get(ATTR) or {}).get(SCHEDULE)
-    return None if stored is None else RequestSchedule.model_validate(stored)
+    return settings_of(study).schedule
 
 
 def recover_orphans(study: Any) -> list[dict[str, Any]]:
