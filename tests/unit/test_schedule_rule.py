@@ -182,3 +182,13 @@ def test_the_replay_refuses_a_suffix_schedule_with_the_rules_reason():
     with pytest.raises(ValueError, match="per-batch-size") as e:
         acceptance.replay(cap, spec, max_num_seqs=8)
     assert "suffix_decoding.py" in str(e.value)
+
+
+def test_the_terminal_says_bands_not_a_schedule():
+    from tuner.outputs import console
+
+    text = console.format_policy(_policy("suffix"))
+    assert text.startswith("Load-aware policy: No per-batch-size schedule for suffix")
+    assert "schedule: none; bands (a static K each): [[1, 1, 8], [2, 11, 4], [12, 64, 0]]" in text
+    assert "router band: concurrency 12 and above: speculation off" in text
+    assert "schedule: [[1, 1, 8]" in console.format_policy(_policy("ngram"))

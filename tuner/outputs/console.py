@@ -168,7 +168,11 @@ def format_policy(policy: dict[str, Any]) -> str:
     for cfg in policy.get("configs", []):
         lines.append(f"  {cfg['label']}: {break_even_text(cfg)}")
     lines.append(f"  K by measured concurrency: {policy.get('k_by_level')}")
-    lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
+    if policy.get("schedule") is None and policy.get("bands"):
+        # The method's proposer takes no changing K (the verdict says why): bands, no schedule.
+        lines.append(f"  schedule: none; bands (a static K each): {json.dumps(policy['bands'])}")
+    else:
+        lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
     if policy.get("serve_command"):
         lines.append(f"  serve:  {policy['serve_command']}")
     if policy.get("serve_note"):
