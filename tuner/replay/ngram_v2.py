@@ -45,6 +45,7 @@ uniform), and acceptance counts the padding too.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -110,3 +111,15 @@ def _match():
         return 0, 0
 
     return scan
+
+
+UNKNOWN = "unknown"  # a prediction row's ngram_path where no launch said it (V1 is replayed)
+
+
+def engine_path(recorded: Iterable[str | None]) -> str | None:
+    """The n-gram path a study's engine takes, from what its n-gram launches recorded
+    (tuner.measure.enginepath, EngineInfo.details["ngram_path"]): the one path they agree on;
+    None, not known, where none recorded one, where they disagree, or where it is one the replay
+    does not model (the V1 runner's ngram_gpu proposer, "V1-gpu")."""
+    paths = {p for p in recorded if p}
+    return next(iter(paths)) if len(paths) == 1 and paths <= set(PATHS) else None

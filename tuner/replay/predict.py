@@ -31,7 +31,7 @@ import numpy as np
 from tuner import intervals
 from tuner.records.configs import TrialConfig
 from tuner.records.results import LevelMetrics, Measured, PredictionMiss, Role, SpeedupSplit
-from tuner.replay import acceptance, cost, sampling, schedule, streams
+from tuner.replay import acceptance, cost, ngram_v2, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
 # The replay's stated accuracy on a launched config's acceptance length, over the requests it
@@ -51,6 +51,7 @@ class MeasuredTrial:
     levels: dict[int, LevelMetrics]
     capture: TokenCapture | None = None
     cudagraph_mode: str | None = None  # as the engine path read it from the trial's log
+    ngram_path: str | None = None  # an n-gram launch's proposer, as the engine path read it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", Role(self.role))
@@ -75,6 +76,7 @@ class Prediction:
     skipped: list[str] = field(default_factory=list)  # configs that could not be replayed, why
     streams: str = ""  # STREAMS: where a speculative launch's tokens part from the baseline's
     temperature: float = 0.0  # the capture's; above 0 the rows carry sampling.PM_COLUMNS
+    ngram_path: str | None = None  # the n-gram proposer replayed (ngram_v2); None: not known
 
     def extended(self, more: Prediction) -> Prediction:
         """This table with `more`'s configs added: a prediction of other configs from the same
@@ -110,7 +112,8 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     t0 = time.monotonic()
     levels = [c for c in (levels or base_capture.levels()) if base_capture.level(c, warmup=False)]
     replay = _Replayer(base_capture, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       levels=levels, memo=memo)
+                       levels=levels, memo=memo, ngram_path=ngram_v2.engine_path(
+                           m.ngram_path for m in measured if m.config.method == "ngram"))
     replay.alternate = _alternate(replay, measured) if temperature <= 0 else None
     baseline = _pooled([m for m in measured if m.role == "baseline"])
     aligned = _pooled([m for m in measured if m.aligned])
@@ -139,10 +142,12 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
             row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
             row["calibration"] = cfg.label() in calibrated_on
             row["alternate_stream_requests"] = replay.switched.get(cfg.key(), 0)
+            row["ngram_path"] = (replay.ngram_path or ngram_v2.UNKNOWN) \
+                if cfg.method == "ngram" else None
             rows.append(row)
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
                       configs=len(todo), skipped=skipped, streams=_streams_line(replay),
-                      temperature=temperature)
+                      temperature=temperature, ngram_path=replay.ngram_path)
 
 
 def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
@@ -320,8 +325,10 @@ class _Replayer:
     stream (tuner.replay.streams), over the stream each request of the config follows."""
 
     def __init__(self, capture: TokenCapture, *, max_model_len: int | None, max_num_seqs: int,
-                 levels: Sequence[int], memo: dict | None = None) -> None:
+                 levels: Sequence[int], memo: dict | None = None,
+                 ngram_path: str | None = None) -> None:
         self.capture, self.levels = capture, list(levels)
+        self.ngram_path = ngram_path  # the n-gram proposer the engine runs; None: not known
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self._memo: dict[tuple, dict[int, acceptance.Acceptance]] = {} if memo is None else memo
         self.alternate: streams.Alternate | None = None
@@ -344,11 +351,11 @@ class _Replayer:
 
     def _replay(self, cfg: TrialConfig, cap: TokenCapture) -> dict[int, acceptance.Acceptance]:
         memo_key = (cfg.key(), cap.digest, tuple(self.levels), self.max_model_len,
-                    self.max_num_seqs)
+                    self.max_num_seqs, self.ngram_path or ngram_v2.V1)  # None replays V1
         if memo_key not in self._memo:
             self._memo[memo_key] = acceptance.replay(
                 cap, cfg.speculative_config, max_model_len=self.max_model_len,
-                max_num_seqs=self.max_num_seqs, levels=self.levels)
+                max_num_seqs=self.max_num_seqs, levels=self.levels, ngram_path=self.ngram_path)
         return self._memo[memo_key]
 
     def prompt_lengths(self, c: int) -> list[int]:
