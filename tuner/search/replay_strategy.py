@@ -750,7 +750,7 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
         out.append(MeasuredTrial(
             number=t.number, config=result.config, role=role, levels=levels,
             capture=st.token_capture(study_dir, t) if captures else None,
-            cudagraph_mode=path.get("cudagraph_mode")))
+            cudagraph_mode=path.get("cudagraph_mode"), ngram_path=path.get("ngram_path")))
     return out
 
 
