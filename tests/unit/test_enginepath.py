@@ -323,3 +323,13 @@ def test_an_unknown_runner_leaves_the_ngram_path_unknown_and_an_inferred_one_say
     assert EnginePath.from_details(path.details()) == path
     assert "n-gram proposer V1" in path.describe()
     assert EnginePath.from_details({"ngram_path": "V9"}).ngram_path is None
+
+
+def test_details_stored_before_the_proposer_was_recorded_still_give_it_by_the_runner() -> None:
+    # What the stored vLLM 0.26 launches hold (benchmarks/data/h100/.../engine.json).
+    old = {"model_runner": "V1", "async_scheduling": "false", "cudagraph_mode": "PIECEWISE"}
+    assert enginepath.ngram_path_of(old, "ngram") == "V1"
+    assert enginepath.ngram_path_of({**old, "model_runner": "V2"}, "ngram") == "V2"
+    assert enginepath.ngram_path_of(old, "suffix") is None
+    assert enginepath.ngram_path_of({}, "ngram") is None  # no runner: unknown stays unknown
+    assert enginepath.ngram_path_of(read_log(NGRAM_32_GPU).details(), "ngram") == "V2"

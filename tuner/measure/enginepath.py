@@ -222,6 +222,14 @@ def _spec_method(text: str, config: str) -> str | None:
     return spec.get("method") if isinstance(spec, dict) else None
 
 
+def ngram_path_of(details: Mapping[str, object] | None, method: str | None) -> str | None:
+    """An n-gram launch's proposer from its stored EngineInfo.details: as recorded, else (a
+    launch stored before the proposer was recorded) by the same rule from the runner the
+    details hold and the launch's method; None where neither says."""
+    path = EnginePath.from_details(details)
+    return path.ngram_path or _ngram_path(method, path.model_runner)
+
+
 def _ngram_path(method: str | None, runner: str | None) -> str | None:
     """The n-gram proposer an engine with this method and runner builds (the module docstring
     names vLLM's lines); None where it runs no n-gram or the runner is not known."""

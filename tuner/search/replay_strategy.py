@@ -31,6 +31,7 @@ from optuna.trial import TrialState
 
 from tuner import intervals
 from tuner.errors import ConfigError
+from tuner.measure import enginepath
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.results import BenchResult, LevelMetrics, Role
 from tuner.records.storage import TrialAttr
@@ -750,7 +751,8 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
         out.append(MeasuredTrial(
             number=t.number, config=result.config, role=role, levels=levels,
             capture=st.token_capture(study_dir, t) if captures else None,
-            cudagraph_mode=path.get("cudagraph_mode"), ngram_path=path.get("ngram_path")))
+            cudagraph_mode=path.get("cudagraph_mode"),
+            ngram_path=enginepath.ngram_path_of(path, result.config.method)))
     return out
 
 
