@@ -88,7 +88,6 @@ ELSEWHERE = {
     "test_watchdog.py": "driver SIGKILL (fake engine tree and real vLLM), double Ctrl-C on a "
                         "slow fake engine",
     "test_search_waste.py": "rejected config proposed again, every trial failed",
-    "test_real_engine.py": "real vLLM exits at start-up with its own reason",
 }
 
 
@@ -635,6 +634,22 @@ def _real_workload(spec, num_prompts: int = 8) -> Workload:
 
     return workloads.load(WorkloadSpec(name="instructcoder", num_prompts=num_prompts,
                                        output_len=48), tokenizer=spec.tokenizer or spec.model)
+
+
+@pytest.mark.engine
+def test_real_engine_exiting_at_start_up_is_a_failure_with_vllms_reason(tmp_path, tag):
+    """tuner.checks refuses this config before a launch (test_real_engine.py); the runner under
+    it must still turn an engine that dies while starting into a FAIL trial in vLLM's words."""
+    with drill("exits at start-up (min>max window)", "real",
+               "EngineCrashed, vLLM's reason") as row:
+        out = runner.measure_outcome(_real_spec(tag), TrialConfig(speculative_config=BAD_WINDOW),
+                                     _workload(), MeasureSettings(), str(tmp_path))
+        f = out.failure
+        row.observed = f"{f.kind}: {short(f.reason.rsplit(': ', 1)[-1], 70)}" if f else "measured"
+        row.nothing_lost(_recorded(out))
+        assert f.kind == "engine_crashed"
+        assert VLLM_REASON in f.reason
+        row.nothing_left(tag)
 
 
 @pytest.mark.engine
