@@ -818,7 +818,8 @@ def _ladder_measured(runs: list[dict[str, Any]], study_dir: Path
             base_capture = capture
         measured.append(MeasuredTrial(number=i, config=result.config, role=role,
                                       levels={lv.concurrency: lv for lv in result.levels},
-                                      capture=capture))
+                                      capture=capture, ngram_path=enginepath.ngram_path_of(
+                                          result.engine.details, result.config.method)))
     return measured, base_capture
 
 
