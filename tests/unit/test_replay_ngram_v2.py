@@ -75,14 +75,29 @@ def test_the_v2_rule_drafts_what_vllms_triton_kernels_draft(kernel_drafts) -> No
     groups, found = kernel_drafts
     # The scans ran with one block and with three (the finalize kernel's max across blocks).
     assert {(g["block_l"], g["n_blocks"]) for g in found} == {(64, 1), (128, 3)}
-    checked = 0
+    checked = told = 0
     for group, got in zip(groups, found, strict=True):
         for row, kernel in zip(group["rows"], got["drafts"], strict=True):
             mine = ngram_v2.propose(np.array(row), len(row), group["min_n"], group["max_n"],
                                     group["k"])
             assert mine.tolist() == kernel, (row, group)
             checked += 1
+            told += _earliest(row, group["min_n"], group["max_n"], group["k"]) != kernel
     assert checked == 6 * 12 + len(HANDMADE)
+    # The rows have the power to tell: the earliest occurrence (V1's choice) drafts otherwise
+    # on many of them.
+    assert told >= 10
+
+
+def _earliest(row: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The V2 rule with the earliest occurrence of the longest n-gram instead of the latest."""
+    L = len(row)
+    for n in range(max_n, min_n - 1, -1):
+        for pos in range(0, L - n):
+            if row[pos:pos + n] == row[L - n:]:
+                got = row[pos + n:pos + n + k]
+                return got + [row[-1]] * (k - len(got))
+    return [row[-1]] * k
 
 
 @pytest.mark.vllm
