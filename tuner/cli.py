@@ -565,7 +565,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     rec = api.recommend(study_dir=args.study_dir, storage_url=args.storage,
                         study_name=args.study_name, level=args.level,
                         max_tpot_ms=args.max_tpot_ms, max_ttft_ms=args.max_ttft_ms)
-    print(rec.model_dump_json(indent=2) if args.json else console.format_recommendation(rec))
+    print(console.recommendation_json(rec) if args.json else console.format_recommendation(rec))
     return 0
 
 

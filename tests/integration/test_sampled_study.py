@@ -11,7 +11,7 @@ from conftest import fake_engine_spec
 
 from tuner import api
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
-from tuner.outputs import decisions
+from tuner.outputs import decisions, verdicts
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
 from tuner.replay import sampling
@@ -47,6 +47,7 @@ def test_a_sampled_study_carries_its_error_and_says_what_the_engine_did_not_deli
     assert sorted(noted) == sorted(mismatch.values())
     _, recs = api.report(study_dir=out)
     for rec in recs:
-        assert rec.reason.endswith(mismatch[str(rec.concurrency)])
+        assert rec.verdict.sampling_mismatch == mismatch[str(rec.concurrency)]
+        assert verdicts.reason(rec).endswith(mismatch[str(rec.concurrency)])
         if rec.verify_command:
             assert "--temperature 0.8 --top-k 40" in rec.verify_command

@@ -5,6 +5,7 @@ subprocess: tests/integration/test_cli_process.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,8 @@ def test_recommend_takes_its_level_under_either_name(capsys, tmp_path):
     assert cli.main(["recommend", str(study), "--concurrency", "1", "--json"]) == 0
     old = capsys.readouterr()
     assert old.out == new.out and new.err == ""
+    # The figures and the words, as recommendation.json holds each level.
+    assert {"verdict", "reason", "confidence"} <= set(json.loads(new.out))
     assert old.err.startswith("tuner: warning: --concurrency is now --level")
     assert cli.main(["recommend", str(study), "--level", "3"]) == 2
     assert "--level 3: the study measured" in capsys.readouterr().err

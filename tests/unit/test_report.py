@@ -25,7 +25,7 @@ from study_fakes import (
 from tuner.analysis.frame import trials_frame
 from tuner.analysis.recommend import recommendations
 from tuner.api import write_report as write_outputs
-from tuner.outputs import console
+from tuner.outputs import console, verdicts
 from tuner.outputs.console import format_recommendation
 from tuner.search.study import settings_of
 
@@ -227,7 +227,8 @@ def test_a_gain_within_the_noise_is_reported_as_no_measurable_difference(tmp_pat
         assert "ngram k=8 window 3-3" in lv["reason"] and lv["spread"]["noise_floor"] == 0.02
         assert "speculative-config" not in yaml.safe_load(
             (out / lv["serve_config_file"]).read_text())
-    text = format_recommendation(recommendations(trials_frame(again := reopen(tmp_path)), settings_of(again))[1])
+    again = reopen(tmp_path)
+    text = format_recommendation(recommendations(trials_frame(again), settings_of(again))[1])
     assert text.startswith("Concurrency 8: Leave speculation off\n  Leave speculation off at "
                            "concurrency 8: no measurable difference.")
     assert "95% interval 0.99-1.03 of its speedup (1.01x) holds 1.00x" in text
@@ -368,3 +369,35 @@ def test_an_old_study_folder_reads_with_todays_names_and_units(tmp_path):
         list(100 * spec["spec_decode_accepted_tokens"] / spec["spec_decode_draft_tokens"]))
     paths = write_outputs(reopen(tmp_path), tmp_path / "out")
     assert paths["report_html"].exists()
+
+
+def test_the_windows_of_one_launch_are_said_with_whether_they_settled():
+    # A single launch's confidence names each side's windows; one that did not settle, or
+    # spread as much as the gain, leaves the answer unsettled.
+    from tuner.outputs.verdicts import _windows_clause
+    from tuner.records.results import Basis, Verdict, WindowSpread
+
+    def verdict(*windows):
+        return Verdict(basis=Basis.WITHIN_NOISE, windows=windows)
+
+    said, unsettled = _windows_clause(verdict(WindowSpread(label="k4", pct=2.9, settled=True),
+                                              WindowSpread(label="the baseline", pct=17.0,
+                                                           settled=False)), 0.42)
+    assert said == ("; within one launch the windows spread ±2.9% (k4) and ±17.0% "
+                    "(the baseline, not converged)") and unsettled
+    said, unsettled = _windows_clause(verdict(WindowSpread(label="k4", pct=1.0, settled=True),
+                                              WindowSpread(label="the baseline", pct=2.0,
+                                                           settled=True)), 0.42)
+    assert not unsettled and "±1.0% (k4) and ±2.0% (the baseline)" in said
+    assert _windows_clause(verdict(WindowSpread(label="k4", pct=9.0, settled=True)), 0.05)[1]
+    assert _windows_clause(verdict(), 0.4) == ("", False)
+
+
+def test_the_reason_says_what_the_engine_path_costs():
+    aligned = aligned_study()
+    recs = {r.concurrency: r
+            for r in recommendations(trials_frame(aligned), settings_of(aligned))}
+    assert ("ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x "
+            "speculation 1.28x \u00b10.04 (the speculative engine path alone costs 17% of the "
+            "throughput).") in verdicts.reason(recs[1])
+    assert "(the speculative engine path alone gains 6%)" in verdicts.reason(recs[8])

@@ -14,6 +14,7 @@ from tuner.analysis import recommend
 from tuner.errors import ConfigError
 from tuner.measure import loadgen, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
+from tuner.records.results import Basis, Verdict
 from tuner.replay import sampling
 from tuner.search import storage
 from tuner.search import study as st
@@ -118,10 +119,11 @@ def test_a_study_at_other_sampling_is_another_study(tmp_path):
 def test_a_mismatch_recorded_for_a_level_ends_its_recommendations_reason():
     line = "vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step ..."
     settings = fake_settings().model_copy(update={"sampling_mismatch": {"4": line}})
+    too_few = Verdict(basis=Basis.TOO_FEW_CONFIGS, configs_completed=1)
     at = recommend._Level(concurrency=4, slos={}, settings=settings)
-    assert at.refuse("insufficient_data", "Too few.").reason == f"Too few. {line}"
+    assert at.answer("insufficient_data", too_few).verdict.sampling_mismatch == line
     other = recommend._Level(concurrency=1, slos={}, settings=settings)
-    assert other.refuse("insufficient_data", "Too few.").reason == "Too few."
+    assert other.answer("insufficient_data", too_few).verdict.sampling_mismatch is None
 
 
 def test_the_cpu_build_is_warned_about_once_up_front_when_sampling():

@@ -24,7 +24,16 @@ import pandas as pd
 from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
 from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.records.results import PredictionMiss, Recommendation, Role
+from tuner.records.results import (
+    Basis,
+    Noise,
+    PredictionMiss,
+    Recommendation,
+    Role,
+    SpeedupInterval,
+    Verdict,
+    WindowSpread,
+)
 from tuner.records.storage import StudySettings
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
@@ -78,17 +87,20 @@ class _Level:
         iv = self.interval(row)
         return None if iv is None else intervals.decide(iv, self.margin)
 
-    def refuse(self, status: str, reason: str, **extra: Any) -> Recommendation:
-        return Recommendation(concurrency=self.concurrency, status=status,
-                              reason=reason + self.caveat, slos=self.slos, **extra)
+    def answer(self, status: str, verdict: Verdict, **extra: Any) -> Recommendation:
+        return Recommendation(concurrency=self.concurrency, status=status, slos=self.slos,
+                              verdict=verdict.model_copy(update={
+                                  "sampling_mismatch": self.sampling_mismatch,
+                                  "slos_set": any(v is not None for v in self.slos.values())}),
+                              **extra)
 
     @property
-    def caveat(self) -> str:
-        """The line, after a space, where the engine's measured acceptance at this level did not match the
-        replay at temperature > 0 (StudySettings.sampling_mismatch, written by the replay strategy)."""
-        line = self.settings.sampling_mismatch.get(str(self.concurrency)) \
+    def sampling_mismatch(self) -> str | None:
+        """The line where the engine's measured acceptance at this level did not match the
+        replay at temperature > 0 (StudySettings.sampling_mismatch, written by the replay
+        strategy)."""
+        return self.settings.sampling_mismatch.get(str(self.concurrency)) \
             if self.settings else None
-        return f" {line}" if line else ""
 
     def misses(self, row: pd.Series) -> tuple[PredictionMiss, ...]:
         """The replay's misses of the row's config at this level (StudySettings.prediction_misses, written
@@ -161,14 +173,13 @@ def recommend(
             return _speculation_off(candidates, base, at)
         return _no_measurable_difference(fastest, base, at)
     if max_tpot_ms is None and max_ttft_ms is None:
-        win_idx = pareto.knee(measurable)
-        how = "the knee of the throughput/latency front"
+        win_idx, chosen_by = pareto.knee(measurable), "knee"
     else:
         win_idx = measurable.sort_values(["output_throughput", "mean_tpot_ms", "trial"],
                                          ascending=[False, True, True]).index[0]
-        how = f"the highest throughput meeting {_slo_text(at.slos)}"
-    win = level.loc[win_idx]
-    return _turn_on(win, base, _gain(win), at, how=how, base_feasible=base_feasible)
+        chosen_by = "slos"
+    return _turn_on(level.loc[win_idx], base, at, chosen_by=chosen_by,
+                    base_feasible=base_feasible)
 
 
 def _gain(row: pd.Series) -> float:
@@ -200,169 +211,120 @@ def _interval_fields(row: pd.Series, at: _Level) -> dict[str, Any]:
             "equivalence_margin": at.margin, "launches": (iv.n_a, iv.n_b)}
 
 
-def _interval_sentence(row: pd.Series, at: _Level) -> str:
-    """The row's speedup across launches, as the reason's sentence ("" without one)."""
+def _interval(row: pd.Series, at: _Level) -> SpeedupInterval | None:
+    """The row's speedup over the plain baseline across launches, as the verdict holds it."""
     iv = at.interval(row)
     if iv is None:
-        return ""
-    where = {intervals.ABOVE: "above 1.00x", intervals.BELOW: "below 1.00x",
-             intervals.EQUIVALENT: f"within \u00b1{intervals.percent(at.margin)} of 1.00x",
-             intervals.OPEN: "not settled: the interval holds 1.00x and reaches beyond "
-                             f"\u00b1{intervals.percent(at.margin)}"}[intervals.decide(iv, at.margin)]
-    return f" Across launches, {row['label']} over the baseline: {iv.text()}, {where}."
+        return None
+    return SpeedupInterval(point=iv.point, lo=iv.lo, hi=iv.hi, confidence=iv.confidence,
+                           launches=(iv.n_a, iv.n_b), decision=intervals.decide(iv, at.margin),
+                           margin=at.margin, pool_sd=at.pool.sd, pool_df=at.pool.df,
+                           pool_configs=at.pool.configs)
+
+
+def _against(row: pd.Series, base: pd.Series, at: _Level) -> dict[str, Any]:
+    """The Verdict fields of `row` against the plain baseline: its figures, the noise its gain
+    was held against, its interval, its measurements and its windows."""
+    spread = _spread(row, base, at)
+    spread_rel = spread["relative_throughput_spread"]
+    return {"subject": str(row["label"]),
+            "subject_throughput": float(row["output_throughput"]),
+            "subject_tpot_ms": float(row["mean_tpot_ms"]),
+            "baseline_throughput": float(base["output_throughput"]),
+            "baseline_tpot_ms": float(base["mean_tpot_ms"]),
+            "speedup": float(row["speedup_throughput"]), "noise": _noise(spread),
+            "noise_spread": spread_rel, "noise_floor": spread["noise_floor"],
+            "interval": _interval(row, at),
+            "measurements": (int(_int(row["n_measurements"])),
+                             int(_int(base["n_measurements"]))),
+            "windows": _window_spreads(row, base)}
+
+
+def _noise(spread: dict[str, float | None]) -> Noise:
+    """Which spread the gain was held against: the one `_spread` took as the largest."""
+    spread_rel = spread["relative_throughput_spread"]
+    if spread_rel is None:
+        return Noise.UNMEASURED
+    for key, noise in (("paired_window_spread", Noise.PAIRED_WINDOWS),
+                       ("unsettled_spread", Noise.UNSETTLED_WINDOWS),
+                       ("single_run_spread", Noise.SINGLE_RUN)):
+        if spread.get(key) is not None and spread_rel == spread[key]:
+            return noise
+    return Noise.MEASURED if spread_rel >= MIN_DIFFERENCE else Noise.FLOOR
 
 
 def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
     failed = df[(df["state"] == "FAIL") & (df["role"] == Role.BASELINE)]
     waiting = df[df["state"].isin(["RUNNING", "WAITING"]) & (df["role"] == Role.BASELINE)]
-    why = (f" The baseline trial failed: {failed['reason'].iloc[0]}" if not failed.empty
-           else " The baseline trial has not finished yet." if not waiting.empty else "")
-    return at.refuse("insufficient_data",
-                     f"No baseline (no speculation) was measured at concurrency "
-                     f"{at.concurrency}, so no speedup can be stated.{why} Measure it with: "
-                     f"{at.verify(TrialConfig())}", verify_command=at.verify(TrialConfig()))
+    return at.answer("insufficient_data", Verdict(
+        basis=Basis.NO_BASELINE,
+        baseline_failure=str(failed["reason"].iloc[0]) if not failed.empty else None,
+        baseline_waiting=failed.empty and not waiting.empty),
+        verify_command=at.verify(TrialConfig()))
 
 
 def _too_few_configs(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
-    n_configs = candidates["config_key"].nunique()
-    return at.refuse("insufficient_data",
-                     f"Only {n_configs} speculative config(s) completed at concurrency "
-                     f"{at.concurrency}; at least {MIN_CANDIDATES} besides the baseline are "
-                     f"needed before choosing one. Run more trials (or resume the study).",
-                     baseline_metrics=_metrics(base))
+    return at.answer("insufficient_data", Verdict(
+        basis=Basis.TOO_FEW_CONFIGS, configs_completed=candidates["config_key"].nunique()),
+        baseline_metrics=_metrics(base))
 
 
 def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: _Level
                             ) -> Recommendation:
     best = level.sort_values("mean_tpot_ms").iloc[0]
-    return at.refuse("insufficient_data",
-                     f"No measured config meets {_slo_text(at.slos)} at concurrency "
-                     f"{at.concurrency}; the lowest mean TPOT was {best['mean_tpot_ms']:.1f} ms "
-                     f"({best['label']}, p99 TTFT {best['p99_ttft_ms']:.0f} ms). Relax the "
-                     f"SLOs, or search other methods.", baseline_metrics=_metrics(base))
+    return at.answer("insufficient_data", Verdict(
+        basis=Basis.NO_CONFIG_MEETS_SLOS, subject=str(best["label"]),
+        subject_tpot_ms=float(best["mean_tpot_ms"]),
+        subject_p99_ttft_ms=float(best["p99_ttft_ms"])), baseline_metrics=_metrics(base))
+
+
+def _stays_off(best: pd.Series, base: pd.Series, at: _Level, basis: Basis) -> Recommendation:
+    """Leave speculation off: serve the baseline; the verdict is about `best`, the fastest
+    speculative config, whose verify command re-measures it beside the baseline."""
+    spread = _spread(best, base, at)
+    return at.answer(
+        "speculation_off", Verdict(basis=basis, **_against(best, base, at)),
+        **_serving(at.settings, TrialConfig()), decomposition=decomposition.record(best),
+        metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
+        trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
+        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
+        verify_command=at.verify_against_baseline(at.config(best)))
 
 
 def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
     best = candidates.sort_values(["output_throughput", "trial"],
                                   ascending=[False, True]).iloc[0]
-    ratio = float(best["speedup_throughput"])
-    among = (f" among the configs meeting {_slo_text(at.slos)}"
-             if any(v is not None for v in at.slos.values()) else "")
-    spread = _spread(best, base, at)
-    split = decomposition.record(best)
-    return at.refuse(
-        "speculation_off",
-        f"Leave speculation off at concurrency {at.concurrency}: no speculative config beat "
-        f"the baseline (no speculation){among}. The fastest one, {best['label']}, reached "
-        f"{ratio:.2f}x the baseline's throughput ({best['output_throughput']:.1f} against "
-        f"{base['output_throughput']:.1f} tok/s).{_interval_sentence(best, at)} Serve without "
-        "--speculative-config." + _split_sentence(split),
-        **_serving(at.settings, TrialConfig()), decomposition=split,
-        metrics=_metrics(base),
-        baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
-        speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
-        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
-        confidence=_confidence(win=best, base=base, gain=ratio - 1.0,
-                               spread_rel=spread["relative_throughput_spread"], at=at),
-        verify_command=at.verify_against_baseline(at.config(best)))
+    return _stays_off(best, base, at, Basis.NOTHING_BEATS_BASELINE)
 
 
 def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
                               ) -> Recommendation:
     """Speculation gains, but no more than the noise (or, where its speedup interval is
-    settled, within --margin of 1.00x): not a finding, so it stays off."""
-    spread = _spread(best, base, at)
-    spread_rel = spread["relative_throughput_spread"]
-    gain = _gain(best)
-    noise_text, resolve = _noise_words(spread)
-    noise_text = f"not more than {noise_text}"
-    iv = at.interval(best)
-    if iv is not None and _beyond_floor(best, base, at):  # the interval decided (_finding)
-        where = (f"lies within \u00b1{intervals.percent(at.margin)} of 1.00x"
-                 if at.decision(best) == intervals.EQUIVALENT else "lies below 1.00x")
-        noise_text = (f"more than the launches' spread (\u00b1{spread['noise_floor']:.1%}), "
-                      f"but its {iv.bounds()} {where}, and the interval over all launches "
-                      "decides")
-        resolve = "A smaller --margin and more launches can tell a difference this small."
-    among = (f" meeting {_slo_text(at.slos)}"
-             if any(v is not None for v in at.slos.values()) else "")
-    split = decomposition.record(best)
-    return at.refuse(
-        "speculation_off",
-        f"Leave speculation off at concurrency {at.concurrency}: no measurable difference. "
-        f"The fastest config{among}, {best['label']}, reached "
-        f"{float(best['speedup_throughput']):.2f}x the baseline's throughput "
-        f"({best['output_throughput']:.1f} against {base['output_throughput']:.1f} tok/s, "
-        f"{gain:+.1%}), {noise_text}.{_interval_sentence(best, at)} Serve without "
-        f"--speculative-config. {resolve}" + _split_sentence(split),
-        **_serving(at.settings, TrialConfig()), decomposition=split,
-        metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
-        trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
-        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
-        confidence=_confidence(win=best, base=base, gain=gain, spread_rel=spread_rel, at=at),
-        verify_command=at.verify_against_baseline(at.config(best)))
+    settled, within --margin of 1.00x, or below it): not a finding, so it stays off."""
+    basis = Basis.WITHIN_NOISE
+    if at.interval(best) is not None and _beyond_floor(best, base, at):  # the interval decided
+        basis = Basis.INTERVAL_EQUIVALENT if at.decision(best) == intervals.EQUIVALENT \
+            else Basis.INTERVAL_BELOW
+    return _stays_off(best, base, at, basis)
 
 
-def _noise_words(spread: dict[str, float | None]) -> tuple[str, str]:
-    """The noise a gain did not exceed, in words, and what would resolve a smaller one."""
-    spread_rel = spread["relative_throughput_spread"]
-    if spread_rel is None:
-        return (f"the ±{UNMEASURED_NOISE:.0%} that single runs can differ by (spread not "
-                f"measured)", "Rerun the study with --repeats 3 to measure the spread.")
-    if spread.get("paired_window_spread") is not None \
-            and spread_rel == spread["paired_window_spread"]:
-        return (f"the ±{spread_rel:.1%} that its speedup moved by across the level's windows "
-                "(the same requests as the baseline's)", "More measured requests per level "
-                "(--requests-per-slot, --num-requests) and more launches (--repeats) narrow "
-                "it; the verify command re-measures this config and the baseline.")
-    if spread.get("unsettled_spread") is not None and spread_rel == spread["unsettled_spread"]:
-        return (f"the ±{spread_rel:.1%} that its one launch's windows moved by (they did not "
-                "settle)", "The verify command re-measures this config and the baseline; "
-                "more repeats (--repeats) measure it better.")
-    if spread["single_run_spread"] is not None and spread_rel == spread["single_run_spread"]:
-        return (f"the ±{spread_rel:.1%} that one run of a speculative config can differ "
-                "by here (it ran once; the largest spread of this level's repeated "
-                f"speculative configs, at least {UNMEASURED_NOISE:.0%})",
-                "The verify command re-measures this config and the baseline; more "
-                "repeats (--repeats) measure its own spread.")
-    return ((f"the measured run-to-run spread (±{spread_rel:.1%})"
-             if spread_rel >= MIN_DIFFERENCE else
-             f"the {MIN_DIFFERENCE:.0%} a difference must exceed to count (the measured "
-             f"spread, ±{spread_rel:.1%}, is below that floor)"),
-            "More repeats (--repeats) can resolve a smaller difference; the verify "
-            "command re-measures this config and the baseline.")
-
-
-def _turn_on(win: pd.Series, base: pd.Series, gain: float, at: _Level, *, how: str,
+def _turn_on(win: pd.Series, base: pd.Series, at: _Level, *, chosen_by: str,
              base_feasible: bool) -> Recommendation:
     config = at.config(win)
-    spread = _spread(win, base, at)
-    reason = (f"{win['label']} is {how} at concurrency {at.concurrency}: "
-              f"{win['output_throughput']:.1f} tok/s ({float(win['speedup_throughput']):.2f}x "
-              f"the baseline's {base['output_throughput']:.1f}), mean TPOT "
-              f"{win['mean_tpot_ms']:.1f} ms (baseline {base['mean_tpot_ms']:.1f} ms).")
-    if not base_feasible:
-        reason += f" The baseline itself misses {_slo_text(at.slos)}."
-    if float(win["speedup_tpot"]) < 1.0:
-        reason += " It pays for the throughput with a higher per-token latency."
-    reason += _interval_sentence(win, at)
-    if base_feasible and not _beyond_floor(win, base, at):  # the interval decided (_finding)
-        reason += (f" Its gain is within the noise floor (\u00b1{spread['noise_floor']:.1%} of "
-                   "the MADs), but where the interval is settled, it decides.")
-    split = decomposition.record(win)
-    missed = at.misses(win)
-    reason += _split_sentence(split) + at.caveat + "".join(f" {m.text()}" for m in missed)
-    return Recommendation(
-        concurrency=at.concurrency, status="recommend", reason=reason,
+    # Where the gain is within the noise floor, the settled interval decided (_finding).
+    basis = Basis.INTERVAL_ABOVE if base_feasible and not _beyond_floor(win, base, at) \
+        else Basis.BEYOND_NOISE
+    return at.answer(
+        "recommend", Verdict(basis=basis, chosen_by=chosen_by, baseline_meets_slos=base_feasible,
+                             **_against(win, base, at)),
         speculative_config=config.speculative_config, label=str(win["label"]),
-        trial=int(win["trial"]), **_serving(at.settings, config), decomposition=split,
-        metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
-        speedup_tpot=float(win["speedup_tpot"]), slos=at.slos,
-        baseline_metrics=_metrics(base), spread=spread, n_repeats=int(_int(win["n_repeats"])),
-        **_interval_fields(win, at),
-        confidence=_confidence(win=win, base=base, gain=gain,
-                               spread_rel=spread["relative_throughput_spread"], at=at),
-        prediction_misses=missed, verify_command=at.verify(config))
+        trial=int(win["trial"]), **_serving(at.settings, config),
+        decomposition=decomposition.record(win), metrics=_metrics(win),
+        speedup_throughput=float(win["speedup_throughput"]),
+        speedup_tpot=float(win["speedup_tpot"]), baseline_metrics=_metrics(base),
+        spread=_spread(win, base, at), n_repeats=int(_int(win["n_repeats"])),
+        **_interval_fields(win, at), prediction_misses=at.misses(win),
+        verify_command=at.verify(config))
 
 
 def recommendations(df: pd.DataFrame, settings: StudySettings | None = None
@@ -384,24 +346,6 @@ METRIC_KEYS = ("output_throughput", "mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms
 
 def _metrics(row: pd.Series) -> dict[str, float | None]:
     return {k: frame.optional(row.get(k)) for k in METRIC_KEYS}
-
-
-def _split_sentence(split: dict[str, Any] | None) -> str:
-    """The decomposition as the reason's last sentence: the line, and what the path costs,
-    stated only where the path ratio differs from 1.00 by more than the noise (noise_floor,
-    the rule a speedup must pass to count)."""
-    if split is None:
-        return ""
-    path, spread = split["path_cost"], frame.optional(split.get("path_cost_spread"))
-    floor = noise_floor(None if spread is None or path <= 0 else spread / path)
-    if abs(path - 1.0) <= floor:
-        what = (f"the speculative engine path's own cost is not measurable: {path:.2f}x is "
-                f"within the noise (\u00b1{floor:.0%}) of 1.00x")
-    elif path < 1.0:
-        what = f"the speculative engine path alone costs {1 - path:.0%} of the throughput"
-    else:
-        what = f"the speculative engine path alone gains {path - 1:.0%}"
-    return f" {decomposition.recommendation_line(split)} ({what})."
 
 
 # Without repeats the spread is unknown: single runs on shared machines differ by a few
@@ -504,62 +448,15 @@ def _windows(row: pd.Series) -> tuple[float | None, bool]:
             not (isinstance(converged, (bool, np.bool_)) and not converged))
 
 
-def _confidence(*, win: pd.Series, base: pd.Series, gain: float,
-                spread_rel: float | None, at: _Level | None = None) -> str:
-    """How sure the answer is: from the speedup interval where the launches give one (high
-    where it is settled, low where it is open), else from the gain against the MADs."""
-    iv = at.interval(win) if at is not None else None
-    if at is not None and iv is not None:
-        said = {intervals.ABOVE: "lies above 1.00x", intervals.BELOW: "lies below 1.00x",
-                intervals.EQUIVALENT: f"lies within \u00b1{intervals.percent(at.margin)} of "
-                                      "1.00x (no difference that matters)",
-                intervals.OPEN: f"holds 1.00x and reaches beyond \u00b1"
-                                f"{intervals.percent(at.margin)}: more launches narrow it"}
-        decision = intervals.decide(iv, at.margin)
-        return (f"{'low' if decision == intervals.OPEN else 'high'}: {iv.n_a} launch(es) of "
-                f"{win['label']}, {iv.n_b} of the baseline; the {iv.bounds()} of its speedup "
-                f"({iv.point:.2f}x) {said[decision]} ({at.pool.text()}).")
-    n_win, n_base = int(_int(win["n_measurements"])), int(_int(base["n_measurements"]))
-    runs = (f"{n_win} measurement(s) of {win['label']}, {n_base} of the baseline")
-    if spread_rel is None:
-        windows, unsettled = _window_spreads(win, base)
-        if abs(gain) >= 0.25 and not unsettled:
-            return (f"medium: {runs}; spread not measured, but a {gain:+.0%} difference is far "
-                    f"beyond typical run-to-run noise (a few percent){windows}.")
-        return (f"low: {runs}; spread not measured, and a {gain:+.1%} difference can be "
-                f"run-to-run noise{windows}. Re-measure before relying on it.")
-    margin = abs(gain) / noise_floor(spread_rel)
-    level = "high" if min(n_win, n_base) >= 3 and margin >= 2 else (
-        "medium" if margin > 1 else "low")
-    floor = (f" (a difference must exceed {MIN_DIFFERENCE:.0%} to count)"
-             if spread_rel < MIN_DIFFERENCE else "")
-    return (f"{level}: {runs}; throughput difference {gain:+.1%} against a spread (MAD) of "
-            f"±{spread_rel:.1%}{floor}.")
-
-
-def _window_spreads(win: pd.Series, base: pd.Series) -> tuple[str, bool]:
+def _window_spreads(win: pd.Series, base: pd.Series) -> tuple[WindowSpread, ...]:
     """Where the two rows' levels were measured in windows (tuner.measure.windows): how far
-    each launch's own windows spread, as a clause, and whether one did not settle (its
-    figure then moved within one launch by its spread, and a single launch says less)."""
-    parts, unsettled = [], False
+    each launch's own windows spread, and whether they settled."""
+    out = []
     for row, who in ((win, str(win["label"])), (base, "the baseline")):
         pct, settled = _windows(row)
-        if pct is None:
-            continue
-        unsettled |= not settled or pct >= 100 * abs(_gain(win))
-        parts.append(f"±{pct:.1f}% ({who}{'' if settled else ', not converged'})")
-    if not parts:
-        return "", False
-    return f"; within one launch the windows spread {' and '.join(parts)}", unsettled
-
-
-def _slo_text(slos: dict[str, float | None]) -> str:
-    parts = []
-    if slos.get("max_tpot_ms") is not None:
-        parts.append(f"mean TPOT <= {slos['max_tpot_ms']:g} ms")
-    if slos.get("max_ttft_ms") is not None:
-        parts.append(f"p99 TTFT <= {slos['max_ttft_ms']:g} ms")
-    return " and ".join(parts) or "no SLOs"
+        if pct is not None:
+            out.append(WindowSpread(label=who, pct=pct, settled=settled))
+    return tuple(out)
 
 
 def _int(value: Any) -> int:

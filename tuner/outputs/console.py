@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tuner.outputs import verdicts
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
@@ -139,10 +140,16 @@ def bench_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def recommendation_json(rec: Recommendation) -> str:
+    """The recommendation as `tuner recommend --json` prints it: as recommendation.json holds
+    each level, its fields and its words."""
+    return json.dumps(verdicts.worded(rec), indent=2)
+
+
 def format_recommendation(rec: Recommendation) -> str:
     """A few terminal lines: the verdict, the numbers against the baseline, the command."""
     head = HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else "")
-    lines = [f"Concurrency {rec.concurrency}: {head}", f"  {rec.reason}"]
+    lines = [f"Concurrency {rec.concurrency}: {head}", f"  {verdicts.reason(rec)}"]
     m, b = rec.metrics, rec.baseline_metrics
     if rec.status == "recommend" and m:
         lines.append(
@@ -151,8 +158,8 @@ def format_recommendation(rec: Recommendation) -> str:
             f"(baseline {num(b.get('mean_tpot_ms'))}), TTFT {num(m.get('mean_ttft_ms'), '{:.0f}')}"
             f" ms, acceptance {num(m.get('spec_decode_acceptance_rate'), '{:.0f}%')} "
             f"(length {num(m.get('spec_decode_acceptance_length'), '{:.2f}')})")
-    if rec.confidence:
-        lines.append(f"  confidence: {rec.confidence}")
+    if sure := verdicts.confidence(rec):
+        lines.append(f"  confidence: {sure}")
     if rec.serve_command:
         lines.append(f"  serve:  {rec.serve_command}")
     if rec.serve_note:

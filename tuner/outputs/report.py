@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.outputs import decisions, files, split_table
+from tuner.outputs import decisions, files, split_table, verdicts
 from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
@@ -188,7 +188,7 @@ class _Doc:
                 "objectives": m["objectives"],
                 "target_concurrency": m["target_concurrency"],
                 "constraints": m["constraints"],
-                "levels": [{**r.model_dump(mode="json"), "serve_config_file": (
+                "levels": [{**verdicts.worded(r), "serve_config_file": (
                     self.config_files[r.concurrency].name
                     if r.concurrency in self.config_files else None)} for r in self.recs],
                 "serve_config_files": {str(c): p.name for c, p in self.config_files.items()},
@@ -306,7 +306,7 @@ class _Doc:
     def _md_rec(self, rec: Recommendation) -> list[str]:
         e = _md
         head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
-        out = [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(rec.reason), ""]
+        out = [f"### Concurrency {rec.concurrency} \u2014 {e(head)}", "", e(verdicts.reason(rec)), ""]
         out += [f"**{e(m.text())}**\n" for m in self._misses(rec)]
         if rec.serve_command:
             out += [_fence(rec.serve_command), ""]
@@ -325,8 +325,8 @@ class _Doc:
                 out.append(f"| {name} | {num(rec.metrics.get(key), fmt)} | "
                            f"{num(rec.baseline_metrics.get(key), fmt)} |")
             out.append("")
-        if rec.confidence:
-            out += [f"Confidence: {e(rec.confidence)}", ""]
+        if sure := verdicts.confidence(rec):
+            out += [f"Confidence: {e(sure)}", ""]
         if rec.verify_command:
             out += ["Verify:", "", _fence(rec.verify_command), ""]
         return out
@@ -429,7 +429,7 @@ class _Doc:
         e = html.escape
         head = HEADLINES[rec.status] + (f": {rec.label}" if rec.status == "recommend" else "")
         parts = [f"<div class='rec {rec.status}'><h3>Concurrency {rec.concurrency} \u2014 "
-                 f"{e(head)}</h3><p>{e(rec.reason)}</p>"]
+                 f"{e(head)}</h3><p>{e(verdicts.reason(rec))}</p>"]
         parts += [f"<p class='miss'><strong>{e(m.text())}</strong></p>"
                   for m in self._misses(rec)]
         if rec.serve_command:
@@ -451,8 +451,8 @@ class _Doc:
                 parts.append(f"<tr><td>{e(name)}</td><td>{num(rec.metrics.get(key), fmt)}</td>"
                              f"<td>{num(rec.baseline_metrics.get(key), fmt)}</td></tr>")
             parts.append("</table>")
-        if rec.confidence:
-            parts.append(f"<p><b>Confidence:</b> {e(rec.confidence)}</p>")
+        if sure := verdicts.confidence(rec):
+            parts.append(f"<p><b>Confidence:</b> {e(sure)}</p>")
         if rec.verify_command:
             parts.append(f"<p>Verify:</p><pre class='cmd'>{e(rec.verify_command)}</pre>")
         return "".join(parts) + "</div>"

@@ -317,6 +317,87 @@ def split_text(path: float | None, path_spread: float | None, gain: float | None
 Status = Literal["recommend", "speculation_off", "insufficient_data"]
 
 
+class Basis(str, Enum):
+    """What a recommendation rests on (tuner.analysis.recommend decides it; tuner.outputs
+    words it)."""
+
+    NO_BASELINE = "no_baseline"  # no plain baseline measured at the level
+    TOO_FEW_CONFIGS = "too_few_configs"  # fewer than MIN_CANDIDATES speculative configs
+    NO_CONFIG_MEETS_SLOS = "no_config_meets_slos"
+    NOTHING_BEATS_BASELINE = "nothing_beats_baseline"  # off: the fastest is not faster
+    WITHIN_NOISE = "within_noise"  # off: a gain no larger than the noise
+    INTERVAL_EQUIVALENT = "interval_equivalent"  # off: the interval lies within --margin
+    INTERVAL_BELOW = "interval_below"  # off: the interval lies below 1.00x
+    BEYOND_NOISE = "beyond_noise"  # on: a gain beyond the noise floor
+    INTERVAL_ABOVE = "interval_above"  # on: within the noise floor, the interval decides
+
+
+class Noise(str, Enum):
+    """Which spread a gain was held against (the largest one counts)."""
+
+    UNMEASURED = "unmeasured"  # neither side re-measured: UNMEASURED_NOISE
+    PAIRED_WINDOWS = "paired_windows"  # measured once: its speedup across the paired windows
+    UNSETTLED_WINDOWS = "unsettled_windows"  # measured once: its own windows did not settle
+    SINGLE_RUN = "single_run"  # measured once: the level's repeated configs' largest spread
+    MEASURED = "measured"  # the run-to-run MADs
+    FLOOR = "floor"  # the MADs, below the MIN_DIFFERENCE floor
+
+
+class SpeedupInterval(Frozen):
+    """A speedup over the plain baseline across launches, with its interval
+    (tuner.intervals.Interval), what it says against 1.00x at the study's margin, and the
+    pooled between-launch spread it rests on (tuner.intervals.Pool)."""
+
+    point: float
+    lo: float
+    hi: float
+    confidence: float
+    launches: tuple[int, int]  # (the config's, the baseline's)
+    decision: Literal["above", "below", "equivalent", "open"]
+    margin: float
+    pool_sd: float
+    pool_df: int
+    pool_configs: int
+
+
+class WindowSpread(Frozen):
+    """How far one launch's windows spread at the level (percent), and whether they settled."""
+
+    label: str
+    pct: float
+    settled: bool
+
+
+class Verdict(Frozen):
+    """Why a recommendation is what it is, as figures: the basis, the config it is about (the
+    chosen one, or the fastest where speculation stays off) against the plain baseline, the
+    noise its gain was held against, and its interval across launches."""
+
+    basis: Basis
+    subject: str | None = None  # the config's label
+    subject_throughput: float | None = None
+    subject_tpot_ms: float | None = None
+    subject_p99_ttft_ms: float | None = None
+    baseline_throughput: float | None = None
+    baseline_tpot_ms: float | None = None
+    speedup: float | None = None  # subject over baseline throughput
+    noise: Noise | None = None
+    noise_spread: float | None = None  # the relative spread held against (a fraction)
+    noise_floor: float | None = None  # the gain it had to exceed
+    interval: SpeedupInterval | None = None
+    chosen_by: Literal["knee", "slos"] | None = None
+    baseline_meets_slos: bool = True
+    slos_set: bool = False
+    configs_completed: int | None = None
+    baseline_failure: str | None = None  # the failed baseline's reason
+    baseline_waiting: bool = False
+    measurements: tuple[int, int] | None = None  # (the config's, the baseline's)
+    windows: tuple[WindowSpread, ...] = ()
+    # The line the replay strategy stored where the engine's acceptance at temperature > 0
+    # did not match the replay at this level (StudySettings.sampling_mismatch).
+    sampling_mismatch: str | None = None
+
+
 class PredictionMiss(Frozen):
     """A launched config whose measured acceptance length at a level lies further from the
     replay's prediction, over the same requests, than the replay's stated accuracy
@@ -345,7 +426,9 @@ class Recommendation(Frozen):
 
     concurrency: int
     status: Status
-    reason: str
+    # Why, as figures; tuner.outputs.verdicts words it (the reason and the confidence that
+    # the terminal, the report and recommendation.json show).
+    verdict: Verdict
     speculative_config: dict[str, Any] | None = None
     label: str | None = None
     trial: int | None = None
@@ -359,7 +442,6 @@ class Recommendation(Frozen):
     speedup_tpot: float | None = None  # baseline TPOT / this TPOT; > 1: faster per token
     spread: dict[str, float | None] = {}
     n_repeats: int = 0  # re-measurements of the chosen config beyond the first
-    confidence: str = ""
     verify_command: str | None = None
     slos: dict[str, float | None] = {}
     # The serve command as a `vllm serve --config` YAML mapping: vLLM's option names without
