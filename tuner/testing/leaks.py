@@ -1,4 +1,4 @@
-"""Leak checks: what "nothing left behind" means, for the tests and scripts/fault_drill.py.
+"""Leak checks: what "nothing left behind" means, for the tests (tests/integration/test_faults.py, the fault table).
 
 Every engine a test or the drill starts carries a marker in its environment (MARK=value). After
 a fault, nothing may be left: no live process with that marker (vLLM renames its engine core
