@@ -132,3 +132,13 @@ def test_launches_that_disagree_on_the_path_leave_it_unknown():
     assert ngram_v2.engine_path(["V1-gpu"]) is None  # not modeled
     assert ngram_v2.engine_path([None, "V2", "V2"]) == "V2"
     assert ngram_v2.engine_path([]) is None
+
+
+def test_the_report_says_the_path_through_predicted_csv(tmp_path):
+    from tuner.outputs.predictions import load_predictions, prediction_tables, write_predictions
+
+    for engine, recorded, words in (("V2", "V2", "Triton scan"),
+                                    ("V1", None, "may not be the engine's")):
+        write_predictions(_predict(engine, recorded).rows, tmp_path / engine)
+        intro, _ = prediction_tables(load_predictions(tmp_path / engine))
+        assert any(words in line for line in intro), intro

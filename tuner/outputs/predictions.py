@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.outputs import files
 from tuner.outputs.console import SAMPLED_NOTE, ranked_predictions
-from tuner.outputs.text import LAUNCH_SPREAD_NOTE, launch_spread, times, versus, with_pm
+from tuner.outputs.text import (
+    LAUNCH_SPREAD_NOTE,
+    launch_spread,
+    ngram_path_note,
+    times,
+    versus,
+    with_pm,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,35 +124,6 @@ def prediction_tables(pred: pd.DataFrame | None
                       r["err_acceptance_length_pct"], "{:.2f}")]
              for r in sorted(measured, key=lambda r: r["concurrency"])]))
     return intro, tables
-
-
-# What a prediction row's ngram_path (tuner.replay.predict) means, in words.
-NGRAM_PATH_NOTES = {
-    "unknown": ("No n-gram launch of this study recorded which n-gram proposer its engine ran "
-                "(its model runner was not in the log), so the n-gram rows replay vLLM's V1 "
-                "proposer (vllm/v1/spec_decode/ngram_proposer.py) and may not be the engine's: "
-                "on the V2 model runner (vLLM's GPU default from 0.3x) n-gram is a Triton scan "
-                "that drafts all K tokens every step, padding with the last token, so drafted "
-                "tokens per step, and the cost side of every n-gram prediction, differ."),
-    "V1": ("The n-gram rows replay vLLM's V1 n-gram proposer "
-           "(vllm/v1/spec_decode/ngram_proposer.py), the one this study's n-gram launches ran "
-           "(the V1 model runner): it drafts only the tokens it matched."),
-    "V2": ("The n-gram rows replay the V2 model runner's n-gram proposer, the one this study's "
-           "n-gram launches ran: a Triton scan (vllm/v1/worker/gpu/spec_decode/ngram/) that "
-           "drafts all K tokens every step, after the latest occurrence of the longest matching "
-           "n-gram, padded with the last token (tuner/replay/ngram_v2.py)."),
-}
-
-
-def ngram_path_note(rows: list[dict[str, Any]]) -> str | None:
-    """The sentence on which n-gram proposer the n-gram rows replay (their ngram_path); None
-    where no row says (no n-gram row, or a predicted.csv from before the path was kept)."""
-    paths = {r.get("ngram_path") for r in rows if r.get("method") == "ngram"}
-    paths = {p for p in paths if isinstance(p, str) and p in NGRAM_PATH_NOTES}
-    if not paths:
-        return None
-    return NGRAM_PATH_NOTES["unknown" if "unknown" in paths or len(paths) > 1
-                            else next(iter(paths))]
 
 
 def _isna(value: Any) -> bool:
