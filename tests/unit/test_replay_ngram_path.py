@@ -142,3 +142,10 @@ def test_the_report_says_the_path_through_predicted_csv(tmp_path):
         write_predictions(_predict(engine, recorded).rows, tmp_path / engine)
         intro, _ = prediction_tables(load_predictions(tmp_path / engine))
         assert any(words in line for line in intro), intro
+
+
+def test_tuner_predicts_table_says_the_path_too():
+    from tuner.outputs.console import predict_table
+
+    assert "may not be the engine's" in predict_table(_predict("V1", None).rows)
+    assert "Triton scan" in predict_table(_predict("V2", "V2").rows)

@@ -18,6 +18,7 @@ from tuner.outputs import verdicts
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
+    ngram_path_note,
     num,
     signed_pct,
     times,
@@ -289,6 +290,8 @@ def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
         blocks.append(SAMPLED_NOTE)
     if any_measured:
         blocks.append(LAUNCH_SPREAD_NOTE)
+    if (note := ngram_path_note(rows)) is not None:
+        blocks.append(note)
     return "\n\n".join(blocks)
 
 
