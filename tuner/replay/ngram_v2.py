@@ -14,7 +14,7 @@ The rule, with the kernel's lines (speculator.py of vLLM 0.32.0):
 - the context is the request's whole row, prompt and output alike, up to `seq_len`, which
   already holds the tokens sampled this step: the runner's post_update (v1/worker/gpu/
   input_batch.py, _post_update_kernel) writes them and sets last_sampled before propose runs
-  (v1/worker/gpu/model_runner.py, postprocess_sampled before speculator.propose);
+  (v1/worker/gpu/model_runner.py:2217, postprocess_sampled, before :2239, propose);
 - a row is eligible when it sampled a token this step and `seq_len >= MIN_N` (:42);
 - for every n in [MIN_N, MAX_N] and every start `pos` in [0, seq_len - n - 1] (:70-71: the
   match ends at least one token before the row's end, so the suffix never matches itself and
@@ -29,9 +29,9 @@ The rule, with the kernel's lines (speculator.py of vLLM 0.32.0):
   and none without a match: ngram_proposer.py:285-295);
 - K is the config's num_speculative_tokens (propose ignores its num_speculative_tokens
   argument: :179, :273); the model runner masks the drafts beyond the step's K
-  (model_runner.py: `draft_tokens[:, num_spec_tokens:] = -1`) and the scheduler schedules
-  that many (v1/worker/gpu/spec_decode/utils.py, DraftTokensHandler: every request returns
-  num_draft_tokens placeholders), so a step drafts exactly its K;
+  (model_runner.py:2256, `draft_tokens[:, num_spec_tokens:] = -1`) and the scheduler
+  schedules that many (v1/worker/gpu/spec_decode/utils.py:87-88, DraftTokensHandler: every
+  request returns num_draft_tokens placeholders), so a step drafts exactly its K;
 - `gather_idx` is clamped to L - 1 (:138), which never binds on a valid slot
   (start + i < seq_len <= L); the scheduler's own max_model_len trim applies as on V1
   (tuner.replay.acceptance, MAX_MODEL_LEN).
