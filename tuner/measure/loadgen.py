@@ -1,7 +1,11 @@
-"""Load generator stage: a closed loop of streaming requests at a fixed concurrency.
+"""Load generator stage: a closed loop of streaming requests at a fixed concurrency, or
+open-loop arrivals at a request rate capped at that concurrency.
 
 Promises: exactly `concurrency` requests in flight until the work runs out (a new one starts
-when one ends, as `vllm bench serve --max-concurrency` does); every request becomes a
+when one ends, as `vllm bench serve --max-concurrency` does); with a `request_rate`, request i
+is sent at its seeded Poisson arrival time (poisson_arrivals: `vllm bench serve
+--request-rate`'s times) or, where `concurrency` are in flight then, as soon as one ends
+(vLLM's --max-concurrency semaphore); every request becomes a
 RequestRecord with TTFT, end-to-end time, chunk gaps and the server's own token count (usage
 of the final stream chunk), or with the error that ended it; and with the prompt and output
 token ids where the engine returns them (`return_token_ids`) and their count matches that
@@ -51,7 +55,10 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 class RequestSettings:
     """What every request of a level sends, and how long it may take: the served model name
     and API key, the sampling (`temperature`, `top_p`, `top_k`, `min_p`, `ignore_eos`), and
-    the time limits of one request and of the whole level."""
+    the time limits of one request and of the whole level; and when they are sent:
+    `request_rate` (requests/s) makes the level open loop, request i sent at
+    poisson_arrivals(n, request_rate, arrival_seed)[i], never more than the level's
+    concurrency in flight (None: the closed loop)."""
 
     model: str
     api_key: str
@@ -62,6 +69,8 @@ class RequestSettings:
     ignore_eos: bool = False
     request_timeout_s: float = 300.0
     level_timeout_s: float = 3600.0
+    request_rate: float | None = None
+    arrival_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,25 @@ class _Level:
     warmup: bool
     origin_s: float | None
     deadline: float | None
+    # Open loop: request i's arrival, in seconds after t0 (poisson_arrivals); None: closed loop.
+    arrivals: tuple[float, ...] | None = None
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> tuple[float, ...]:
+    """When each of `n` requests arrives, in seconds from the start, at `rate` requests/s: as
+    `vllm bench serve --request-rate` (burstiness 1, no ramp-up) draws them after
+    np.random.seed(seed): exponential gaps (gamma, shape 1), summed, then scaled so the last
+    arrives at n / rate (vLLM's normalisation); the first comes after one gap too."""
+    import numpy as np
+
+    if n <= 0:
+        return ()
+    if not rate > 0 or math.isinf(rate):
+        raise ValueError(f"a request rate must be positive and finite, not {rate}")
+    gaps = np.random.RandomState(seed).gamma(shape=1.0, scale=1.0 / rate, size=n)
+    times = np.cumsum(gaps)
+    times *= (n / rate) / times[-1]
+    return tuple(float(t) for t in times)
 
 
 def run_requests(
@@ -89,6 +117,9 @@ def run_requests(
     processes: int | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send `prompts` with `concurrency` in flight; return records and the wall time (s).
+    With `settings.request_rate` the level is open loop: prompt i is sent at its arrival
+    (poisson_arrivals), never with more than `concurrency` in flight; the wall time runs
+    from t0 to the last end either way, as vLLM's benchmark duration.
 
     Records' start_s count from the moment the connections are ready, or from `origin_s`
     (a time.perf_counter() value) where given, which puts them on the caller's clock.
@@ -98,8 +129,11 @@ def run_requests(
     # drops a cancellation that meets a result just ready, and with thousands of slots such lost
     # cancellations kept a level running for many times --level-timeout.
     timeout_s = settings.level_timeout_s
+    arrivals = (None if settings.request_rate is None else
+                poisson_arrivals(len(prompts), settings.request_rate, settings.arrival_seed))
     level = _Level(url=url, settings=settings, concurrency=concurrency, warmup=warmup,
-                   origin_s=origin_s, deadline=time.perf_counter() + timeout_s)
+                   origin_s=origin_s, deadline=time.perf_counter() + timeout_s,
+                   arrivals=arrivals)
     slots = max(1, min(concurrency, len(prompts)))
     processes = min(slots, processes or client_processes(slots))
     try:
@@ -702,7 +736,8 @@ async def _closed_loop(level: _Level, prompts: Sequence[Prompt], *,
                        ) -> tuple[list[RequestRecord], float]:
     """The closed loop in this process: `slots` places (all of the level's by default), each
     taking the next prompt from `claim` (index order by default), once `start` (now by
-    default) says the level's clock runs and returns its t0."""
+    default) says the level's clock runs and returns its t0. Open loop (`level.arrivals`),
+    a place that claims prompt i waits for its arrival before sending it."""
     target = _Target(level.url, level.settings.api_key)
     if claim is None:
         pending = iter(enumerate(prompts))
@@ -724,6 +759,10 @@ async def _closed_loop(level: _Level, prompts: Sequence[Prompt], *,
             while deadline is None or time.perf_counter() < deadline:
                 if (item := claim()) is None:
                     return
+                if level.arrivals is not None:  # open loop: not before its arrival
+                    wait_s = t0 + level.arrivals[item[0]] - time.perf_counter()
+                    if wait_s > 0:
+                        await asyncio.sleep(_left(wait_s, deadline))
                 rec = await _one_request(level, target, slot, *item, origin=origin)
                 records.append(rec)
                 if on_done:

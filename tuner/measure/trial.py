@@ -9,12 +9,14 @@ not at all, and the outcome carries its bytes back.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
 from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
@@ -35,6 +37,16 @@ from tuner.records.results import BenchResult, Failure, LevelMetrics, RequestRec
 MAX_FAILED_FRACTION = 0.2
 
 
+class OpenLoopSettings(MeasureSettings):
+    """MeasureSettings whose levels in `request_rates` ({concurrency: requests/s}) are driven
+    open loop: their measured requests arrive Poisson at that rate (loadgen.poisson_arrivals,
+    seed 0, as `vllm bench serve --request-rate`), at most the level's concurrency in flight;
+    warm-ups and other levels stay the closed loop. The policy's open-loop check
+    (tuner.search.ladder) measures with it; each level records its rate (LevelMetrics)."""
+
+    request_rates: dict[int, float] = Field(default_factory=dict)
+
+
 def measure(
     engine_spec: EngineSpec, config: TrialConfig, workload: Workload, settings: MeasureSettings,
     *, trial_dir: Path, schedule: RequestSchedule | None = None,
@@ -42,7 +54,9 @@ def measure(
 ) -> BenchResult:
     """Launch one engine for `config` and send it `schedule` (tuner.measure.request_schedule;
     None: built from `workload` and `settings`, as every launch with them builds it), level
-    by level, each level's warm-ups and then its measured requests."""
+    by level, each level's warm-ups and then its measured requests. `request_rates`
+    ({concurrency: requests/s}): those levels' measured requests arrive open loop at that
+    rate (loadgen.poisson_arrivals, seed 0), capped at the level's concurrency."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     if schedule is None:
@@ -66,8 +80,8 @@ def measure(
             level = _measure_level(eng, workload, settings, schedule.level(c), records_path,
                                    show_bar, sent, seen)
             note = level.windows_text()
-            say(f"c={c}: {level.output_throughput:.1f} tok/s, mean TPOT "
-                f"{level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok"
+            say(f"c={c}{_rate_text(level.request_rate)}: {level.output_throughput:.1f} tok/s, "
+                f"mean TPOT {level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok"
                 + (f" ({note})" if note else ""))
             levels.append(level)
         info = eng.info
@@ -77,6 +91,10 @@ def measure(
     else:
         capture.save(tokens_path)
     return BenchResult(config=config, engine=info, levels=tuple(levels))
+
+
+def _rate_text(rate: float | None) -> str:
+    return "" if rate is None else f" at {rate:.2f} req/s"
 
 
 # What one phase (a level's warm-up or its measured requests) sent: records and their prompts.
@@ -119,7 +137,8 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
                    planned: LevelRequests, records_path: Path, show_bar: bool,
                    sent: list[_Sent], seen: set[int]) -> LevelMetrics:
     """One level as the schedule has it: its short warm-ups (excluded from the figures), then
-    its measured requests as one closed-loop block, /metrics read before and after."""
+    its measured requests as one closed-loop block (open loop at the level's rate where
+    `settings` is an OpenLoopSettings that gives one), /metrics read before and after."""
     spec, c = workload.spec, planned.concurrency
     sent_before = reused = 0  # requests whose prompt this engine was sent already
     for pos, i in enumerate(planned.warmups + planned.measured):
@@ -140,7 +159,10 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
     bar = _bar(len(prompts), f"c={c}") if show_bar else None
     t0 = time.perf_counter()
     before = _scrape(eng)
-    records, wall_s = _run(eng, prompts, c, warmup=False, client=client, bar=bar)
+    request_rate = settings.request_rates.get(c) if isinstance(settings, OpenLoopSettings) \
+        else None
+    records, wall_s = _run(eng, prompts, c, warmup=False, bar=bar,
+                           client=dataclasses.replace(client, request_rate=request_rate))
     counts = metrics.delta(before, _scrape(eng))
     if bar is not None:
         bar.close()
@@ -154,7 +176,8 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
                                   metric_percentiles=settings.metric_percentiles)
     level = level.model_copy(update={
         "reused_prompts": reused, "prompts_digest": prompts_digest(prompts),
-        "measure_s": time.perf_counter() - t0, **windows.fields(records, settings)})
+        "measure_s": time.perf_counter() - t0, "request_rate": request_rate,
+        **windows.fields(records, settings)})
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
             f"c={c}: {level.failed} of {level.num_requests} requests failed "

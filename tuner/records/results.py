@@ -132,6 +132,11 @@ class LevelMetrics(Frozen):
     stability_pct: float | None = None
     converged: bool | None = None
     measure_s: float | None = None
+    # `vllm bench serve --request-rate`: the level's requests arrived open loop, Poisson at
+    # this many per second (tuner.measure.loadgen.poisson_arrivals), at most `concurrency` in
+    # flight. None: the closed loop (c always in flight); left out of the dump then, so a
+    # closed-loop level is stored as before.
+    request_rate: float | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="before")
     @classmethod
