@@ -435,6 +435,141 @@ def verification(runs: list[dict[str, Any]], policy_cfg: TrialConfig, static: Tr
             "verdict": verdict}
 
 
+# --- the open-loop check: schedules under arrivals that swing the batch across an edge -------
+def band_edges(schedule: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+    """Where K changes: per pair of neighbouring bands, the last batch size of the lower one
+    (`edge`; K flips between edge and edge + 1) and the two Ks."""
+    return [{"edge": int(lo[1]), "k_below": int(lo[2]), "k_above": int(hi[2])}
+            for lo, hi in zip(schedule, schedule[1:], strict=False) if lo[2] != hi[2]]
+
+
+def open_loop_plan(schedule: Sequence[Sequence[int]], closed: dict[int, Sequence[float]]
+                   ) -> list[dict[str, Any]]:
+    """Per band edge, the open-loop level that swings the batch across it: Poisson arrivals
+    at the closed-loop request throughput at the edge (`closed`: {ladder level: requests/s
+    per run}, medians log2-interpolated at edge + 0.5, clamped to the ladder), capped at the
+    first ladder level above the edge (so the batch can cross it; vLLM counts prefills in
+    the batch the schedule is keyed on). Edges without a ladder level above are left out; two
+    edges never share a cap (every band holds a measured level)."""
+    levels = sorted(c for c, xs in closed.items() if xs)
+    if not levels:
+        return []
+    med = {c: statistics.median(closed[c]) for c in levels}
+    out = []
+    for edge in band_edges(schedule):
+        cap = next((c for c in levels if c > edge["edge"]), None)
+        if cap is None:
+            continue
+        at = min(max(edge["edge"] + 0.5, levels[0]), levels[-1])
+        lo = max(c for c in levels if c <= at)
+        hi = min(c for c in levels if c >= at)
+        f = 0.0 if hi == lo else (math.log2(at) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        rate = med[lo] + f * (med[hi] - med[lo])
+        if rate > 0:
+            out.append({**edge, "concurrency": cap, "rate": round(rate, 4),
+                        "rate_from": [lo, hi]})
+    return out
+
+
+def open_loop_runs(plan: Sequence[dict[str, Any]], policy_cfg: TrialConfig,
+                   chosen: TrialConfig) -> tuple[list[tuple[str, TrialConfig]], dict[int, str]]:
+    """What the open-loop phase launches: the schedule, then every K of the bands at the
+    planned edges as a static config (the chosen config at that K; K 0 the baseline), and
+    {K: config key} for open_loop_check."""
+    statics: dict[int, TrialConfig] = {}
+    for edge in plan:
+        for k in (edge["k_below"], edge["k_above"]):
+            statics[k] = (TrialConfig() if k == 0 else chosen if k == chosen.k
+                          else chosen.with_k(k))
+    runs = [("policy", policy_cfg)] + [("baseline" if k == 0 else "static", cfg)
+                                       for k, cfg in sorted(statics.items(), reverse=True)]
+    return runs, {k: cfg.key() for k, cfg in statics.items()}
+
+
+def open_loop_check(plan: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], *,
+                    policy_key: str, static_keys: dict[int, str]) -> list[dict[str, Any]]:
+    """Per planned edge, the open-loop output throughput (median over repeats, relative MAD)
+    of the schedule and of each static K of the two bands (`static_keys`: {K: config key},
+    K 0 the baseline), the best static K, schedule over best, and whether the schedule dips
+    below it beyond the spread (`dips`: the ratio under 1 by more than the larger relative
+    spread of the two; a smaller difference is no finding). An edge not measured for the
+    schedule or either K has no verdict (`dips` None)."""
+    pol = throughput_series(runs, policy_key)
+    out = []
+    for edge in plan:
+        c = edge["concurrency"]
+        row: dict[str, Any] = {**edge, "policy": None, "static": {}, "best_k": None,
+                               "ratio": None, "noise": None, "dips": None}
+        if pol.get(c):
+            row["policy"] = _figure(pol[c])
+        for k in sorted({edge["k_below"], edge["k_above"]}, reverse=True):
+            xs = throughput_series(runs, static_keys[k]).get(c) if k in static_keys else None
+            if xs:
+                row["static"][str(k)] = _figure(xs)
+        if row["policy"] is not None and len(row["static"]) == 2:
+            best = max(row["static"], key=lambda k: row["static"][k]["throughput"])
+            b, p = row["static"][best], row["policy"]
+            ratio = _measured(pol[c]).over(Measured(value=b["throughput"],
+                                                    relative_spread=b["noise"]))
+            row.update(best_k=int(best), ratio=round(ratio.value, 4),
+                       noise=round(ratio.relative_spread, 4),
+                       dips=ratio.value < 1.0 - ratio.relative_spread)
+            row["policy_minus_best"] = round(p["throughput"] - b["throughput"], 3)
+        out.append(row)
+    return out
+
+
+def _figure(xs: Sequence[float]) -> dict[str, Any]:
+    m = _measured(xs)
+    return {"throughput": round(m.value, 3), "noise": round(m.relative_spread, 4),
+            "spread": round(m.spread, 3), "n": len(xs)}
+
+
+def merged_at_dips(schedule: Sequence[Sequence[int]], edges: Sequence[dict[str, Any]]
+                   ) -> list[tuple[int, int, int]]:
+    """The schedule with the two bands at every edge that dipped merged into one band of the
+    K that measured better there (hysteresis by construction: no K flip is left where one
+    cost throughput). Left to right, so K still never rises with load: each merged K lies
+    between its neighbours'."""
+    out = [list(b) for b in schedule]
+    for edge in edges:
+        if not edge.get("dips"):
+            continue
+        i = next((i for i, b in enumerate(out[:-1]) if b[1] == edge["edge"]), None)
+        if i is None:  # the edge was merged away already
+            continue
+        out[i:i + 2] = [[out[i][0], out[i + 1][1], int(edge["best_k"])]]
+    merged: list[list[int]] = []
+    for b in out:
+        if merged and merged[-1][2] == b[2]:
+            merged[-1][1] = b[1]
+        else:
+            merged.append(b)
+    return [tuple(b) for b in merged]
+
+
+def with_open_loop(doc: dict[str, Any], edges: list[dict[str, Any]], base_spec: dict[str, Any],
+                   *, varying_k: tuple[bool, str] | None = None) -> dict[str, Any]:
+    """The document with its open-loop check (`open_loop`: edges, dipped, the schedule as
+    verified and as revised) and, where an edge dipped, the revised schedule in its place:
+    `schedule`, `bands` and `speculative_config` (policy_config's, so one K left everywhere
+    is a static config, and K 0 everywhere no speculation). The closed-loop verification
+    stays, about the schedule it measured (`schedule_verified`)."""
+    before = [tuple(b) for b in doc["schedule"]]
+    after = merged_at_dips(before, edges)
+    revised = after != before
+    block = {"edges": edges, "dipped_at": [e["edge"] for e in edges if e.get("dips")],
+             "unmeasured_at": [e["edge"] for e in edges if e.get("dips") is None],
+             "revised": revised, "schedule_verified": [list(b) for b in before],
+             "schedule_revised": [list(b) for b in after] if revised else None}
+    out = {**doc, "open_loop": block}
+    if revised:
+        spec = policy_config(base_spec, after, varying_k=varying_k)
+        out.update(schedule=[list(b) for b in after], bands=[list(b) for b in after],
+                   speculative_config=spec)
+    return out
+
+
 def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 

@@ -187,11 +187,46 @@ def format_policy(policy: dict[str, Any]) -> str:
         lines.append(f"  note:   {policy['serve_note']}")
     for band in policy.get("fallback_bands") or []:
         lines.append(f"  router band: {band}")
+    lines += ["  " + line for line in open_loop_lines(policy)]
     head, rows = policy_rows(policy)
     lines.append("  speedup over baseline (median, noise):")
     lines.append("    " + " | ".join(head))
     lines += ["    " + " | ".join(r) for r in rows]
     return "\n".join(lines)
+
+
+def open_loop_lines(policy: dict[str, Any]) -> list[str]:
+    """The open-loop check in words (tuner.analysis.policy.with_open_loop's figures): per band
+    edge, the schedule's throughput against the best static K under Poisson arrivals there,
+    and what changed where it dipped beyond the spread; [] where no check ran."""
+    block = policy.get("open_loop")
+    if not block:
+        return []
+    lines = ["open-loop check (Poisson arrivals; vLLM keys the schedule on scheduled requests, "
+             "prefills included):"]
+    for e in block.get("edges", []):
+        head = (f"  edge {e['edge']}/{e['edge'] + 1} (K {e['k_below']} to {e['k_above']}), "
+                f"{e['rate']:.2f} req/s, at most {e['concurrency']} in flight: ")
+        pol, best = e.get("policy"), (e.get("static") or {}).get(str(e.get("best_k")))
+        if e.get("dips") is None or pol is None or best is None:
+            lines.append(head + "not measured (a run failed)")
+            continue
+        figures = (f"schedule {_tok(pol)} vs best static K={e['best_k']} {_tok(best)} "
+                   f"({e['ratio']:.2f}x, spread ±{100 * e['noise']:.0f}%)")
+        lines.append(head + figures + (": dips beyond the spread" if e["dips"]
+                                       else ": no dip beyond the spread"))
+    if block.get("revised"):
+        lines.append(f"  bands merged at the dipping edge(s) {block['dipped_at']} into the K "
+                     f"that measured better there: schedule {json.dumps(block['schedule_revised'])}"
+                     f" (was {json.dumps(block['schedule_verified'])}, verified on the ladder "
+                     f"above)")
+    elif not block.get("unmeasured_at"):
+        lines.append("  the schedule holds at every edge")
+    return lines
+
+
+def _tok(figure: dict[str, Any]) -> str:
+    return f"{figure['throughput']:.1f} ±{figure['spread']:.1f} tok/s"
 
 
 def policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.outputs import decisions, files, split_table, verdicts
-from tuner.outputs.console import HEADLINES, break_even_text, policy_rows
+from tuner.outputs.console import HEADLINES, break_even_text, open_loop_lines, policy_rows
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
 from tuner.records.configs import RequestSchedule
@@ -557,6 +557,8 @@ def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
     if policy.get("fallback_bands"):
         out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy["fallback_bands"]]
         out.append("")
+    if lines := open_loop_lines(policy):
+        out += [e(lines[0]), ""] + [f"- {e(line.strip())}" for line in lines[1:]] + [""]
     head, rows = policy_rows(policy)
     out += ["| " + " | ".join(e(h) for h in head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(e(c) for c in r) + " |" for r in rows]
@@ -583,6 +585,9 @@ def policy_html(policy: dict[str, Any] | None) -> str:
     if policy.get("fallback_bands"):
         parts.append("<p>Band table for a router:</p><ul>" + "".join(
             f"<li>{e(b)}</li>" for b in policy["fallback_bands"]) + "</ul>")
+    if lines := open_loop_lines(policy):
+        parts.append(f"<p>{e(lines[0])}</p><ul>" + "".join(
+            f"<li>{e(line.strip())}</li>" for line in lines[1:]) + "</ul>")
     head, rows = policy_rows(policy)
     parts.append("<table class='trials'><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
                  + "</tr>" + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>"

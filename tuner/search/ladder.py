@@ -11,6 +11,7 @@ a run's token capture stays in its folder, named in its attrs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,25 @@ def measure(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]], phas
     return stored_runs(campaign.study, phase)
 
 
+OPEN_LOOP = "open_loop"
+
+
+def measure_open_loop(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]],
+                      rates: dict[int, float], measure_run: MeasureRun | None = None
+                      ) -> list[dict[str, Any]]:
+    """measure() in the phase "open_loop": each run's engine measured at the levels of
+    `rates` only ({concurrency cap: requests/s}), their measured requests (the same the
+    ladder sends at those levels) arriving Poisson at that rate, at most the level's
+    concurrency in flight. Interleaved, repeated and resumed like every phase."""
+    from tuner.measure.trial import OpenLoopSettings
+
+    settings = OpenLoopSettings(**{**campaign.settings.model_dump(),
+                                   "concurrencies": tuple(sorted(rates))},
+                                request_rates=dict(rates))
+    open_loop = dataclasses.replace(campaign, settings=settings)
+    return measure(open_loop, runs=runs, phase=OPEN_LOOP, measure_run=measure_run)
+
+
 def schedule(runs: Sequence[tuple[str, TrialConfig]], repeats: int) -> list[Run]:
     """Every launch in order: each repeat measures every config once before the next repeat
     starts (baseline, A, B, baseline, A, B)."""
@@ -142,6 +162,8 @@ def _measure(comp: Any, campaign: Campaign, run: Run, *, phase: str, total: int,
     trial = comp.ask()
     for key, value in _run_attrs(run, phase, campaign.settings).items():
         trial.set_user_attr(key, value)
+    if rates := getattr(campaign.settings, "request_rates", None):
+        trial.set_user_attr("request_rates", {str(c): r for c, r in sorted(rates.items())})
     run_dir = campaign.out_dir / "policy" / f"run{trial.number}"
     outcome = measure_run(run.config, run_dir)
     head = f"  [{phase} {run.n}/{total}] {run.config.label()}: "
@@ -156,8 +178,10 @@ def _measure(comp: Any, campaign: Campaign, run: Run, *, phase: str, total: int,
         st.store_tokens(campaign.out_dir, trial, outcome.tokens, trial_dir=run_dir)
     trial.set_user_attr(TrialAttr.RESULT, st.result_attr(result))
     comp.tell(trial, result.levels[0].output_throughput)
-    campaign.say(head + " | ".join(f"c={lv.concurrency} {lv.output_throughput:.1f} tok/s"
-                                   for lv in result.levels))
+    campaign.say(head + " | ".join(
+        f"c={lv.concurrency}" + ("" if lv.request_rate is None else f" at {lv.request_rate:.2f}"
+                                 " req/s") + f" {lv.output_throughput:.1f} tok/s"
+        for lv in result.levels))
 
 
 def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
