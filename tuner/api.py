@@ -32,6 +32,7 @@ from tuner.records.options import (
     BenchOptions,
     EngineOptions,
     OptimizeOptions,
+    OptimizePlan,
     PolicyOptions,
     TrafficOptions,
 )
@@ -76,12 +77,10 @@ def live_engines() -> list[int]:
 
 
 # --- the engine: the user's model, or the embedded default on this machine ------------------
-def resolve_engine(engine: EngineOptions | EngineSpec) -> EngineSpec:
+def resolve_engine(engine: EngineOptions) -> EngineSpec:
     """The engine to launch (or, with `base_url`, the server already running) on this
     machine: the user's model, or the embedded default with the CPU engine's flags where
-    there is no GPU. An EngineSpec is resolved already and comes back as it is."""
-    if isinstance(engine, EngineSpec):
-        return engine
+    there is no GPU."""
     from tuner.measure import machine
     from tuner.measure import model as embedded
 
@@ -119,15 +118,17 @@ def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: Measure
 
 
 # --- bench: one config, one launch ----------------------------------------------------------
-def bench(options: BenchOptions, *, say: Say = print, show_bar: bool = False) -> BenchResult:
+def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say = print,
+          show_bar: bool = False) -> BenchResult:
     """Measure one speculative config at every requested concurrency in one engine launch.
     With `base_url` the server already runs: measured as it is, with its own config.
-    `show_bar`: a bar over each level's requests, for a TTY."""
+    `engine`: one resolved already (a scripted engine, a launcher of one's own) in place of
+    `options.engine`. `show_bar`: a bar over each level's requests, for a TTY."""
     from tuner.measure import trial
     from tuner.outputs import files
 
-    engine = resolve_engine(options.engine)
-    options = checks.bench_options(options, engine)
+    engine = engine or resolve_engine(options.engine)
+    checks.bench_options(options, engine)
     workload, settings, out_dir = options.workload, options.settings, options.out_dir
     wl, schedule = _load_workload(workload, engine, settings, say)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,16 +182,17 @@ def _per_level(counts: list[int], noun: str) -> str:
 
 
 # --- optimize: the search -------------------------------------------------------------------
-def resolve_optimize(options: OptimizeOptions) -> OptimizeOptions:
-    """`options` with the engine resolved, every input checked and the defaults that follow
-    from the engine filled in (tuner.checks.optimize_options); a resolved record comes back
-    the same."""
-    return checks.optimize_options(options, resolve_engine(options.engine))
+def resolve_optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None
+                     ) -> OptimizePlan:
+    """The plan of `options`: the engine resolved (or `engine`, one resolved already), every
+    input checked and the defaults that follow from the engine filled in
+    (tuner.checks.optimize_options)."""
+    return checks.optimize_options(options, engine or resolve_engine(options.engine))
 
 
 @_one_driver
-def optimize(options: OptimizeOptions, *, say: Say = print, detail: Say | None = None,
-             show_bar: bool = False) -> Any:
+def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say: Say = print,
+             detail: Say | None = None, show_bar: bool = False) -> Any:
     """Search the space; every trial is one engine launch measured at all levels. Returns the
     study (its storage holds every trial).
 
@@ -203,33 +205,35 @@ def optimize(options: OptimizeOptions, *, say: Say = print, detail: Say | None =
     `say` prints what a user must know (the study, each finished trial, the decisions that
     change what is launched); `detail` (the CLI's -v) also the search's working, which the
     study folder keeps too (decisions.json, the report's "How it was decided"). `show_bar`: a
-    bar over the trials (launches under replay) with elapsed time and ETA, for a TTY."""
+    bar over the trials (launches under replay) with elapsed time and ETA, for a TTY.
+    `engine`: one resolved already (a scripted engine, a launcher of one's own) in place of
+    `options.engine`."""
     from tuner.outputs import console, decisions
     from tuner.search import executors, loop
 
-    options = resolve_optimize(options)
-    engine = resolve_engine(options.engine)  # resolved above: the same EngineSpec, typed
+    plan = resolve_optimize(options, engine=engine)
+    engine = plan.engine
     space, use_replay = _space(options, engine)
     wl, schedule = _load_workload(options.workload, engine, options.settings, say)
-    study, retry = _create_study(options, space, wl, schedule, use_replay=use_replay, say=say)
+    study, retry = _create_study(plan, space, wl, schedule, use_replay=use_replay, say=say)
     _warn_sampling(engine, options.workload, say)
     executor = executors.choose(engine, ray_address=options.ray_address,
                                 parallel=options.parallel, logical_gpus=options.logical_gpus)
-    _say_resumed(study, options, use_replay=use_replay, say=say)
+    _say_resumed(study, plan, use_replay=use_replay, say=say)
     bar = console.TrialProgress(say=say, show_bar=show_bar,
                                 desc="launches" if use_replay else "trials",
                                 unit="launch" if use_replay else "trial")
     output = loop.LoopOutput(  # lines print above the bar
         say=bar.say, line=console.trial_line, tick=bar.update, show_bar=show_bar,
         detail=functools.partial(bar.write, detail) if detail else None,
-        note=decisions.Decisions(options.out_dir).record)
+        note=decisions.Decisions(plan.out_dir).record)
     search = loop.SearchLoop(
-        options=options, study=study, space=space, workload=wl, schedule=schedule,
+        plan=plan, study=study, space=space, workload=wl, schedule=schedule,
         executor=executor,
         gpus=executors.gpus_per_trial(engine, asked=options.gpus_per_trial,
                                       logical_gpus=options.logical_gpus), output=output)
     try:
-        _run_search(search, options, retry, use_replay=use_replay)
+        _run_search(search, options, plan.out_dir, retry, use_replay=use_replay)
     finally:
         bar.close()
         executor.shutdown()
@@ -253,7 +257,7 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
 
 
-def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
+def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
                   schedule: RequestSchedule, *, use_replay: bool, say: Say
                   ) -> tuple[Any, list[dict]]:
     """The study, created (or resumed) once every input has passed, and announced; with the
@@ -262,23 +266,23 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
     from tuner.search import loop
     from tuner.search import study as st
 
-    o, engine = options, resolve_engine(options.engine)
+    o, engine = plan.options, plan.engine
     settings = StudySettings(
         workload=o.workload, workload_digest=wl.digest, engine_spec=engine, settings=o.settings,
         space=space.name, objectives=tuple(o.objectives),
-        target_concurrency=o.target_concurrency, constraints=dict(o.constraints),
+        target_concurrency=plan.target_concurrency, constraints=dict(o.constraints),
         acceptance_profile=o.acceptance_rates, metadata=dict(o.metadata),
         confidence=o.confidence, margin=o.margin, schedule=schedule,
         fingerprint=machine.fingerprint(engine, o.workload, wl.digest))
     constrained = any(v is not None for v in o.constraints.values())
     sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
     # Every input is checked by now: only now is the study folder made and announced.
-    say(f"Study '{o.study_name}' in {o.out_dir}: space {space.name}, strategy "
+    say(f"Study '{plan.study_name}' in {plan.out_dir}: space {space.name}, strategy "
         f"{'replay' if use_replay else 'optuna/' + o.sampler}, {o.n_trials} trials, concurrency "
         f"{','.join(map(str, o.settings.concurrencies))} (objectives at "
-        f"c={o.target_concurrency}: {', '.join(o.objectives)}); every launch sends the same "
+        f"c={plan.target_concurrency}: {', '.join(o.objectives)}); every launch sends the same "
         f"{_levels_text(schedule)}")
-    study = st.create(out_dir=o.out_dir, name=o.study_name, objectives=list(o.objectives),
+    study = st.create(out_dir=plan.out_dir, name=plan.study_name, objectives=list(o.objectives),
                       sampler=sampler, storage_url=o.storage_url, settings=settings)
     retry = st.recover_orphans(study)
     if retry:
@@ -288,23 +292,22 @@ def _create_study(options: OptimizeOptions, space: Any, wl: Workload,
     return study, retry
 
 
-def _say_resumed(study: Any, options: OptimizeOptions, *, use_replay: bool, say: Say) -> None:
+def _say_resumed(study: Any, plan: OptimizePlan, *, use_replay: bool, say: Say) -> None:
     from tuner.search import study as st
 
     # What --n-trials counts: engine launches under replay (repeats included), trials else.
     done = st.counted_trials(study, repeats=use_replay)
     if done:
-        say(f"Resuming study '{options.study_name}': {done} of {options.n_trials} "
+        say(f"Resuming study '{plan.study_name}': {done} of {plan.options.n_trials} "
             f"{'engine launches' if use_replay else 'trials'} already done.")
 
 
-def _run_search(search: Any, options: OptimizeOptions, retry: list[dict], *,
+def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: list[dict], *,
                 use_replay: bool) -> None:
     """The replay strategy where it runs (the Optuna search where it cannot go on), else the
     Optuna search; then the leaders' repeats."""
     from tuner.search import loop, replay_strategy
 
-    out_dir = options.out_dir
     if use_replay:
         search.say(f"Strategy replay: --n-trials {options.n_trials} engine launches at most.")
         replay = replay_strategy.ReplaySearch(
@@ -312,7 +315,8 @@ def _run_search(search: Any, options: OptimizeOptions, retry: list[dict], *,
             confidence=options.confidence, margin=options.margin,
             limits=engine_cmdline.engine_limits(search.engine),
             on_prediction=lambda pred: _write_predictions(pred, out_dir))
-        if replay.run(n_trials=options.n_trials, timeout_s=options.timeout_s):
+        end = replay.run(n_trials=options.n_trials, timeout_s=options.timeout_s)
+        if end != replay_strategy.RunEnd.NO_TOKENS:
             return
         loop.enqueue_start(search.study, search.space, options.sampler, retry)
     search.run(n_trials=options.n_trials, timeout_s=options.timeout_s)
@@ -326,15 +330,16 @@ def _write_predictions(pred: Any, out_dir: Path) -> None:
     predictions.write_predictions(pred.rows, out_dir)
 
 
-def optimize_and_report(options: OptimizeOptions, *, say: Say = print,
-                        detail: Say | None = None, show_bar: bool = False) -> StudyOutcome:
+def optimize_and_report(options: OptimizeOptions, *, engine: EngineSpec | None = None,
+                        say: Say = print, detail: Say | None = None, show_bar: bool = False
+                        ) -> StudyOutcome:
     """`tuner optimize`: the search, then (asked for, and when the study has a baseline to
     compare with) the load-aware policy, then the outputs; partial results render too."""
     from tuner.search import study as st
 
-    options = resolve_optimize(options)  # the study's name and folder, for what follows
-    study = optimize(options, say=say, detail=detail, show_bar=show_bar)
-    out_dir = options.out_dir
+    plan = resolve_optimize(options, engine=engine)  # the study's folder, for what follows
+    study = optimize(options, engine=plan.engine, say=say, detail=detail, show_bar=show_bar)
+    out_dir = plan.out_dir
     failed = st.failure_summary(study, out_dir)
     doc = None
     if options.policy is not None and failed is None:

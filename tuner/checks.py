@@ -22,7 +22,7 @@ import os
 import resource
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,10 @@ from tuner.records.configs import (
     WorkloadSpec,
 )
 from tuner.records.options import (
-    AlignedBaselineFlags,
     BenchOptions,
     EngineOptions,
     OptimizeOptions,
+    OptimizePlan,
     PolicyOptions,
 )
 from tuner.speculative import varying_k, vllm_schema, vllm_verdict
@@ -698,13 +698,8 @@ def aligned_baseline(engine_args: str | None, env_items: Sequence[str]) -> Align
     if engine_args is None and not env_items:
         return "auto"
     flags = engine_cmdline.split(engine_args, flag="--aligned-baseline")
-    eng_args: dict[str, Any] = {}
-    for i, f in enumerate(flags):
-        if not f.startswith("--"):
-            continue
-        name, eq, value = f[2:].partition("=")
-        nxt = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
-        eng_args[name.replace("-", "_")] = value if eq else (nxt if nxt is not None else True)
+    eng_args: dict[str, Any] = {f.name.replace("-", "_"): True if f.value is None else f.value
+                                for f in engine_cmdline.parse_flags(flags)}
     env = name_value_pairs(env_items, flag="--aligned-baseline-env",
                            example="VLLM_USE_V2_MODEL_RUNNER=0")
     if not eng_args and not env:
@@ -758,9 +753,9 @@ def measurement(workload: WorkloadSpec, settings: MeasureSettings, engine: Engin
     ensure_open_files(max(settings.concurrencies))
 
 
-def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
-    """`options` on the resolved `engine`, every input checked. The output folder is checked,
-    not kept: tuner.api makes it once the dataset has loaded too."""
+def bench_options(options: BenchOptions, engine: EngineSpec) -> None:
+    """Every input of `options` checked on the resolved `engine`. The output folder is
+    checked, not kept: tuner.api makes it once the dataset has loaded too."""
     config = options.config
     if engine.base_url and config != TrialConfig():
         given = [f for f, v in (("--speculative-config (or --acceptance-profile)",
@@ -775,14 +770,13 @@ def bench_options(options: BenchOptions, engine: EngineSpec) -> BenchOptions:
     measurement(options.workload, options.settings, engine)
     check_sampling(options.workload, speculative=bool(config.speculative_config))
     output_dir(options.out_dir, keep=False)
-    return replace(options, engine=engine)
 
 
-def optimize_options(options: OptimizeOptions, engine: EngineSpec) -> OptimizeOptions:
-    """`options` on the resolved `engine`, every input checked and every default that follows
-    from the engine or the levels filled in: the study's name and folder, the target level,
-    the aligned baseline. The folder is checked, not kept: tuner.api makes it and announces
-    the study once the space, objectives, sampler and dataset have passed too."""
+def optimize_options(options: OptimizeOptions, engine: EngineSpec) -> OptimizePlan:
+    """The plan of `options` on the resolved `engine`: every input checked and every default
+    that follows from the engine or the levels filled in (the study's name and folder, the
+    target level, the aligned baseline). The folder is checked, not kept: tuner.api makes it
+    and announces the study once the space, objectives, sampler and dataset have passed."""
     if engine.base_url:
         raise ConfigError(f"--base-url {engine.base_url}: a study launches one engine per "
                           f"config, so it cannot use a server that is already running. Measure "
@@ -793,12 +787,12 @@ def optimize_options(options: OptimizeOptions, engine: EngineSpec) -> OptimizeOp
         ladder_fits(options.policy, engine)
     target = target_concurrency(options.target_concurrency, options.settings.concurrencies)
     name = study_name(options.study_name or f"{options.workload.name}-{Path(engine.model).name}")
-    aligned = options.aligned_baseline
-    if isinstance(aligned, AlignedBaselineFlags):
-        aligned = aligned_baseline(aligned.engine_args, aligned.env)
-    return replace(options, engine=engine, target_concurrency=target, study_name=name,
-                   aligned_baseline=aligned,
-                   out_dir=output_dir(options.out_dir or Path("outputs") / name, keep=False))
+    flags = options.aligned_baseline
+    return OptimizePlan(options=options, engine=engine, target_concurrency=target,
+                        study_name=name,
+                        aligned_baseline=aligned_baseline(flags.engine_args, flags.env),
+                        out_dir=output_dir(options.out_dir or Path("outputs") / name,
+                                           keep=False))
 
 
 # --- what to measure: workloads and speculative configs

@@ -16,6 +16,7 @@ import math
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import ConfigError
@@ -45,6 +46,53 @@ READ_FLAGS = {
     "max_model_len": ("--max-model-len",),
     "max_num_batched_tokens": ("--max-num-batched-tokens",),
 }
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine flag as vLLM's parser reads it: its long name (no leading dashes, `_` as
+    `-`, a short alias as its long name: `-tp` is tensor-parallel-size) and its value (None:
+    the flag stands alone, as a switch)."""
+
+    name: str
+    value: str | None
+
+
+# vLLM's short aliases of the flags the tuner knows (-tp 2 -> tensor-parallel-size 2).
+_LONG_NAMES = {short: flags[0].removeprefix("--") for flags in READ_FLAGS.values()
+               for short in flags[1:]}
+
+
+def is_value(token: str) -> bool:
+    """Whether a token of an engine command line is a value rather than a flag: it does not
+    start with a dash, or it is a negative number (`--seed -1`)."""
+    if not token.startswith("-"):
+        return True
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_flags(argv: Sequence[str]) -> list[Flag]:
+    """The one reading of an engine command line without vLLM: `--flag V`, `--flag=V`,
+    `--flag_name V`, `-tp V`, and a flag alone as a switch, in order (a later one of the same
+    name wins where a reader keeps one). A stray value that no flag names is left out."""
+    out: list[Flag] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if is_value(token):
+            continue
+        flag, eq, value = token.partition("=")
+        name = _LONG_NAMES.get(flag, flag.lstrip("-").replace("_", "-"))
+        if not eq and i < len(argv) and is_value(argv[i]):
+            value, eq = argv[i], "="
+            i += 1
+        out.append(Flag(name=name, value=value if eq else None))
+    return out
 
 
 def split(text: str | None, *, flag: str) -> tuple[str, ...]:
@@ -238,26 +286,18 @@ def read_engine_args(args: Sequence[str], *, with_vllm: bool = False) -> dict[st
 
 
 def read_engine_args_fallback(args: Sequence[str]) -> dict[str, int]:
-    """READ_FLAGS in the forms vLLM accepts: `--flag V`, `--flag=V`, `--flag_name V`, `-tp V`,
-    `-tp=V`, human-readable integers (4k, 4K); the last occurrence wins, as in argparse."""
-    alias = {flag: name for name, flags in READ_FLAGS.items() for flag in flags}
+    """READ_FLAGS in the forms vLLM accepts (parse_flags), human-readable integers (4k, 4K);
+    the last occurrence wins, as in argparse."""
+    field = {flags[0].removeprefix("--"): name for name, flags in READ_FLAGS.items()}
     out: dict[str, int] = {}
-    items = list(args)
-    for i, item in enumerate(items):
-        flag, eq, value = item.partition("=")
-        if flag.startswith("--"):
-            flag = "--" + flag[2:].replace("_", "-")
-        if flag not in alias:
+    for flag in parse_flags(args):
+        if flag.name not in field or flag.value is None:
             continue
-        if not eq:
-            if i + 1 >= len(items):
-                continue
-            value = items[i + 1]
-        number = human_int(value)
+        number = human_int(flag.value)
         if number is None:
-            out.pop(alias[flag], None)
+            out.pop(field[flag.name], None)
         else:
-            out[alias[flag]] = number
+            out[field[flag.name]] = number
     return out
 
 

@@ -29,8 +29,8 @@ def test_ngram_on_the_gpu_build_measures_acceptance(tmp_path):
             "prompt_lookup_max": 5}
     result = api.bench(BenchOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64),
-        engine=engine, config=TrialConfig(speculative_config=spec),
-        settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path), say=lambda _m: None)
+        config=TrialConfig(speculative_config=spec),
+        settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path), engine=engine, say=lambda _m: None)
     assert all(lv.completed == lv.num_requests for lv in result.levels)
     assert result.levels[0].spec_decode_num_drafts > 0
     assert Path(tmp_path / "engine.log").exists()

@@ -210,11 +210,11 @@ def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, mon
     assert (live.model, live.served_model_name, live.base_url) == ("fake", "fake", eng.url)
     with pytest.raises(ConfigError, match="a study launches one engine per config"):
         api.optimize(OptimizeOptions(
-            workload=WorkloadSpec(name="random"), engine=live, space_name="ngram",
+            workload=WorkloadSpec(name="random"), space_name="ngram",
             out_dir=tmp_path / "s", study_name="s", n_trials=1,
-            objectives=("output_throughput",), target_concurrency=1))
+            objectives=("output_throughput",), target_concurrency=1), engine=live)
     with pytest.raises(ConfigError, match="keeps the config it was started with"):
-        api.bench(BenchOptions(workload=WorkloadSpec(name="random"), engine=live,
+        api.bench(BenchOptions(workload=WorkloadSpec(name="random"),
                                config=TrialConfig(speculative_config={"method": "ngram"}),
-                               out_dir=tmp_path / "b"))
+                               out_dir=tmp_path / "b"), engine=live)
     assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists()

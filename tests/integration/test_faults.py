@@ -337,9 +337,9 @@ def test_a_failing_engine_fails_every_trial_and_the_study_still_ends(tmp_path, t
         study = api.optimize(OptimizeOptions(
             strategy="optuna",  # the Optuna search under test
             workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8),
-            engine=spec, space_name="ngram", settings=MeasureSettings(),
+            space_name="ngram", settings=MeasureSettings(),
             out_dir=tmp_path / "study", study_name="s", n_trials=3,
-            objectives=["output_throughput"], target_concurrency=1, constraints={}),
+            objectives=["output_throughput"], target_concurrency=1, constraints={}), engine=spec,
             say=lambda _m: None)
         trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
         kinds = sorted({t.user_attrs.get("failure", {}).get("kind", "-") for t in trials})
@@ -458,9 +458,9 @@ def test_a_dead_ray_worker_fails_its_trial_and_takes_its_engine_along(tmp_path, 
             study = api.optimize(OptimizeOptions(
                 strategy="optuna",  # the Optuna search under test
                 workload=WorkloadSpec(name="instructcoder", num_prompts=2, output_len=24),
-                engine=spec, space_name="ngram", settings=MeasureSettings(),
+                space_name="ngram", settings=MeasureSettings(),
                 out_dir=out, study_name="ray", n_trials=3, objectives=["output_throughput"],
-                target_concurrency=1, constraints={}, logical_gpus=1, gpus_per_trial=1),
+                target_concurrency=1, constraints={}, logical_gpus=1, gpus_per_trial=1), engine=spec,
                 say=lambda _m: None)
         finally:
             ray.shutdown()

@@ -32,13 +32,14 @@ def _spec(**script):
 
 
 def _optimize(tmp_path, *, space="ngram", n_trials=5, **kw):
+    engine = kw.pop("engine", None) or _spec()
     return api.optimize(OptimizeOptions(
         strategy="optuna",  # the Optuna search under test
-        workload=WL, engine=kw.pop("engine", None) or _spec(), space_name=space,
+        workload=WL, space_name=space,
         settings=MeasureSettings(concurrencies=(1, 2)), out_dir=tmp_path / "study",
         study_name="s", n_trials=n_trials, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None},
-        **kw), say=lambda _m: None)
+        **kw), engine=engine, say=lambda _m: None)
 
 
 def test_baseline_first_then_start_points_and_every_level_stored(tmp_path):
@@ -147,10 +148,10 @@ def test_ray_logical_gpus_run_two_trials_at_once_each_on_its_own_gpu(tmp_path):
     try:
         study = api.optimize(OptimizeOptions(
             strategy="optuna",  # the Optuna search under test
-            workload=WL, engine=_spec(tpot_ms=30), space_name="ngram",
+            workload=WL, space_name="ngram",
             settings=MeasureSettings(concurrencies=(1,)), out_dir=tmp_path / "study",
             study_name="ray", n_trials=5, objectives=["output_throughput"],
-            target_concurrency=1, constraints={}, logical_gpus=2, gpus_per_trial=1),
+            target_concurrency=1, constraints={}, logical_gpus=2, gpus_per_trial=1), engine=_spec(tpot_ms=30),
             say=lambda _m: None)
     finally:
         ray.shutdown()

@@ -25,10 +25,10 @@ def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
     out = tmp_path / "study"
     api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=24),
-        engine=engine, space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=out, study_name="p", n_trials=3,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-        constraints={}), say=lambda _m: None)
+        constraints={}), engine=engine, say=lambda _m: None)
     doc = api.policy(PolicyOptions(ladder=(1, 2, 4, 8, 16), repeats=2, leaders=1,
                                    k_values=(5, 2)), study_dir=out, say=lambda _m: None)
     k5 = next(c for c in doc["configs"] if "k=5" in c["label"])

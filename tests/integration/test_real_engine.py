@@ -34,9 +34,9 @@ def engine_spec():
 def _bench(engine_spec, tmp_path_factory, spec):
     out = tmp_path_factory.mktemp("bench")
     wl = WorkloadSpec(name="instructcoder", num_prompts=4, output_len=64)
-    result = api.bench(BenchOptions(workload=wl, engine=engine_spec,
+    result = api.bench(BenchOptions(workload=wl,
                                     config=TrialConfig(speculative_config=spec),
-                                    settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out),
+                                    settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out), engine=engine_spec,
                        say=lambda _m: None)
     return result, out
 
@@ -126,9 +126,9 @@ def test_rejected_config_reports_vllms_own_reason(engine_spec, tmp_path):
            "prompt_lookup_max": 2}
     wl = WorkloadSpec(name="instructcoder", num_prompts=1, output_len=8)
     with pytest.raises(ConfigError) as e:
-        api.bench(BenchOptions(workload=wl, engine=engine_spec,
+        api.bench(BenchOptions(workload=wl,
                                config=TrialConfig(speculative_config=bad),
-                               settings=MeasureSettings(), out_dir=tmp_path / "b"),
+                               settings=MeasureSettings(), out_dir=tmp_path / "b"), engine=engine_spec,
                   say=lambda _m: None)
     assert "prompt_lookup_min=5 must be <= prompt_lookup_max=2" in str(e.value)
     assert not (tmp_path / "b").exists()  # no engine launched, nothing written

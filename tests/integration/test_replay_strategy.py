@@ -29,12 +29,12 @@ def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str =
               say=None, detail=None):
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
-        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
-                                             tpot_ms=2),
+        workload=WL,
         space_name=space, settings=MeasureSettings(concurrencies=(1, 2)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy),
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2),
         say=say or lines.append, detail=detail)
     return study, lines
 
@@ -116,17 +116,17 @@ def test_a_space_replay_cannot_predict_is_refused_and_auto_falls_back(tmp_path):
 
 
 def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
-    from tuner.records.configs import TrialConfig
+    from tuner.records.options import AlignedBaselineFlags
 
-    aligned = TrialConfig(engine_env={"FAKE_PATH": "speculative"})
+    aligned = AlignedBaselineFlags(env=("FAKE_PATH=speculative",))  # --aligned-baseline-env
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
-        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
-                                             tpot_ms=2),
+        workload=WL,
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=3,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
-        strategy="replay", aligned_baseline=aligned), say=lines.append)
+        strategy="replay", aligned_baseline=aligned), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2), say=lines.append)
     roles = [t.user_attrs["role"] for t in sorted(study.trials, key=lambda t: t.number)]
     assert roles == ["baseline", "aligned_baseline", "calibration"]
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
@@ -142,12 +142,12 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
     spec = leader.user_attrs["config_override"]["speculative_config"]
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
-        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
-                                             tpot_ms=2, crash_for_spec=spec),
+        workload=WL,
         space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2)),
         out_dir=tmp_path / "second" / "study", study_name="s", n_trials=6,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay"),
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2, crash_for_spec=spec),
         say=lines.append)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(failed) == 1
@@ -161,13 +161,13 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
 def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
           cudagraph_mode: str | None = None, detail: list[str] | None = None):
     return api.optimize(OptimizeOptions(
-        workload=WL, engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
-                                             tpot_ms=2, speculative_path_differs=differs,
-                                             cudagraph_mode=cudagraph_mode),
+        workload=WL,
         space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
-        strategy="replay"), say=lines.append, detail=None if detail is None else detail.append)
+        strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
+                                             tpot_ms=2, speculative_path_differs=differs,
+                                             cudagraph_mode=cudagraph_mode), say=lines.append, detail=None if detail is None else detail.append)
 
 
 def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_path):

@@ -26,11 +26,11 @@ def test_a_sampled_study_carries_its_error_and_says_what_the_engine_did_not_deli
     study = api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24,
                               temperature=0.8, top_k=40),
-        engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2),
+
         space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out,
         study_name="s", n_trials=3, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None},
-        strategy="replay"), say=lines.append)
+        strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2), say=lines.append)
     warned = sampling.known_defect(device="cpu", temperature=0.8)
     assert lines.count(warned) == 1 and lines.index(warned) < 3  # up front
     pred = pd.read_csv(out / "predicted.csv")

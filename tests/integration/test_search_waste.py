@@ -31,16 +31,16 @@ COMPLETE, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
 
 def _optimize(out: Path, *, space: str, n_trials: int, sampler: str = "tpe", **kw):
     say = kw.pop("say", lambda _m: None)
+    engine = kw.pop("engine", None) or fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER),
+                                                        ttft_ms=5, tpot_ms=1)
     return api.optimize(OptimizeOptions(
         strategy="optuna",  # the Optuna search under test
         workload=kw.pop("workload", WL),
-        engine=kw.pop("engine", None) or fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER),
-                                                          ttft_ms=5, tpot_ms=1),
         space_name=space, settings=kw.pop("settings", MeasureSettings(concurrencies=(1, 2))),
         out_dir=out, study_name=kw.pop("study_name", "s"), n_trials=n_trials, sampler=sampler,
         objectives=kw.pop("objectives", ["output_throughput", "mean_tpot_ms"]),
         target_concurrency=kw.pop("target_concurrency", 1),
-        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, **kw), say=say)
+        constraints={"max_tpot_ms": None, "max_ttft_ms": None}, **kw), engine=engine, say=say)
 
 
 def _launched(out: Path) -> list[int]:

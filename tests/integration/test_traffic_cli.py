@@ -42,11 +42,11 @@ def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("traffic") / "study"
     api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=6, output_len=40),
-        engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2),
+
         space_name="ngram", settings=MeasureSettings(concurrencies=(2,)), out_dir=out,
         study_name="s", n_trials=3, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=2, constraints={"max_tpot_ms": None, "max_ttft_ms": None},
-        strategy="replay"), say=lambda _m: None)
+        strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2), say=lambda _m: None)
     return out
 
 

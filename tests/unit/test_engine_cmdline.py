@@ -149,3 +149,24 @@ def test_the_verify_command_keeps_the_studys_tokenizer():
     plain = engine_cmdline.verify_command(engine=EngineSpec(model="m"), workload=INSTRUCTCODER,
                                           config=TrialConfig(), concurrency=1)
     assert "--tokenizer" not in plain
+
+
+def test_one_reading_of_an_engine_command_line_serves_every_reader():
+    # parse_flags is the only reading without vLLM: the serve config, the aligned baseline,
+    # the engine path's flags and the engine limits all go through it.
+    from tuner.engine_cmdline import Flag, parse_flags
+
+    argv = ["-tp", "2", "--max_num_seqs=8", "--seed", "-1", "--enforce-eager",
+            "--no-async-scheduling", "stray", "--compilation-config", '{"level": 0}']
+    assert parse_flags(argv) == [
+        Flag("tensor-parallel-size", "2"), Flag("max-num-seqs", "8"), Flag("seed", "-1"),
+        Flag("enforce-eager", None), Flag("no-async-scheduling", "stray"),
+        Flag("compilation-config", '{"level": 0}')]
+    # The readers agree on it: the limits take the last of a flag given twice.
+    assert engine_cmdline.read_engine_args_fallback(
+        ["-tp=4", "--max-model-len", "4k", "--max-model-len=2K"]) == {
+        "tensor_parallel_size": 4, "max_model_len": 2048}
+    from tuner import checks
+
+    aligned = checks.aligned_baseline("-tp 2 --no-async-scheduling", ())
+    assert aligned.engine_args == {"tensor_parallel_size": "2", "no_async_scheduling": True}

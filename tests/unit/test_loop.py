@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-import pytest
 from study_fakes import fake_level
 
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
-from tuner.records.options import OptimizeOptions
+from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
 from tuner.records.storage import TrialAttr
 from tuner.search import loop
@@ -63,19 +62,12 @@ class _Executor:
 WORKLOAD = WorkloadSpec(name="random")
 
 
-def _options(**given) -> OptimizeOptions:
-    """Options as tuner.api hands them to the loop: resolved (an EngineSpec, a target level)."""
-    return OptimizeOptions(**{"workload": WORKLOAD, "engine": EngineSpec(model="m"),
-                              "settings": MeasureSettings(), "target_concurrency": 1,
-                              "objectives": ("output_throughput", "mean_tpot_ms"), **given})
-
-
-def test_the_loop_takes_resolved_options_only():
-    from tuner.records.options import EngineOptions
-
-    with pytest.raises(TypeError, match="resolved options"):
-        loop.SearchLoop(options=_options(engine=EngineOptions()), study=None, space=None,
-                        workload=None, executor=None, gpus=0.0)
+def _plan(*, out_dir: Path, aligned_baseline="auto", **given) -> OptimizePlan:
+    """A plan as tuner.api hands it to the loop: resolved (an EngineSpec, a target level)."""
+    options = OptimizeOptions(**{"workload": WORKLOAD, "settings": MeasureSettings(),
+                                 "objectives": ("output_throughput", "mean_tpot_ms"), **given})
+    return OptimizePlan(options=options, engine=EngineSpec(model="m"), study_name="s",
+                        out_dir=out_dir, target_concurrency=1, aligned_baseline=aligned_baseline)
 
 
 def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
@@ -86,7 +78,7 @@ def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
         "type": "choice", "values": [2]}, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}})
     loop.enqueue_start(study, sp, "grid", [])
     search = loop.SearchLoop(
-        options=_options(out_dir=out, aligned_baseline="off"), study=study, space=sp,
+        plan=_plan(out_dir=out, aligned_baseline="off"), study=study, space=sp,
         workload=Workload(spec=WORKLOAD, prompts=()), executor=executor, gpus=0.0,
         output=loop.LoopOutput(say=lines.append,
                                line=lambda result, _base: result.config.label()))
@@ -196,8 +188,8 @@ def _search(study, executor, lines: list[str], *, aligned,
         "prompt_lookup_min": 2}}})
     loop.enqueue_start(study, sp, "grid", [])
     return loop.SearchLoop(
-        options=_options(out_dir=Path("unused"), objectives=("output_throughput",),
-                         aligned_baseline=aligned),
+        plan=_plan(out_dir=Path("unused"), objectives=("output_throughput",),
+                   aligned_baseline=aligned),
         study=study, space=sp, workload=Workload(spec=WORKLOAD, prompts=()), executor=executor,
         gpus=0.0, output=loop.LoopOutput(
             say=lines.append, line=lambda result, _base: result.config.label(),

@@ -22,7 +22,7 @@ from tuner.records.configs import (
     Workload,
     WorkloadSpec,
 )
-from tuner.records.options import OptimizeOptions
+from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
 from tuner.records.storage import TrialAttr
 from tuner.search import loop, replay_strategy
@@ -82,16 +82,16 @@ def _loop(tmp_path, executor, lines, ticks, *, show_bar=False, detail=None
     sp = spaces.parse(SPACE)
     loop.enqueue_start(study, sp, "grid", [])
     options = OptimizeOptions(
-        workload=WorkloadSpec(name="random"), engine=EngineSpec(model="m"),
-        settings=MeasureSettings(concurrencies=(1, 4)), out_dir=tmp_path,
-        objectives=("output_throughput", "mean_tpot_ms"), target_concurrency=1,
-        aligned_baseline="off")
+        workload=WorkloadSpec(name="random"), settings=MeasureSettings(concurrencies=(1, 4)),
+        objectives=("output_throughput", "mean_tpot_ms"))
+    plan = OptimizePlan(options=options, engine=EngineSpec(model="m"), aligned_baseline="off",
+                        study_name="s", out_dir=tmp_path, target_concurrency=1)
     output = loop.LoopOutput(
         say=lines.append, line=console.trial_line,
         tick=lambda done, total: ticks.append((done, total)), show_bar=show_bar,
         detail=None if detail is None else detail.append)
     return loop.SearchLoop(
-        options=options, study=study, space=sp,
+        plan=plan, study=study, space=sp,
         workload=Workload(spec=options.workload, prompts=()), executor=executor, gpus=0.0,
         output=output)
 
@@ -167,7 +167,7 @@ def test_the_replay_strategy_counts_launches_against_the_launch_budget(tmp_path)
     replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, limits=EngineLimits(
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048))
     # No token ids came back with the baseline: one launch, then the Optuna fallback.
-    assert replay.run(n_trials=5, timeout_s=None) is False
+    assert replay.run(n_trials=5, timeout_s=None) == replay_strategy.RunEnd.NO_TOKENS
     first = [ln for ln in lines if ln.startswith("[")]
     assert len(first) == 1 and first[0].startswith("[1/5] trial ")
     assert " baseline (no speculation): " in first[0]

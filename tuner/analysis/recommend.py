@@ -495,46 +495,21 @@ def serve_config(settings: StudySettings | None, config: TrialConfig) -> dict[st
     return out
 
 
-# vLLM's short aliases of the flags the tuner knows (-tp 2 -> tensor-parallel-size: 2).
-_LONG_NAMES = {short: flags[0].removeprefix("--") for flags in engine_cmdline.READ_FLAGS.values()
-               for short in flags[1:]}
-
-
-def _is_value(token: str) -> bool:
-    if not token.startswith("-"):
-        return True
-    try:
-        float(token)  # a negative number
-    except ValueError:
-        return False
-    return True
-
-
 def _flags_mapping(argv: list[str]) -> dict[str, Any]:
     import yaml
 
     out: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        if _is_value(token):
-            continue  # a stray value: nothing names it
-        flag, eq, value = token.partition("=")
-        name = _LONG_NAMES.get(flag, flag.lstrip("-"))
-        if not eq and i < len(argv) and _is_value(argv[i]):
-            value, eq = argv[i], "="
-            i += 1
-        if not eq:
-            if name.startswith("no-"):
-                out[name[3:]] = False
+    for flag in engine_cmdline.parse_flags(argv):
+        if flag.value is None:
+            if flag.name.startswith("no-"):
+                out[flag.name[3:]] = False
             else:
-                out[name] = True
+                out[flag.name] = True
             continue
         try:  # "4096" -> 4096, '{"a": 1}' -> {"a": 1}; "4k" stays text, as vLLM reads it
-            parsed = yaml.safe_load(value)
+            parsed = yaml.safe_load(flag.value)
         except yaml.YAMLError:
-            parsed = value
-        out[name] = parsed if isinstance(parsed, (int, float, dict, list)) and not isinstance(
-            parsed, bool) else value
+            parsed = flag.value
+        out[flag.name] = parsed if isinstance(parsed, (int, float, dict, list)) and not \
+            isinstance(parsed, bool) else flag.value
     return out

@@ -29,6 +29,7 @@ import json
 import re
 from collections.abc import Mapping
 
+from tuner import engine_cmdline
 from tuner.records.configs import Frozen, TrialConfig
 
 FIELDS = ("model_runner", "async_scheduling", "cudagraph_mode", "attention_backend")
@@ -148,10 +149,8 @@ class Alignment(Frozen):
 
     def trial_config(self) -> TrialConfig:
         """The aligned baseline as a trial: no speculation, these flags and environment."""
-        args: dict[str, object] = {}
-        for item in self.engine_args:
-            name, eq, value = item[2:].partition("=")
-            args[name.replace("-", "_")] = value if eq else True
+        args = {f.name.replace("-", "_"): True if f.value is None else f.value
+                for f in engine_cmdline.parse_flags(self.engine_args)}
         return TrialConfig(engine_args=args, engine_env=dict(self.engine_env))
 
     def describe(self) -> str:

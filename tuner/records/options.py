@@ -80,7 +80,7 @@ class BenchOptions:
     and what it sets is part of what was measured."""
 
     workload: WorkloadSpec
-    engine: EngineSpec | EngineOptions
+    engine: EngineOptions = field(default_factory=EngineOptions)
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     config: TrialConfig = field(default_factory=TrialConfig)
     out_dir: Path
@@ -157,14 +157,12 @@ class AlignedBaselineFlags:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizeOptions:
-    """`tuner optimize`: the search over a space, and (`policy`) the load-aware policy after it.
-
-    tuner.api resolves it once (tuner.checks.optimize_options): `engine` an EngineSpec,
-    `aligned_baseline` an AlignedBaseline, and the defaults below that follow from the
-    engine or the levels filled in; the search reads that resolved record."""
+    """`tuner optimize`: the search over a space, and (`policy`) the load-aware policy after it,
+    as the user asked for them. tuner.api resolves it once into an OptimizePlan, which the
+    search reads."""
 
     workload: WorkloadSpec
-    engine: EngineSpec | EngineOptions
+    engine: EngineOptions = field(default_factory=EngineOptions)
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     space_name: str = "default"
     study_name: str | None = None  # None: WORKLOAD-MODEL
@@ -189,7 +187,7 @@ class OptimizeOptions:
     gpus_per_trial: float | None = None
     logical_gpus: int | None = None  # tests: ray.init(num_gpus=N)
     acceptance_rates: list[float] | None = None  # --acceptance-profile
-    aligned_baseline: AlignedBaseline | AlignedBaselineFlags = "auto"
+    aligned_baseline: AlignedBaselineFlags = field(default_factory=AlignedBaselineFlags)
     metadata: Mapping[str, str] = field(default_factory=dict)
     policy: PolicyOptions | None = None  # None: no policy step
     report: bool = True  # write report.html, plots and recommendation.json
@@ -215,3 +213,18 @@ class OptimizeOptions:
                                                   env=tuple(args.aligned_baseline_env)),
             policy=PolicyOptions.from_cli_args(args) if args.policy else None,
             report=not args.no_report)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizePlan:
+    """`tuner optimize` as it runs: the user's options and, beside them, what tuner.api
+    resolved from them (tuner.checks.optimize_options): the engine on this machine, the
+    aligned baseline the search tells apart, the study's name and folder, the target level.
+    The search reads this record; nothing in it is resolved twice."""
+
+    options: OptimizeOptions
+    engine: EngineSpec
+    aligned_baseline: AlignedBaseline
+    study_name: str
+    out_dir: Path
+    target_concurrency: int

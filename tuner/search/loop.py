@@ -24,10 +24,11 @@ from optuna.trial import TrialState
 
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import enginepath
-from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig, Workload
-from tuner.records.options import OptimizeOptions
+from tuner.records.configs import RequestSchedule, TrialConfig, Workload
+from tuner.records.options import OptimizePlan
 from tuner.records.results import BenchResult, Role, TrialOutcome
 from tuner.records.storage import TrialAttr
+from tuner.search import optuna_compat
 from tuner.search import study as st
 from tuner.search.space import SearchSpace
 
@@ -152,22 +153,22 @@ class SearchLoop:
     `rejected`); neither counts toward --n-trials.
     """
 
-    def __init__(self, *, options: OptimizeOptions, study: Any, space: SearchSpace,
+    def __init__(self, *, plan: OptimizePlan, study: Any, space: SearchSpace,
                  workload: Workload, executor: Any, gpus: float,
                  schedule: RequestSchedule | None = None,
                  output: LoopOutput | None = None) -> None:
-        """`options` as tuner.api resolved them (tuner.checks.optimize_options): the engine,
-        the levels, the objectives read at the target level, the SLOs, the acceptance
-        profile, the aligned baseline; `gpus`: what each trial holds on the executor;
-        `schedule`: what every launch sends (None: each trial builds it from the workload and
-        the settings, tuner.measure.request_schedule, as the study's own was built)."""
-        if not isinstance(options.engine, EngineSpec):
-            raise TypeError("SearchLoop takes resolved options (tuner.api.resolve_optimize)")
-        self.study, self.space, self.engine, self.workload = study, space, options.engine, \
+        """`plan` as tuner.api resolved it (tuner.checks.optimize_options): the engine, the
+        target level the objectives are read at, the aligned baseline, and the options (the
+        levels, the SLOs, the acceptance profile); `gpus`: what each trial holds on the
+        executor; `schedule`: what every launch sends (None: each trial builds it from the
+        workload and the settings, tuner.measure.request_schedule, as the study's own was
+        built)."""
+        options = plan.options
+        self.study, self.space, self.engine, self.workload = study, space, plan.engine, \
             workload
-        self.settings, self.out_dir, self.objectives = options.settings, options.out_dir, \
+        self.settings, self.out_dir, self.objectives = options.settings, plan.out_dir, \
             list(options.objectives)
-        self.target = options.target_concurrency
+        self.target = plan.target_concurrency
         self.constraints, self.rates = dict(options.constraints), options.acceptance_rates
         self.executor, self.gpus = executor, gpus
         self.schedule = schedule
@@ -182,12 +183,12 @@ class SearchLoop:
         self._space_keys: frozenset | None = None  # config keys of a finite space
         # --aligned-baseline: "auto" compares engine paths once the first speculative trial
         # ends; a TrialConfig is launched once the plain baseline is measured (align()).
-        self.aligned, self._aligned_decided = options.aligned_baseline, False
+        self.aligned, self._aligned_decided = plan.aligned_baseline, False
         self._check_landed = False  # an auto-aligned baseline's own path is still to check
         # The [N/total] of a finished trial's line: trials toward --n-trials (the replay
         # strategy counts engine launches instead, repeats included), plus `extra`, the
         # repeats that --repeats launches after the search.
-        self.done: Callable[[], int] = lambda: st.counted_trials(self.study)
+        self._counts_repeats = False  # budget(): whether repeats count toward --n-trials
         self.total = 0
         self.extra = 0
 
@@ -196,6 +197,30 @@ class SearchLoop:
         if self.schedule is not None:
             return self.schedule.requests
         return self.settings.pool_size(self.workload.spec.num_prompts)
+
+    def done(self) -> int:
+        """Trials toward --n-trials: completed and failed ones, repeats too where the running
+        strategy counts them (budget)."""
+        return st.counted_trials(self.study, repeats=self._counts_repeats)
+
+    def budget(self, n_trials: int, *, counts_repeats: bool) -> None:
+        """The budget a strategy runs under: the bar's total, and whether repeats count toward
+        it (the replay strategy's --n-trials counts every engine launch)."""
+        self.total, self._counts_repeats = n_trials, counts_repeats
+        self.progress()
+
+    def launch(self, config: TrialConfig, *, role: Role, user_attrs: dict[str, Any]) -> Any:
+        """Launch `config` now as a new trial of the study (a strategy's own pick, as the
+        replay strategy's baseline, calibration and confirm launches are) and store its
+        outcome: the finished trial (FrozenTrial) where it completed, else None."""
+        trial = st.ask_fresh(self.study, user_attrs=user_attrs)
+        st.label_trial(trial, config, role.value)
+        started = time.monotonic()
+        self._submit(trial, config)
+        _, outcome = self.executor.wait_one()
+        self._tell(trial, config, outcome, time.monotonic() - started)
+        frozen = optuna_compat.storage_of(self.study).get_trial(optuna_compat.trial_id(trial))
+        return frozen if frozen.state == TrialState.COMPLETE else None
 
     def ordinal(self) -> int:
         return self.done() + self.extra + 1

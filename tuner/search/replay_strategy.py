@@ -24,6 +24,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,6 @@ from tuner.records.results import BenchResult, LevelMetrics, Role
 from tuner.records.storage import TrialAttr
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
-from tuner.search import optuna_compat
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, SearchSpace
@@ -218,6 +218,14 @@ class _RandomTrial:
         return self.rng.uniform(low, high)
 
 
+class RunEnd(str, Enum):
+    """How the replay strategy ended."""
+
+    DONE = "done"  # the leaders confirmed, or the budget spent
+    NO_BASELINE = "no_baseline"  # no budget for the baseline, or it failed: nothing to replay
+    NO_TOKENS = "no_tokens"  # the baseline holds no token ids: the Optuna search takes over
+
+
 class ReplaySearch:
     """The replay strategy over one SearchLoop (its study, executor and trial telling)."""
 
@@ -242,16 +250,14 @@ class ReplaySearch:
         self._n_trials, self._t0 = 0, 0.0
         self._timeout_s: float | None = None
         self._said_stop = False
-        loop.done = self.launches  # --n-trials counts launches here, repeats included
 
     # -- the strategy -----------------------------------------------------------------------
-    def run(self, *, n_trials: int, timeout_s: float | None) -> bool:
-        """Run the strategy; False when the baseline captured no tokens (the caller then
-        falls back to the Optuna search)."""
+    def run(self, *, n_trials: int, timeout_s: float | None) -> RunEnd:
+        """Run the strategy; how it ended says whether the Optuna search takes over."""
         self._start(n_trials, timeout_s)
         base = self._baseline()
         if base is None:
-            return True  # no budget, or the baseline failed: failure_summary tells the user why
+            return RunEnd.NO_BASELINE  # failure_summary tells the user why
         self._align()  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
@@ -259,16 +265,15 @@ class ReplaySearch:
                     "so replay cannot predict; using the Optuna search instead.")
             self.say(text)
             self.note("strategy", text)
-            return False
+            return RunEnd.NO_TOKENS
         leaders = self._pick_leaders(self._replay_space(capture))
         if leaders:
             self._confirm(leaders, capture)
-        return True
+        return RunEnd.DONE
 
     def _start(self, n_trials: int, timeout_s: float | None) -> None:
         self._n_trials, self._timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()
-        self.loop.total = n_trials  # the bar's total: the launch budget
-        self.loop.progress()
+        self.loop.budget(n_trials, counts_repeats=True)  # --n-trials counts every launch
 
     def _room(self) -> bool:
         """Whether --n-trials and --timeout leave room for another launch (why not, said once)."""
@@ -466,14 +471,7 @@ class ReplaySearch:
                  TrialAttr.CONFIG_OVERRIDE: config.model_dump(mode="json")}
         if role == Role.REPEAT:
             attrs[TrialAttr.REPEAT_OF] = first.number
-        trial = st.ask_fresh(self.study, user_attrs=attrs)
-        st.label_trial(trial, config, role.value)
-        started = time.monotonic()
-        self.loop._submit(trial, config)
-        _, outcome = self.loop.executor.wait_one()
-        self.loop._tell(trial, config, outcome, time.monotonic() - started)
-        frozen = optuna_compat.storage_of(self.study).get_trial(optuna_compat.trial_id(trial))
-        return frozen if frozen.state == TrialState.COMPLETE else None
+        return self.loop.launch(config, role=role, user_attrs=attrs)
 
     def _align(self) -> None:
         """Launch the aligned baseline when the loop says it is due (SearchLoop.align: once
