@@ -38,15 +38,18 @@ STORED = (Path(__file__).parents[2] / "benchmarks" / "data" / "cpu-replay" /
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """A replay study on the fake engine at one level: a baseline with tokens, a calibration
-    launch, a confirm launch."""
+    launch, a confirm launch. On the V1 model runner: a request log says nothing of the
+    engine's runner, so the traffic replay steps V1's n-gram proposer, and the study it is
+    compared with must run that one too (the fake's V2 runner would run the V2 scan)."""
     out = tmp_path_factory.mktemp("traffic") / "study"
+    engine = fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2,
+                              env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
     api.optimize(OptimizeOptions(
         workload=WorkloadSpec(name="instructcoder", num_prompts=6, output_len=40),
-
         space_name="ngram", settings=MeasureSettings(concurrencies=(2,)), out_dir=out,
         study_name="s", n_trials=3, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=2, constraints={"max_tpot_ms": None, "max_ttft_ms": None},
-        strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2), say=lambda _m: None)
+        strategy="replay"), engine=engine, say=lambda _m: None)
     return out
 
 
