@@ -224,3 +224,18 @@ def test_leaders_are_the_frames_config_records():
     picks = P.leaders(df, 2)
     assert [c.method for c in picks] == ["suffix", "ngram"]
     assert all(c is configs_of(df)[c.key()] for c in picks)
+
+
+def test_a_k_variant_of_a_synthetic_config_carries_one_rate_per_drafted_position():
+    # On the H100 the policy's k=2 variant of a k=3 draft-model config kept three synthetic
+    # rates, and vLLM refused it at start-up ("synthetic_acceptance_rates must have length 2").
+    from tuner.records.configs import TrialConfig
+
+    k3 = TrialConfig(speculative_config={"method": "draft_model", "model": "d",
+                                         "num_speculative_tokens": 3}
+                     ).with_acceptance_profile([0.81, 0.72, 0.63])
+    assert k3.with_k(2).speculative_config["synthetic_acceptance_rates"] == [0.81, 0.72]
+    assert k3.with_k(5).speculative_config["synthetic_acceptance_rates"] == [
+        0.81, 0.72, 0.63, 0.63, 0.63]
+    assert "synthetic_acceptance_rates" not in TrialConfig(speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3}).with_k(2).speculative_config

@@ -161,10 +161,15 @@ class TrialConfig(Frozen):
         return int(spec.get(default[0], default[1])) if default else None
 
     def with_k(self, k: int) -> TrialConfig:
-        """The same config drafting `k` tokens a step, with no K schedule."""
+        """The same config drafting `k` tokens a step, with no K schedule; a synthetic
+        acceptance profile is cut (or its last rate repeated) to `k` positions, as vLLM wants
+        one rate per drafted position."""
         if not self.speculative_config:
             raise ValueError("a config without speculation has no K")
         spec = {**self.speculative_config_without_k(), "num_speculative_tokens": int(k)}
+        rates = spec.get("synthetic_acceptance_rates")
+        if rates:
+            spec["synthetic_acceptance_rates"] = (list(rates) + [rates[-1]] * int(k))[:int(k)]
         return self.model_copy(update={"speculative_config": spec})
 
     def speculative_config_without_k(self) -> dict[str, Any]:
