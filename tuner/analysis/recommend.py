@@ -1,6 +1,7 @@
 """Analysis stage, the recommendation: per concurrency level, the config to run, "leave
-speculation off", or a refusal with the reason when the data cannot support a choice; each
-says how sure it is (repeats, spread) and carries the serve and verify commands (the model
+speculation off", or a refusal when the data cannot support a choice; each carries its
+Verdict (the basis it rests on and the figures: repeats, spread, interval), which
+tuner.outputs.verdicts turns into words, and the serve and verify commands (the model
 named as the user gave it, the serve flags also as a `vllm serve --config` mapping, and a note
 where the command names other weights than those measured). Where the
 study measured an aligned baseline, the speedup over the plain baseline is split into the
