@@ -21,7 +21,8 @@ def _runs(key: str, figures: dict[int, list[float]]) -> list[dict]:
     """Stored runs of one config, one per repeat, with these output throughputs per level."""
     n = max(len(xs) for xs in figures.values())
     return [{"key": key, "result": {"levels": [
-        {"concurrency": c, "output_throughput": xs[i], "request_throughput": xs[i] / 10}
+        {"concurrency": c, "output_throughput": xs[i], "request_throughput": xs[i] / 10,
+         "mean_tpot_ms": 1000.0 / xs[i]}
         for c, xs in figures.items() if i < len(xs)]}} for i in range(n)]
 
 
@@ -67,12 +68,16 @@ def test_a_dip_beyond_the_spread_is_a_finding():
     assert row["best_k"] == 5 and row["dips"] is True
     assert row["ratio"] == pytest.approx(0.70, abs=1e-3)
     assert row["policy"]["throughput"] == 70.0 and row["static"]["5"]["throughput"] == 100.0
+    assert row["policy"]["mean_tpot_ms"] == pytest.approx(1000.0 / 70.0, abs=1e-3)
 
 
 def test_a_difference_inside_the_spread_is_not():
-    # 4 % below, with a spread of 5 % (one run each: UNMEASURED_NOISE).
-    row = _check([96.0], [100.0], [80.0])
-    assert row["dips"] is False and row["noise"] == pytest.approx(rules.UNMEASURED_NOISE)
+    # 8 % below, with a spread of 5 % each (one run each: UNMEASURED_NOISE): 10 % in all.
+    row = _check([92.0], [100.0], [80.0])
+    assert row["dips"] is False and row["noise"] == pytest.approx(2 * rules.UNMEASURED_NOISE)
+    # Two runs each, 1.5 % below: each median is known to 1 % at best (the MAD floor).
+    row = _check([98.5, 98.5], [100.0, 100.0], [50.0, 50.0])
+    assert row["dips"] is False and row["noise"] == pytest.approx(0.02)
     # Noisy repeats: 10 % below with a 12 % spread.
     row = _check([90.0, 78.0, 102.0], [100.0, 100.0, 100.0], [50.0, 50.0, 50.0])
     assert row["dips"] is False
@@ -128,3 +133,80 @@ def test_a_holding_schedule_is_left_as_it_is():
     assert doc["speculative_config"] == _doc()["speculative_config"]
     lines = open_loop_lines(doc)
     assert "no dip beyond the spread" in lines[1] and "holds at every edge" in lines[-1]
+
+
+K_STATS = {"5": {"1": {"speedup": 2.0, "noise": 0.05}, "4": {"speedup": 1.30, "noise": 0.05},
+                 "16": {"speedup": 0.70, "noise": 0.05}},
+           "2": {"1": {"speedup": 1.6, "noise": 0.05}, "4": {"speedup": 1.28, "noise": 0.05},
+                 "16": {"speedup": 0.98, "noise": 0.05}}}
+
+
+def test_a_merge_that_would_give_up_a_closed_loop_gain_is_not_made():
+    schedule = [(1, 2, 5), (3, 8, 2), (9, 128, 0)]
+    # Into K=0 over the K=2 band: K=2 measured 1.28x at 4, K=0 is 1.00x.
+    cost = rules.merge_cost(schedule, {"edge": 8, "best_k": 0}, K_STATS)
+    assert cost == {"concurrency": 4, "k": 2, "speedup": 1.28, "merged_k": 0,
+                    "merged_speedup": 1.0}
+    # Into K=2 over the K=0 band: K=2 at 16 is 0.98x against 1.00x, within the noise.
+    assert rules.merge_cost(schedule, {"edge": 8, "best_k": 2}, K_STATS) is None
+    # Into K=5 over the K=0 band: K=5 at 16 is 0.70x, below K=0's 1.00x.
+    assert rules.merge_cost([(1, 2, 5), (3, 128, 0)], {"edge": 2, "best_k": 5}, K_STATS) == {
+        "concurrency": 16, "k": 0, "speedup": 1.0, "merged_k": 5, "merged_speedup": 0.7}
+    # Into K=5 over the K=2 band: 1.30x against 1.28x at 4, within the noise: no loss.
+    assert rules.merge_cost(schedule, {"edge": 2, "best_k": 5}, K_STATS) is None
+
+
+def test_a_dipping_edge_whose_merge_gives_up_a_gain_is_kept_and_said():
+    doc = {**_doc(), "k_stats": K_STATS}
+    row = {**_check([70.0, 71.0], [60.0, 61.0], [100.0, 101.0]), "edge": 2}
+    assert row["dips"] and row["best_k"] == 0
+    out = rules.with_open_loop(doc, [row], CHOSEN.speculative_config)
+    block = out["open_loop"]
+    assert block["dipped_at"] == [2] and block["kept_at"] == [2] and not block["revised"]
+    assert out["schedule"] == doc["schedule"]
+    assert block["edges"][0]["gives_up"]["concurrency"] == 1
+    text = "\n".join(open_loop_lines(out))
+    assert "kept: merging into K=0 would give up the closed-loop 2.00x of K=5 at concurrency 1" \
+        in text and "holds at every edge" not in text
+
+
+def test_the_open_loop_phase_measures_only_the_edge_levels_at_their_rates(tmp_path,
+                                                                          monkeypatch):
+    import optuna
+    from study_fakes import fake_level, fake_study
+
+    from tuner.measure.trial import OpenLoopSettings
+    from tuner.records.configs import EngineSpec, MeasureSettings, Workload, WorkloadSpec
+    from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
+    from tuner.search import ladder
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    said: list[str] = []
+    campaign = ladder.Campaign(
+        study=fake_study(concurrencies=(1, 2, 4)), engine=EngineSpec(model="fake"),
+        workload=Workload(spec=WorkloadSpec(name="random"), prompts=()),
+        settings=MeasureSettings(concurrencies=(1, 2, 4)), repeats=2, out_dir=tmp_path,
+        say=said.append)
+    rates = {4: 3.5, 2: 1.25}
+    seen: list[OpenLoopSettings] = []
+
+    def measure_run(self, config, run_dir) -> TrialOutcome:
+        seen.append(self.settings)  # what Campaign.measure_run hands tuner.measure
+        levels = tuple(LevelMetrics.model_validate(
+            {**fake_level(c, output_throughput=50.0, mean_tpot_ms=10.0), "request_rate": r})
+            for c, r in sorted(rates.items()))
+        return TrialOutcome(result=BenchResult(config=config, engine=EngineInfo(start_s=1.0),
+                                               levels=levels))
+
+    monkeypatch.setattr(ladder.Campaign, "measure_run", measure_run)
+    runs = ladder.measure_open_loop(campaign, runs=[("policy", CHOSEN)], rates=rates)
+    assert len(seen) == 2 and all(isinstance(s, OpenLoopSettings) and s.concurrencies == (2, 4)
+                                  and s.request_rates == rates for s in seen)
+    assert [r["phase"] for r in runs] == ["open_loop"] * 2
+    assert said[0] == (f"  [open_loop 1/2] {CHOSEN.label()}: c=2 at 1.25 req/s 50.0 tok/s | "
+                       "c=4 at 3.50 req/s 50.0 tok/s")
+    comp = ladder.companion(campaign.study)
+    assert comp.trials[0].user_attrs["request_rates"] == {"2": 1.25, "4": 3.5}
+    # A closed-loop level dumps as before: no request_rate key.
+    closed = LevelMetrics.model_validate(fake_level(1, output_throughput=1.0, mean_tpot_ms=1.0))
+    assert "request_rate" not in closed.model_dump() and closed.request_rate is None

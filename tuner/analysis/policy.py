@@ -6,7 +6,10 @@ concurrency (speedup over the baseline falls to 1 within the measured noise), ch
 of concurrency the best K for the chosen method (K never rises with load, so neighbouring
 bands cannot flip-flop), emit `num_speculative_tokens_per_batch_size` where the method's
 proposer takes a changing K (tuner.speculative.varying_k, handed in by tuner.api; else the
-bands, a static K each, and why), and verify the emitted config on the same ladder. Where the study has an aligned baseline (no speculation on the
+bands, a static K each, and why), and verify the emitted config on the same ladder, then open
+loop at each band edge (open_loop_plan / open_loop_check / with_open_loop: vLLM keys K on the
+scheduled requests, prefills included, so arrivals swing it across an edge; bands merge where
+the schedule dips beyond the spread). Where the study has an aligned baseline (no speculation on the
 speculative engine path), the ladder measures it too and every speedup over the plain baseline
 is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
@@ -312,6 +315,10 @@ def draft_policy(measured: list[dict[str, Any]], runs: list[tuple[str, TrialConf
         "k_by_level": picked, "schedule": None if refused else [list(b) for b in schedule],
         "bands": [list(b) for b in schedule], "schedule_refused": refused,
         "k_measured": measured_ks,
+        # Every K the bands chose from, measured or predicted: its closed-loop speedup and
+        # noise per level (the open-loop check's merges must not give any of it up).
+        "k_stats": {str(k): {str(c): {"speedup": st["speedup"], "noise": st["noise"]}
+                             for c, st in per_k[k].items()} for k in sorted(per_k)},
         "k_predicted": sorted(k for k in per_k if k not in measured_ks),
         "predicted_speedups": {str(k): {str(c): round(v, 4) for c, v in curve.items()}
                                for k, curve in (predicted or {}).items()},
@@ -491,8 +498,9 @@ def open_loop_check(plan: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any
     """Per planned edge, the open-loop output throughput (median over repeats, relative MAD)
     of the schedule and of each static K of the two bands (`static_keys`: {K: config key},
     K 0 the baseline), the best static K, schedule over best, and whether the schedule dips
-    below it beyond the spread (`dips`: the ratio under 1 by more than the larger relative
-    spread of the two; a smaller difference is no finding). An edge not measured for the
+    below it beyond the spread (`dips`: the ratio under 1 by more than the two relative
+    spreads added, MAD over median of each one's repeats, UNMEASURED_NOISE for a single run;
+    a smaller difference is no finding). An edge not measured for the
     schedule or either K has no verdict (`dips` None)."""
     pol = throughput_series(runs, policy_key)
     out = []
@@ -501,39 +509,74 @@ def open_loop_check(plan: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any
         row: dict[str, Any] = {**edge, "policy": None, "static": {}, "best_k": None,
                                "ratio": None, "noise": None, "dips": None}
         if pol.get(c):
-            row["policy"] = _figure(pol[c])
+            row["policy"] = _figure(pol[c], throughput_series(runs, policy_key, TPOT)[c])
         for k in sorted({edge["k_below"], edge["k_above"]}, reverse=True):
             xs = throughput_series(runs, static_keys[k]).get(c) if k in static_keys else None
             if xs:
-                row["static"][str(k)] = _figure(xs)
+                row["static"][str(k)] = _figure(
+                    xs, throughput_series(runs, static_keys[k], TPOT)[c])
         if row["policy"] is not None and len(row["static"]) == 2:
             best = max(row["static"], key=lambda k: row["static"][k]["throughput"])
             b, p = row["static"][best], row["policy"]
-            ratio = _measured(pol[c]).over(Measured(value=b["throughput"],
-                                                    relative_spread=b["noise"]))
-            row.update(best_k=int(best), ratio=round(ratio.value, 4),
-                       noise=round(ratio.relative_spread, 4),
-                       dips=ratio.value < 1.0 - ratio.relative_spread)
+            # The spread of a difference of two medians: both their spreads, added.
+            ratio, noise = p["throughput"] / b["throughput"], p["noise"] + b["noise"]
+            row.update(best_k=int(best), ratio=round(ratio, 4), noise=round(noise, 4),
+                       dips=ratio < 1.0 - noise)
             row["policy_minus_best"] = round(p["throughput"] - b["throughput"], 3)
         out.append(row)
     return out
 
 
-def _figure(xs: Sequence[float]) -> dict[str, Any]:
+TPOT = "mean_tpot_ms"
+
+
+def _figure(xs: Sequence[float], tpots: Sequence[float]) -> dict[str, Any]:
+    """Output throughput (median, relative MAD, spread in tok/s) over the repeats, and the
+    median mean TPOT beside it (what open-loop load shows first; not what decides)."""
     m = _measured(xs)
     return {"throughput": round(m.value, 3), "noise": round(m.relative_spread, 4),
-            "spread": round(m.spread, 3), "n": len(xs)}
+            "spread": round(m.spread, 3), "n": len(xs),
+            "mean_tpot_ms": round(statistics.median(tpots), 3) if tpots else None}
+
+
+def merge_cost(schedule: Sequence[Sequence[int]], edge: dict[str, Any],
+               k_stats: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any] | None:
+    """What merging the bands at a dipping `edge` into its best static K would give up on
+    the closed-loop ladder: the first level of the band whose K it replaces where that K
+    measured (or was predicted) faster than the best K beyond the noise (K 0: speedup 1),
+    as {concurrency, k, speedup, merged_k, merged_speedup}; None where it gives up nothing.
+    `k_stats`: {K: {level: {speedup, noise}}} (draft_policy's)."""
+    best = int(edge["best_k"])
+    i = next(i for i, b in enumerate(schedule[:-1]) if b[1] == edge["edge"])
+    lo, hi, k = schedule[i + 1] if schedule[i][2] == best else schedule[i]
+
+    def stat(kk: int, c: str) -> dict[str, float] | None:
+        return {"speedup": 1.0, "noise": 0.0} if kk == 0 else k_stats.get(str(kk), {}).get(c)
+
+    for c in sorted(k_stats.get(str(k), {}) if k else
+                    {c for st in k_stats.values() for c in st}, key=int):
+        if not lo <= int(c) <= hi:
+            continue
+        old, new = stat(k, c), stat(best, c)
+        if old is None:
+            continue
+        if new is None or new["speedup"] < old["speedup"] * (1 - max(old["noise"], new["noise"])):
+            return {"concurrency": int(c), "k": int(k), "speedup": round(old["speedup"], 4),
+                    "merged_k": best,
+                    "merged_speedup": None if new is None else round(new["speedup"], 4)}
+    return None
 
 
 def merged_at_dips(schedule: Sequence[Sequence[int]], edges: Sequence[dict[str, Any]]
                    ) -> list[tuple[int, int, int]]:
     """The schedule with the two bands at every edge that dipped merged into one band of the
     K that measured better there (hysteresis by construction: no K flip is left where one
-    cost throughput). Left to right, so K still never rises with load: each merged K lies
-    between its neighbours'."""
+    cost throughput), unless the edge says the merge would give up a closed-loop gain
+    (`gives_up`, merge_cost). Left to right, so K still never rises with load: each merged
+    K lies between its neighbours'."""
     out = [list(b) for b in schedule]
     for edge in edges:
-        if not edge.get("dips"):
+        if not edge.get("dips") or edge.get("gives_up"):
             continue
         i = next((i for i, b in enumerate(out[:-1]) if b[1] == edge["edge"]), None)
         if i is None:  # the edge was merged away already
@@ -551,14 +594,19 @@ def merged_at_dips(schedule: Sequence[Sequence[int]], edges: Sequence[dict[str, 
 def with_open_loop(doc: dict[str, Any], edges: list[dict[str, Any]], base_spec: dict[str, Any],
                    *, varying_k: tuple[bool, str] | None = None) -> dict[str, Any]:
     """The document with its open-loop check (`open_loop`: edges, dipped, the schedule as
-    verified and as revised) and, where an edge dipped, the revised schedule in its place:
+    verified and as revised) and, where an edge dipped and the merge gives up no closed-loop
+    gain (merge_cost; else the edge is kept, `kept_at`, with what it would give up under
+    `gives_up`), the revised schedule in its place:
     `schedule`, `bands` and `speculative_config` (policy_config's, so one K left everywhere
     is a static config, and K 0 everywhere no speculation). The closed-loop verification
     stays, about the schedule it measured (`schedule_verified`)."""
     before = [tuple(b) for b in doc["schedule"]]
+    edges = [{**e, "gives_up": merge_cost(before, e, doc.get("k_stats") or {})}
+             if e.get("dips") else e for e in edges]
     after = merged_at_dips(before, edges)
     revised = after != before
     block = {"edges": edges, "dipped_at": [e["edge"] for e in edges if e.get("dips")],
+             "kept_at": [e["edge"] for e in edges if e.get("dips") and e.get("gives_up")],
              "unmeasured_at": [e["edge"] for e in edges if e.get("dips") is None],
              "revised": revised, "schedule_verified": [list(b) for b in before],
              "schedule_revised": [list(b) for b in after] if revised else None}

@@ -215,18 +215,26 @@ def open_loop_lines(policy: dict[str, Any]) -> list[str]:
                    f"({e['ratio']:.2f}x, spread ±{100 * e['noise']:.0f}%)")
         lines.append(head + figures + (": dips beyond the spread" if e["dips"]
                                        else ": no dip beyond the spread"))
+        if cost := e.get("gives_up"):
+            merged = cost["merged_speedup"]
+            lines.append(f"    kept: merging into K={cost['merged_k']} would give up the "
+                         f"closed-loop {cost['speedup']:.2f}x of K={cost['k']} at concurrency "
+                         f"{cost['concurrency']} (" + ("not measured" if merged is None
+                                                      else f"{merged:.2f}x") + ")")
     if block.get("revised"):
         lines.append(f"  bands merged at the dipping edge(s) {block['dipped_at']} into the K "
                      f"that measured better there: schedule {json.dumps(block['schedule_revised'])}"
                      f" (was {json.dumps(block['schedule_verified'])}, verified on the ladder "
                      f"above)")
-    elif not block.get("unmeasured_at"):
+    elif not block.get("unmeasured_at") and not block.get("kept_at"):
         lines.append("  the schedule holds at every edge")
     return lines
 
 
 def _tok(figure: dict[str, Any]) -> str:
-    return f"{figure['throughput']:.1f} ±{figure['spread']:.1f} tok/s"
+    tpot = figure.get("mean_tpot_ms")
+    return (f"{figure['throughput']:.1f} ±{figure['spread']:.1f} tok/s"
+            + ("" if tpot is None else f" (TPOT {tpot:.1f} ms)"))
 
 
 def policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

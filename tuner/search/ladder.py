@@ -6,7 +6,8 @@ repeat) so slow drift of a shared machine hits every config alike. Each run is o
 launch measured at every ladder level and is stored as a trial of a companion Optuna study
 (`<study>.policy`) in the same storage, so a killed campaign resumes where it stopped and
 reports regenerate from storage. A run that fails is recorded with its reason, never fatal;
-a run's token capture stays in its folder, named in its attrs.
+a run's token capture stays in its folder, named in its attrs. The phase "open_loop"
+(measure_open_loop) drives chosen levels at a request rate instead of the closed loop.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def measure_open_loop(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConf
     from tuner.measure.trial import OpenLoopSettings
 
     settings = OpenLoopSettings(**{**campaign.settings.model_dump(),
-                                   "concurrencies": tuple(sorted(rates))},
-                                request_rates=dict(rates))
+                                   "concurrencies": tuple(sorted(rates)),
+                                   "request_rates": dict(rates)})
     open_loop = dataclasses.replace(campaign, settings=settings)
     return measure(open_loop, runs=runs, phase=OPEN_LOOP, measure_run=measure_run)
 
