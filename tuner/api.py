@@ -381,9 +381,10 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, ladder))}, "
         f"{options.repeats} repeat(s), {len(runs)} configs "
         f"({', '.join(c.label() for _, c in runs)})")
-    measure = functools.partial(ladder_runs.measure, ladder_runs.Campaign(
+    campaign = ladder_runs.Campaign(
         study=study, engine=engine, workload=wl, settings=settings, schedule=schedule,
-        repeats=options.repeats, out_dir=study_dir, say=say))
+        repeats=options.repeats, out_dir=study_dir, say=say)
+    measure = functools.partial(ladder_runs.measure, campaign)
     measured = measure(runs=runs, phase="ladder")
     from tuner import speculative  # whether vLLM takes a schedule of the leader's method
 
@@ -398,7 +399,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
                  "output_len": wspec.output_len, "requests_per_slot": options.requests_per_slot})
     if doc["speculative_config"] is not None:
         doc = _verified(doc, runs, measured, measure=measure, engine=engine,
-                        side_by_side=options.side_by_side)
+                        side_by_side=options.side_by_side, campaign=campaign)
     files.write_json(study_dir / "policy.json", doc)
     _render(study, study_dir)  # the report shows the policy, and draws its plot
     return doc
@@ -421,9 +422,10 @@ def _predicted_curves(measured: list[dict], runs: list, *, study_dir: Path, engi
 
 
 def _verified(doc: dict, runs: list, measured: list[dict], *, measure: Callable[..., list],
-              engine: EngineSpec, side_by_side: bool) -> dict:
+              engine: EngineSpec, side_by_side: bool, campaign: Any = None) -> dict:
     """The policy document with its schedule measured on the same ladder; baseline and static
-    come from the ladder phase unless `side_by_side` re-measures them interleaved with it."""
+    come from the ladder phase unless `side_by_side` re-measures them interleaved with it.
+    Then, where the engine ran the schedule, the open-loop check (_open_loop_checked)."""
     from tuner.analysis import policy as rules
 
     policy_cfg, static = rules.policy_configs(doc, runs)
@@ -433,9 +435,40 @@ def _verified(doc: dict, runs: list, measured: list[dict], *, measure: Callable[
     if side_by_side:
         verify_runs = [("baseline", TrialConfig()), ("static", static)] + verify_runs
     verify = measure(runs=verify_runs, phase="verify")
-    return rules.with_verification(doc, verify if side_by_side else measured + verify,
-                                   policy_cfg=policy_cfg, static=static,
-                                   side_by_side=side_by_side)
+    doc = rules.with_verification(doc, verify if side_by_side else measured + verify,
+                                  policy_cfg=policy_cfg, static=static,
+                                  side_by_side=side_by_side)
+    ver = doc["verification"]
+    if campaign is None or ver.get("engine_rejected") or not ver.get("honoured", True):
+        return doc
+    return _open_loop_checked(doc, verify, policy_cfg=policy_cfg, static=static,
+                              campaign=campaign, engine=engine)
+
+
+def _open_loop_checked(doc: dict, verify: list[dict], *, policy_cfg: TrialConfig,
+                       static: TrialConfig, campaign: Any, engine: EngineSpec) -> dict:
+    """The schedule and the static Ks of its bands measured open loop at each band edge
+    (Poisson at the closed-loop request rate there, capped at the ladder level above it:
+    vLLM keys the schedule on scheduled requests, prefills included, so such load swings K
+    across the edge); bands merged where the schedule dipped beyond the spread."""
+    from tuner.analysis import policy as rules
+    from tuner.search import ladder as ladder_runs
+
+    plan = rules.open_loop_plan(doc["schedule"], rules.throughput_series(
+        verify, policy_cfg.key(), "request_throughput"))
+    if not plan:
+        return doc
+    runs, static_keys = rules.open_loop_runs(plan, policy_cfg, static)
+    measured = ladder_runs.measure_open_loop(
+        campaign, runs=runs, rates={e["concurrency"]: e["rate"] for e in plan})
+    doc = rules.with_open_loop(doc, rules.open_loop_check(
+        plan, measured, policy_key=policy_cfg.key(), static_keys=static_keys),
+        static.speculative_config)
+    if doc["open_loop"]["revised"]:
+        revised = static.model_copy(update={"speculative_config": doc["speculative_config"]})
+        doc["serve_command"] = (engine_cmdline.serve_command(engine, revised)
+                                if doc["speculative_config"] else None)
+    return doc
 
 
 # --- report and recommend: regenerated from storage, no engine ------------------------------

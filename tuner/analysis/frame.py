@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     import optuna
 
 # The level's figures as columns; the percentiles a user selected (LevelMetrics.percentiles,
-# "p95_tpot_ms", ...) become columns of their own after these.
-LEVEL_FIELDS = tuple(f for f in LevelMetrics.model_fields if f != "percentiles")
+# "p95_tpot_ms", ...) become columns of their own after these. No request_rate: a study's
+# trials are measured closed loop (open-loop levels are the policy's, in policy.json).
+LEVEL_FIELDS = tuple(f for f in LevelMetrics.model_fields
+                     if f not in ("percentiles", "request_rate"))
 _PERCENTILE_COLUMN = re.compile(r"^p\d+(\.\d+)?_[a-z]+_ms$")
 # Metrics whose run-to-run spread is measured; they are the two objectives of a study.
 SPREAD_METRICS = ("output_throughput", "mean_tpot_ms")
