@@ -417,7 +417,9 @@ def _predicted_curves(measured: list[dict], runs: list, *, study_dir: Path, engi
         temperature=temperature)
     if predicted:
         say(f"Replay predicted K 1-{max(predicted)} of {chosen.label()} on the ladder; the "
-            "schedule may use a K the ladder did not measure, and is verified either way.")
+            "schedule may use a K the ladder did not measure and is verified by a launch; for "
+            "a method that takes no changing K, a band's K only the replay predicted is named "
+            "as such.")
     return predicted
 
 
