@@ -166,11 +166,16 @@ def _study_lost(study, n_trials: int) -> int:
 
 # --- engine faults, one trial each ------------------------------------------------------------
 def test_engine_exiting_at_start_up_is_a_failure_with_vllms_reason(tmp_path, tag):
-    with drill("exits at start-up (min>max window)", "fake",
+    _exits_at_start_up(_spec(tag, child_process=True), "fake", tmp_path, tag)
+
+
+def _exits_at_start_up(spec, where: str, tmp_path, tag) -> None:
+    """A min>max window launched on `spec`: the engine dies while starting, and the trial is
+    a FAIL in vLLM's words with nothing lost or left behind."""
+    with drill("exits at start-up (min>max window)", where,
                "EngineCrashed, vLLM's reason") as row:
-        out = runner.measure_outcome(_spec(tag, child_process=True),
-                                     TrialConfig(speculative_config=BAD_WINDOW), _workload(),
-                                     MeasureSettings(), str(tmp_path))
+        out = runner.measure_outcome(spec, TrialConfig(speculative_config=BAD_WINDOW),
+                                     _workload(), MeasureSettings(), str(tmp_path))
         f = out.failure
         row.observed = f"{f.kind}: {short(f.reason.rsplit(': ', 1)[-1], 70)}" if f else "measured"
         row.nothing_lost(_recorded(out))
@@ -640,16 +645,7 @@ def _real_workload(spec, num_prompts: int = 8) -> Workload:
 def test_real_engine_exiting_at_start_up_is_a_failure_with_vllms_reason(tmp_path, tag):
     """tuner.checks refuses this config before a launch (test_real_engine.py); the runner under
     it must still turn an engine that dies while starting into a FAIL trial in vLLM's words."""
-    with drill("exits at start-up (min>max window)", "real",
-               "EngineCrashed, vLLM's reason") as row:
-        out = runner.measure_outcome(_real_spec(tag), TrialConfig(speculative_config=BAD_WINDOW),
-                                     _workload(), MeasureSettings(), str(tmp_path))
-        f = out.failure
-        row.observed = f"{f.kind}: {short(f.reason.rsplit(': ', 1)[-1], 70)}" if f else "measured"
-        row.nothing_lost(_recorded(out))
-        assert f.kind == "engine_crashed"
-        assert VLLM_REASON in f.reason
-        row.nothing_left(tag)
+    _exits_at_start_up(_real_spec(tag), "real", tmp_path, tag)
 
 
 @pytest.mark.engine
