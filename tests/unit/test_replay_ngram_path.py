@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
+from test_replay_predict import _capture  # outputs that copy spans of their prompts
 
 from tuner.outputs.predictions import ngram_path_note
 from tuner.records.configs import TrialConfig
 from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, ngram_v2, schedule
 from tuner.replay.predict import MeasuredTrial, predict
-from tuner.tokens import RequestTokens, TokenCapture
+from tuner.tokens import TokenCapture
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers
 
@@ -24,20 +24,6 @@ NG = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1,
       "prompt_lookup_max": 4}
 SMALL = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
          "prompt_lookup_max": 3}
-
-
-def _capture(seed: int = 0) -> TokenCapture:
-    """Outputs that copy spans of their prompts, and end in tokens no prompt holds."""
-    rng = np.random.default_rng(seed)
-    reqs = []
-    for c in (1, 2):
-        for warm, n in ((True, c), (False, 6)):
-            for i in range(n):
-                prompt = rng.integers(0, 50, 200).astype(np.int32)
-                parts = [prompt[s:s + 12] for s in rng.integers(0, 180, 6)]
-                output = np.concatenate(parts + [rng.integers(50, 90, 10).astype(np.int32)])
-                reqs.append(RequestTokens(c, i, warm, prompt, output, max_tokens=len(output)))
-    return TokenCapture(tuple(reqs))
 
 
 def _level(c: int, played: schedule.Schedule, acc_len: float | None) -> LevelMetrics:
