@@ -588,12 +588,13 @@ def _space_configs(space: Any, limit: int = 64) -> list[tuple[str, dict]]:
     for params in points:
         spec = space.config_from_params(params).speculative_config
         if spec:
-            out.append((f"search space '{space.name}' point {show(params)}", spec))
+            out.append((f"search space '{space.name}' point {show(params.params())}", spec))
     for point in space.start_points:
         params = space.params_of(point)  # as the study enqueues it: with the fixed values
         spec = space.config_from_params(params).speculative_config if params else None
         if spec:
-            out.append((f"search space '{space.name}' start point {show(point)}", spec))
+            out.append((f"search space '{space.name}' start point {show(point.written())}",
+                        spec))
     return out
 
 

@@ -21,6 +21,7 @@ from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.storage import STUDY_ATTR
 from tuner.search import storage
 from tuner.search import study as st
+from tuner.search.space import Point
 
 
 def _driver_cmd(out: Path, n_trials: int, *, tpot_ms: float = 2) -> list[str]:
@@ -177,7 +178,8 @@ def test_shared_database_fails_only_trials_whose_heartbeat_went_stale(tmp_path, 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     dead = optuna.create_study(study_name="s", storage=st.storage(tmp_path, url))
     dead.set_user_attr(STUDY_ATTR, {"objectives": ["output_throughput"]})
-    orphan = dead.ask({"k": optuna.distributions.IntDistribution(1, 8)})
+    orphan = dead.ask({"method": optuna.distributions.CategoricalDistribution(["ngram"]),
+                       "ngram.k": optuna.distributions.IntDistribution(1, 8)})
     rdb = dead._storage._backend  # under Optuna's _CachedStorage
     with rdb._beats_lock:
         rdb._mine.clear()  # its driver dies: no more beats
@@ -187,7 +189,7 @@ def test_shared_database_fails_only_trials_whose_heartbeat_went_stale(tmp_path, 
     retry = st.recover_orphans(live)
     states = {t.number: t.state.name for t in live.get_trials(deepcopy=False)}
     assert states == {orphan.number: "FAIL", running.number: "RUNNING"}
-    assert retry == [{"k": orphan.params["k"]}]
+    assert retry == [Point(method="ngram", values=(("k", orphan.params["ngram.k"]),))]
     failed = live.trials[orphan.number]
     assert failed.user_attrs["failure"]["kind"] == "driver_died"
     # It stayed RUNNING because it was beating: once its beats stop, it goes stale too.

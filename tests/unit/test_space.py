@@ -23,10 +23,10 @@ def test_builtin_spaces_load_and_include_the_baseline():
         assert "none" in sp.methods
         for point in sp.start_points:
             params = sp.params_of(point)
-            if sp.methods.get(point["method"]) and all(
-                    not isinstance(v, space.Param) or k in point
-                    for k, v in sp.methods[point["method"]].items()):
-                assert params, (name, point)
+            if sp.methods.get(point.method) and all(
+                    not isinstance(v, space.Param) or k in dict(point.values)
+                    for k, v in sp.methods[point.method].items()):
+                assert params is not None, (name, point)
 
 
 def test_ngram_window_min_never_exceeds_max_under_random_sampling():
@@ -47,21 +47,24 @@ def test_ngram_window_min_never_exceeds_max_under_random_sampling():
 
 def test_grid_enumerates_every_valid_ngram_config():
     grid = space.load("ngram").grid()
-    ngram = [g for g in grid if g["method"] == "ngram"]
+    ngram = [g for g in grid if g.method == "ngram"]
     # k in 1..8, max in 2..6, min in 1..max: 8 * (2+3+4+5+6) = 160
     assert len(ngram) == 160
-    assert all(g["ngram.prompt_lookup_min"] <= g["ngram.prompt_lookup_max"] for g in ngram)
+    assert all(g.value("prompt_lookup_min") <= g.value("prompt_lookup_max") for g in ngram)
+    assert ngram[0].params() == {"method": "ngram", "ngram.num_speculative_tokens": 1,
+                                 "ngram.prompt_lookup_max": 2, "ngram.prompt_lookup_min": 1}
     assert len(grid) == 160  # the baseline is enqueued on its own, never a grid point
 
 
 def test_config_from_params_round_trips_and_fills_fixed_values():
     sp = space.load("draft")
-    cfg = sp.config_from_params({"method": "draft_model",
-                                 "draft_model.num_speculative_tokens": 3})
+    cfg = sp.config_from_params(space.Point.from_params(
+        {"method": "draft_model", "draft_model.num_speculative_tokens": 3}))
     assert cfg.speculative_config == {"method": "draft_model", "model": "/models/draft-model",
                                       "num_speculative_tokens": 3,
                                       "draft_tensor_parallel_size": 1}
-    assert space.load("ngram").config_from_params({"method": "none"}).speculative_config is None
+    assert space.load("ngram").config_from_params(
+        space.Point(method="none")).speculative_config is None
 
 
 K = "num_speculative_tokens"

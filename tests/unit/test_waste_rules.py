@@ -152,7 +152,7 @@ def test_samplers_never_draw_the_baseline_and_old_studies_keep_their_choices(tmp
         trial = old.ask()
         sp.suggest(trial, method_choices=choices)
         old.tell(trial, 0.0)
-    assert sp.baseline() == TrialConfig() and sp.params_of({"method": "none"}) == {}
+    assert sp.baseline() == TrialConfig() and sp.params_of(space.Point(method="none")) is None
 
 
 def test_old_style_waiting_baseline_is_still_the_baseline():

@@ -30,10 +30,10 @@ from tuner.records.results import BenchResult, Role, TrialOutcome
 from tuner.records.storage import TrialAttr
 from tuner.search import optuna_compat
 from tuner.search import study as st
-from tuner.search.space import SearchSpace
+from tuner.search.space import Point, SearchSpace
 
 
-def enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
+def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
     trials = study.get_trials(deepcopy=False)
     waiting = [t for t in trials if t.state == TrialState.WAITING]
     has_baseline = any(t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
@@ -43,19 +43,21 @@ def enqueue_start(study, sp, sampler: str, retry: list[dict]) -> None:
         # sampler is never steered back to this measured point (tuner.search.space suggest).
         study.enqueue_trial({}, user_attrs={TrialAttr.ROLE: Role.BASELINE.value, TrialAttr.CONFIG_OVERRIDE: json.loads(
             sp.baseline().model_dump_json())})
-    for params in retry:
-        if params.get("method") != "none":  # a baseline is enqueued above when it is missing
-            study.enqueue_trial(params, user_attrs={TrialAttr.ROLE: Role.RETRY.value})
+    for point in retry:
+        if point.method != "none":  # a baseline is enqueued above when it is missing
+            study.enqueue_trial(point.params(), user_attrs={TrialAttr.ROLE: Role.RETRY.value})
     if trials and waiting:
         return
     if not trials:
         for point in sp.start_points:
             params = sp.params_of(point)
-            if params:
-                study.enqueue_trial(params, user_attrs={TrialAttr.ROLE: Role.START_POINT.value})
+            if params is not None:
+                study.enqueue_trial(params.params(),
+                                    user_attrs={TrialAttr.ROLE: Role.START_POINT.value})
         if sampler == "grid":
             for params in sp.grid():
-                study.enqueue_trial(params, user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
+                study.enqueue_trial(params.params(),
+                                    user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
 
 
 def aligned_attrs(config: TrialConfig) -> dict[str, Any]:
@@ -367,18 +369,17 @@ class SearchLoop:
     def _submit(self, trial, config: TrialConfig) -> None:
         trial.set_user_attr(st.ENGINE_ATTR, self.engine_digest)
         trial_dir = self.out_dir / "trials" / str(trial.number)
-        options: dict[str, Any] = {}
+        args = (trial.number, self.engine, config, self.workload, self.settings, str(trial_dir))
         if getattr(self.executor, "reports_progress", False):
             # Inline, the trial itself says when its engine starts, is ready, and each level.
-            options = {"progress": lambda m: self.detail(f"  trial {trial.number}: {m}"),
-                       "show_bar": self.show_bar}
+            self.executor.submit(*args, num_gpus=self.gpus, schedule=self.schedule,
+                                 progress=lambda m: self.detail(f"  trial {trial.number}: {m}"),
+                                 show_bar=self.show_bar)
         else:
             # A Ray worker's lines never reach this terminal: say here what it is doing.
             self.detail(f"  trial {trial.number}: engine starting for {config.label()} (log: "
                         f"{trial_dir / 'engine.log'}); its figures come back when it ends")
-        self.executor.submit(trial.number, self.engine, config, self.workload, self.settings,
-                             str(trial_dir), num_gpus=self.gpus, schedule=self.schedule,
-                             **options)
+            self.executor.submit(*args, num_gpus=self.gpus, schedule=self.schedule)
 
     def _answer_known(self, trial, config: TrialConfig) -> bool:
         """Tell `trial` from storage when its config was measured or refused; True if told."""

@@ -40,7 +40,7 @@ from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
-from tuner.search.space import Param, SearchSpace
+from tuner.search.space import Param, Point, SearchSpace
 from tuner.tokens import TokenCapture
 
 GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
@@ -98,27 +98,28 @@ def neighbours(space: SearchSpace, configs: Iterable[TrialConfig]) -> list[Trial
     """The grid points one step from `configs`: one knob moved to the next or the previous
     value of its domain, the others kept (methods whose grid cannot be enumerated have none)."""
     out: dict[str, TrialConfig] = {}
-    grids: dict[str, dict[frozenset, dict[str, Any]] | None] = {}
+    # Each grid point by itself: a point moved to a value equal to the grid's (3.0 for 3)
+    # is the grid's own point.
+    grids: dict[str, dict[Point, Point] | None] = {}
     for cfg in configs:
         method = cfg.method
         if method not in space.methods or method == "none":
             continue
         if method not in grids:
             points = grid_points(only_method(space, method))
-            grids[method] = None if points is None else {_frozen(p): p for p in points}
+            grids[method] = None if points is None else {p: p for p in points}
         grid = grids[method]
-        params = space.params_of(cfg.speculative_config or {})
-        if grid is None or _frozen(params) not in grid:
+        point = space.point_of(cfg)
+        if grid is None or point is None or point not in grid:
             continue
         for name, param in space.methods[method].items():
             if not isinstance(param, Param):
                 continue
-            key = f"{method}.{name}"
-            domain = sorted({p[key] for p in grid.values()})
-            at = domain.index(params[key])
+            domain = sorted({p.value(name) for p in grid})
+            at = domain.index(point.value(name))
             for j in (at - 1, at + 1):
                 if 0 <= j < len(domain):
-                    moved = grid.get(_frozen({**params, key: domain[j]}))
+                    moved = grid.get(point.with_value(name, domain[j]))
                     if moved is not None:
                         near = space.config_from_params(moved)
                         out.setdefault(near.key(), near)
@@ -186,16 +187,12 @@ def only_method(space: SearchSpace, method: str) -> SearchSpace:
     return space.model_copy(update={"methods": {method: space.methods[method]}})
 
 
-def grid_points(space: SearchSpace) -> list[dict[str, Any]] | None:
+def grid_points(space: SearchSpace) -> list[Point] | None:
     """Every grid point, or None where the grid is continuous or larger than GRID_LIMIT."""
     try:
         return space.grid(limit=GRID_LIMIT)
     except ConfigError:
         return None
-
-
-def _frozen(params: dict[str, Any]) -> frozenset:
-    return frozenset(params.items())
 
 
 class _RandomTrial:
@@ -535,15 +532,15 @@ class ReplaySearch:
         """At temperature > 0, a launch whose measured acceptance lies outside the replay's
         interval (sampling.mismatch): said once, noted, and kept per level in the study's
         settings (StudySettings.sampling_mismatch), where the recommendation's reason reads it."""
-        found: dict[int, dict[str, Any]] = {}
-        for r in pred.rows:
-            if sampling.mismatch(r, temperature=pred.temperature):
-                found.setdefault(int(r["concurrency"]), r)
-        if not found:
+        lines: dict[str, str] = {}  # by level, the first mismatched row's line
+        for r in sorted(pred.rows, key=lambda r: int(r["concurrency"])):  # stable
+            c = str(int(r["concurrency"]))
+            if c not in lines and sampling.mismatch(r, temperature=pred.temperature):
+                lines[c] = sampling.mismatch_line(
+                    r, temperature=pred.temperature, vllm_version=self._vllm_version(r["key"]),
+                    device=self.loop.engine.device)
+        if not lines:
             return
-        lines = {str(c): sampling.mismatch_line(
-            r, temperature=pred.temperature, vllm_version=self._vllm_version(r["key"]),
-            device=self.loop.engine.device) for c, r in sorted(found.items())}
         stored = st.settings_of(self.study)
         known = stored.sampling_mismatch
         fresh = {c: text for c, text in lines.items() if c not in known}

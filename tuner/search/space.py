@@ -14,7 +14,7 @@ Optuna distribution it will be sampled from.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,10 @@ from tuner.records.configs import TrialConfig
 from tuner.speculative import VllmSchema, vllm_schema
 
 PARAM_TYPES = ("int", "float", "choice")
+# What a speculative-config key or an engine knob is set to: what YAML, JSON and Optuna's
+# categorical choices have in common (null: a key left to vLLM's default).
+Value = bool | int | float | str | None
+_VALUE_TYPES = (bool, int, float, str, type(None))
 
 
 def _value_bound(key: str, kind: type, low: float, high: float, why: str) -> Bound:
@@ -57,7 +61,7 @@ ANY_NUMBER = _value_bound("", float, -2.0**53, 2.0**53, "beyond 2^53 a float no 
                           "every whole number, so no engine option means it")
 
 
-def _check_value(where: str, key: str | None, value: Any) -> None:
+def _check_value(where: str, key: str | None, value: object) -> None:
     """Refuse a number no vLLM option means (NaN, an infinity, 1e300) or a known key out of its
     range, naming the file, the key path and the value; lists and mappings are searched."""
     if isinstance(value, (list, tuple)):
@@ -87,24 +91,71 @@ def _check_value(where: str, key: str | None, value: Any) -> None:
 
 
 class Param(BaseModel):
+    """One searched parameter as the space file declares it (a fixed value is a plain Value)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     type: str
     low: float | None = None
     high: float | None = None
     step: float | None = None
     log: bool = False
-    values: tuple[Any, ...] | None = None
+    values: tuple[Value, ...] | None = None
     at_most: str | None = None
     at_least: str | None = None
+
+
+class Point(BaseModel):
+    """One candidate of a space: the method and the value of each searched parameter (its
+    speculative-config keys, then its engine knobs), in declaration order; the fixed values
+    are the space's (SearchSpace.config_from_params fills them in). Hashable, so a grid is a
+    set of points. A start point as a file writes it is a Point too, with whatever keys it
+    names (SearchSpace.params_of keeps the searched ones). Optuna stores a point as the params
+    `method`, `<method>.<key>` and `engine.<key>` (`params`, `from_params`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    method: str
+    values: tuple[tuple[str, Value], ...] = ()
+    engine: tuple[tuple[str, Value], ...] = ()
+
+    @classmethod
+    def from_params(cls, params: dict[str, Value]) -> Point:
+        """The point of an Optuna trial's params (trial.params, or what `params` wrote)."""
+        method = str(params.get("method", "none"))
+        values = tuple((name.removeprefix(f"{method}."), v) for name, v in params.items()
+                       if name.startswith(f"{method}."))
+        engine = tuple((name.removeprefix("engine."), v) for name, v in params.items()
+                       if name.startswith("engine."))
+        return cls(method=method, values=values, engine=engine)
+
+    def params(self) -> dict[str, Value]:
+        """The point as Optuna params (study.enqueue_trial)."""
+        return {"method": self.method, **{f"{self.method}.{k}": v for k, v in self.values},
+                **{f"engine.{k}": v for k, v in self.engine}}
+
+    def value(self, key: str) -> Value:
+        """The value of speculative-config key `key`; None where the point has none."""
+        return dict(self.values).get(key)
+
+    def with_value(self, key: str, value: Value) -> Point:
+        """This point with speculative-config key `key` set to `value` (in its place)."""
+        return self.model_copy(update={"values": tuple(
+            (k, value if k == key else v) for k, v in self.values)})
+
+    def written(self) -> dict[str, Value | dict[str, Value]]:
+        """The point as a space file's start point writes it (for messages)."""
+        out: dict[str, Value | dict[str, Value]] = {"method": self.method, **dict(self.values)}
+        if self.engine:
+            out["engine"] = dict(self.engine)
+        return out
 
 
 class SearchSpace(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     description: str = ""
-    methods: dict[str, dict[str, Param | Any]]
-    engine: dict[str, Param | Any] = {}
-    start_points: tuple[dict[str, Any], ...] = ()
+    methods: dict[str, dict[str, Param | Value]]
+    engine: dict[str, Param | Value] = {}
+    start_points: tuple[Point, ...] = ()
     source: str = ""
 
     # --- sampling -------------------------------------------------------------------------
@@ -131,57 +182,62 @@ class SearchSpace(BaseModel):
         if method_choices and set(method_choices) - {"none"} == set(choices):
             choices = list(method_choices)
         method = trial.suggest_categorical("method", choices)
-        values: dict[str, Any] = {}
+        values: dict[str, Value] = {}
         for key, p in self.methods[method].items():
             values[key] = _suggest(trial, f"{method}.{key}", p, values)
-        engine: dict[str, Any] = {}
+        engine: dict[str, Value] = {}
         for key, p in self.engine.items():
             engine[key] = _suggest(trial, f"engine.{key}", p, engine)
         return build_config(method, values, engine)
 
-    def config_from_params(self, params: dict[str, Any]) -> TrialConfig:
-        """Rebuild the TrialConfig of stored Optuna params (fixed values are filled in)."""
-        method = params["method"]
-        values = {k: (params.get(f"{method}.{k}") if isinstance(p, Param) else p)
-                  for k, p in self.methods.get(method, {}).items()}
-        engine = {k: (params.get(f"engine.{k}") if isinstance(p, Param) else p)
-                  for k, p in self.engine.items()}
-        return build_config(method, values, engine)
+    def config_from_params(self, point: Point) -> TrialConfig:
+        """Rebuild the TrialConfig of a point (fixed values are filled in)."""
+        values = dict(point.values)
+        engine = dict(point.engine)
+        return build_config(
+            point.method,
+            {k: (values.get(k) if isinstance(p, Param) else p)
+             for k, p in self.methods.get(point.method, {}).items()},
+            {k: (engine.get(k) if isinstance(p, Param) else p) for k, p in self.engine.items()})
 
-    def params_of(self, point: dict[str, Any]) -> dict[str, Any]:
-        """Optuna params for a start point written as a flat speculative-config dict."""
-        method = point.get("method", "none")
+    def params_of(self, start: Point) -> Point | None:
+        """The candidate a start point names (its searched values, in declaration order);
+        None where it misses one, or names an unknown method or the baseline (which the
+        driver enqueues on its own)."""
+        return self._point(start.method, dict(start.values), dict(start.engine))
+
+    def point_of(self, config: TrialConfig) -> Point | None:
+        """The candidate `config` is (None where it is not one of this space's)."""
+        spec = {k: v for k, v in (config.speculative_config or {}).items() if k != "method"}
+        return self._point(config.method, spec, dict(config.engine_args))
+
+    def _point(self, method: str, values: dict[str, Value], engine: dict[str, Value]
+               ) -> Point | None:
         if method not in self.methods or method == "none":
-            return {}  # unknown, or the baseline, which the driver enqueues on its own
-        params: dict[str, Any] = {"method": method}
-        for k, p in self.methods[method].items():
-            if isinstance(p, Param):
-                if k not in point:
-                    return {}
-                params[f"{method}.{k}"] = point[k]
-        for k, p in self.engine.items():
-            if isinstance(p, Param):
-                if k not in point.get("engine", {}):
-                    return {}
-                params[f"engine.{k}"] = point["engine"][k]
-        return params
+            return None
+        searched = [k for k, p in self.methods[method].items() if isinstance(p, Param)]
+        knobs = [k for k, p in self.engine.items() if isinstance(p, Param)]
+        if any(k not in values for k in searched) or any(k not in engine for k in knobs):
+            return None
+        return Point(method=method, values=tuple((k, values[k]) for k in searched),
+                     engine=tuple((k, engine[k]) for k in knobs))
 
-    def grid(self, limit: int = 100_000) -> list[dict[str, Any]]:
-        """Every speculative candidate of a finite space as Optuna params (floats need `step`);
-        the baseline is enqueued on its own."""
-        out: list[dict[str, Any]] = []
+    def grid(self, limit: int = 100_000) -> list[Point]:
+        """Every speculative candidate of a finite space (floats need `step`); the baseline is
+        enqueued on its own."""
+        out: list[Point] = []
         for method in self.speculative_methods():
             keys = self.methods[method]
             for combo in _enumerate(list(keys.items()), method):
                 for eng in _enumerate(list(self.engine.items()), "engine"):
-                    out.append({"method": method, **combo, **eng})
+                    out.append(Point(method=method, values=combo, engine=eng))
                     if len(out) > limit:
                         raise ConfigError(f"Search space '{self.name}' has more than {limit} "
                                           f"grid points; use a non-grid sampler.")
         return out
 
 
-def _bounds(p: Param, values: dict[str, Any]) -> tuple[float, float]:
+def _bounds(p: Param, values: dict[str, Value]) -> tuple[float, float]:
     low, high = p.low, p.high
     if p.at_most is not None:
         high = min(high, values[p.at_most])
@@ -190,7 +246,7 @@ def _bounds(p: Param, values: dict[str, Any]) -> tuple[float, float]:
     return low, high
 
 
-def _suggest(trial: Any, name: str, p: Any, values: dict[str, Any]) -> Any:
+def _suggest(trial: Any, name: str, p: Param | Value, values: dict[str, Value]) -> Value:
     if not isinstance(p, Param):
         return p
     if p.type == "choice":
@@ -201,22 +257,25 @@ def _suggest(trial: Any, name: str, p: Any, values: dict[str, Any]) -> Any:
     return trial.suggest_float(name, low, high, step=p.step, log=p.log)
 
 
-def _enumerate(items: list[tuple[str, Any]], prefix: str):
-    """Expand in declaration order so dependent bounds (at_most/at_least) see their referent."""
-    def expand(i: int, chosen: dict[str, Any], values: dict[str, Any]):
+def _enumerate(items: list[tuple[str, Param | Value]], prefix: str
+               ) -> Iterator[tuple[tuple[str, Value], ...]]:
+    """The searched values of every combination of a block (key, value pairs), expanded in
+    declaration order so dependent bounds (at_most/at_least) see their referent."""
+    def expand(i: int, chosen: tuple[tuple[str, Value], ...], values: dict[str, Value]
+               ) -> Iterator[tuple[tuple[str, Value], ...]]:
         if i == len(items):
-            yield dict(chosen)
+            yield chosen
             return
         k, q = items[i]
         if not isinstance(q, Param):
             yield from expand(i + 1, chosen, {**values, k: q})
             return
         for v in _domain(q, values, f"{prefix}.{k}"):
-            yield from expand(i + 1, {**chosen, f"{prefix}.{k}": v}, {**values, k: v})
-    yield from expand(0, {}, {})
+            yield from expand(i + 1, (*chosen, (k, v)), {**values, k: v})
+    yield from expand(0, (), {})
 
 
-def _domain(p: Param, values: dict[str, Any], where: str) -> list[Any]:
+def _domain(p: Param, values: dict[str, Value], where: str) -> list[Value]:
     if p.type == "choice":
         return list(p.values)
     low, high = _bounds(p, values)
@@ -228,7 +287,8 @@ def _domain(p: Param, values: dict[str, Any], where: str) -> list[Any]:
     return [round(low + i * p.step, 10) for i in range(n + 1)]
 
 
-def build_config(method: str, values: dict[str, Any], engine: dict[str, Any]) -> TrialConfig:
+def build_config(method: str, values: dict[str, Value], engine: dict[str, Value]
+                 ) -> TrialConfig:
     spec = None if method == "none" else {"method": method, **values}
     return TrialConfig(speculative_config=spec, engine_args=engine)
 
@@ -318,7 +378,7 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
                           f"its parameters, e.g. `methods: {{ngram: {{num_speculative_tokens: "
                           f"{{type: int, low: 1, high: 8}}}}}}`.")
     # The baseline is part of every space: the study measures it first, in the same study.
-    methods: dict[str, dict[str, Any]] = {"none": {}}
+    methods: dict[str, dict[str, Param | Value]] = {"none": {}}
     schema = vllm_schema()
     for method, params in methods_raw.items():
         if method != "none" and method not in schema.methods:
@@ -343,22 +403,45 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
         raise ConfigError(f"{source}: start_points must be a list of mappings with string keys "
                           f"(speculative-config keys, e.g. `- {{method: ngram, "
                           f"num_speculative_tokens: 3}}`).")
+    points = []
     for i, start in enumerate(starts):
         # A misspelt key would drop the point silently (params_of finds a searched key missing).
         _check_keys([k for k in start if k != "engine"], f"{source}: start_points[{i}]", schema,
                     method=None)
         _check_value(f"{source}: start_points[{i}]", None, start)
+        points.append(_start_point(start, f"{source}: start_points[{i}]"))
     name = raw.get("name") or Path(source).stem
     return SearchSpace(name=str(name), description=str(raw.get("description", "")),
-                       methods=methods, engine=engine, start_points=tuple(starts), source=source)
+                       methods=methods, engine=engine, start_points=tuple(points), source=source)
 
 
-def _parse_params(params: Any, where: str) -> dict[str, Any]:
+def _start_point(start: dict[str, Any], where: str) -> Point:
+    """A start point as the file writes it: `method`, speculative-config keys and an optional
+    `engine:` mapping, each set to one value."""
+    method = start.get("method", "none")
+    if not isinstance(method, str):
+        raise ConfigError(f"{where}.method: expected a method name, got {show(method)}. "
+                          f"Fix the start point in the file.")
+    engine = start.get("engine") or {}
+    if not isinstance(engine, dict) or not all(isinstance(k, str) for k in engine):
+        raise ConfigError(f"{where}.engine: expected a mapping of engine knobs to values, "
+                          f"got {show(engine)}. Fix the start point in the file.")
+    values = [(k, v) for k, v in start.items() if k not in ("method", "engine")]
+    for prefix, pairs in ((where, values), (f"{where}.engine", engine.items())):
+        for k, v in pairs:
+            if not isinstance(v, _VALUE_TYPES):
+                raise ConfigError(f"{prefix}.{k}: a start point sets each key to one value "
+                                  f"(a number, text, true/false or null), got {show(v)}. "
+                                  f"Fix the start point in the file.")
+    return Point(method=method, values=tuple(values), engine=tuple(engine.items()))
+
+
+def _parse_params(params: object, where: str) -> dict[str, Param | Value]:
     """A method's (or the engine's) block: each key a fixed value or a Param to search, in
     declaration order, so a bound can name a parameter declared before it."""
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: expected a mapping, got {params!r}.")
-    out: dict[str, Any] = {}
+    out: dict[str, Param | Value] = {}
     for key, spec in params.items():
         if not isinstance(key, str):
             raise ConfigError(f"{where}: parameter names must be strings, got {key!r}.")
@@ -366,7 +449,8 @@ def _parse_params(params: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _parse_param(key: str, spec: Any, path: str, earlier: dict[str, Any]) -> Any:
+def _parse_param(key: str, spec: object, path: str, earlier: dict[str, Param | Value]
+                 ) -> Param | Value:
     """One block entry: a fixed value (checked), or a Param whose range, references to the
     `earlier` parameters and Optuna distribution are checked."""
     if not isinstance(spec, dict):
@@ -374,6 +458,9 @@ def _parse_param(key: str, spec: Any, path: str, earlier: dict[str, Any]) -> Any
             raise ConfigError(f"{path}: a list is ambiguous; write "
                               f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
         _check_value(path, key, spec)
+        if not isinstance(spec, _VALUE_TYPES):  # a YAML date or !!binary: no option takes it
+            raise ConfigError(f"{path}: {show(spec)} is no value a vLLM option takes; write a "
+                              f"number, text, true/false or null (quote a date).")
         return spec  # a fixed value
     p = _param_of(spec, path)
     if p.type == "choice":
@@ -384,7 +471,7 @@ def _parse_param(key: str, spec: Any, path: str, earlier: dict[str, Any]) -> Any
     else:
         _check_range(p, key, path)
         _check_references(p, path, earlier)
-    _check_distribution(p, path, spec)
+    _check_distribution(p, path, written=show(spec))
     return p
 
 
@@ -427,7 +514,7 @@ def _check_range(p: Param, key: str, path: str) -> None:
                           f"{p.step}. Use a whole step, or type float.")
 
 
-def _check_references(p: Param, path: str, earlier: dict[str, Any]) -> None:
+def _check_references(p: Param, path: str, earlier: dict[str, Param | Value]) -> None:
     """`at_most` / `at_least` name an int or float parameter declared before this one, whose
     range keeps this one's possible: at_most's low >= this low, at_least's high <= this high."""
     for ref in (p.at_most, p.at_least):
@@ -451,7 +538,7 @@ def _check_references(p: Param, path: str, earlier: dict[str, Any]) -> None:
                               f"above high {p.high}.")
 
 
-def _check_distribution(p: Param, path: str, spec: dict[str, Any]) -> None:
+def _check_distribution(p: Param, path: str, *, written: str) -> None:
     """Build the Optuna distribution the parameter will be sampled from, so that what Optuna
     refuses (a log range with a step, say) stops the parse instead of the first trial."""
     from optuna import distributions
@@ -465,6 +552,6 @@ def _check_distribution(p: Param, path: str, spec: dict[str, Any]) -> None:
         else:
             distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
     except ValueError as e:
-        raise ConfigError(f"{path}: Optuna refuses the {p.type} parameter {show(spec)}: "
+        raise ConfigError(f"{path}: Optuna refuses the {p.type} parameter {written}: "
                           f"{str(e).rstrip('.')}. Fix the parameter in the file (a log range "
                           f"samples every value: drop `step`, or `log`).") from None

@@ -391,11 +391,11 @@ def _lock(study_dir: Path) -> Say:
         except BlockingIOError:
             raise ConfigError(_in_use_message(study_dir, _holder(fd, wait_s=1.0))) from None
         before = _holder(fd, wait_s=0.0)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "since": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "argv": sys.argv[:40]}  # for a person reading the file
+        holder = _Holder(pid=os.getpid(), host=socket.gethostname(),
+                         since=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         argv=tuple(sys.argv[:40]))
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.pwrite(fd, holder.line(), 0)
         os.fsync(fd)
     except OSError as e:
         os.close(fd)
@@ -404,31 +404,58 @@ def _lock(study_dir: Path) -> Say:
         os.close(fd)
         raise
     me.fds[key] = fd
-    if before:
-        me.say(f"Study {study_dir}: took over the lock of tuner pid {before.get('pid')} on host "
-               f"{before.get('host')} (since {before.get('since')}), which stopped without "
-               f"releasing it.")
+    if before is not None:
+        me.say(f"Study {study_dir}: took over the lock of tuner pid {before.pid} on host "
+               f"{before.host} (since {before.since}), which stopped without releasing it.")
     return me.say
 
 
-def _holder(fd: int, *, wait_s: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Holder:
+    """The driver that holds a study lock, as the lock file records it (one JSON line; None
+    for what it lacks). The command line is there for a person reading the file."""
+
+    pid: int | None = None
+    host: str | None = None
+    since: str | None = None  # UTC, ISO 8601
+    argv: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, data: bytes) -> _Holder | None:
+        """The holder a lock file's bytes name; None where they are no (or an empty) JSON
+        object: a lock file is emptied when its lock is released."""
+        try:
+            found = json.loads(data or b"null")
+        except ValueError:
+            return None
+        if not isinstance(found, dict) or not found:
+            return None
+        pid, argv = found.get("pid"), found.get("argv")
+        text = {k: v if isinstance(v := found.get(k), str) else None for k in ("host", "since")}
+        return cls(pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                   host=text["host"], since=text["since"],
+                   argv=tuple(str(a) for a in argv) if isinstance(argv, list) else ())
+
+    def line(self) -> bytes:
+        return (json.dumps({"pid": self.pid, "host": self.host, "since": self.since,
+                            "argv": list(self.argv)}) + "\n").encode()
+
+
+def _holder(fd: int, *, wait_s: float) -> _Holder | None:
     """The holder recorded in the lock file; a holder that has just taken it may not have
     written itself yet, so read again for up to wait_s."""
     deadline = time.monotonic() + wait_s
     while True:
-        try:
-            found = json.loads(os.pread(fd, 4096, 0) or b"null")
-        except ValueError:
-            found = None
-        if isinstance(found, dict) or time.monotonic() >= deadline:
-            return found if isinstance(found, dict) else {}
+        found = _Holder.parse(os.pread(fd, 4096, 0))
+        if found is not None or time.monotonic() >= deadline:
+            return found
         time.sleep(0.05)
 
 
-def _in_use_message(study_dir: Path, holder: dict[str, Any]) -> str:
-    who = (f"tuner pid {holder.get('pid')} on host {holder.get('host')} since "
-           f"{holder.get('since')}" if holder else "another tuner process")
-    stop = (f"stop it (kill {holder.get('pid')} on {holder.get('host')})" if holder
+def _in_use_message(study_dir: Path, holder: _Holder | None) -> str:
+    who = (f"tuner pid {holder.pid} on host {holder.host} since {holder.since}"
+           if holder is not None else "another tuner process")
+    stop = (f"stop it (kill {holder.pid} on {holder.host})" if holder is not None
             else "stop it")
     return (f"Study {study_dir} is in use by {who}; wait for it, or {stop} and run this command "
             f"again. Two drivers on one study would fail each other's running trials.")

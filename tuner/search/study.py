@@ -18,14 +18,18 @@ import re
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
-from tuner.records.results import BenchResult, Role
+from tuner.records.results import BenchResult, Failure, Role
 from tuner.records.storage import STUDY_ATTR, StudySettings, TrialAttr
+from tuner.search.space import Point
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 
@@ -230,8 +234,8 @@ def schedule_of(study: Any) -> RequestSchedule | None:
     return settings_of(study).schedule
 
 
-def recover_orphans(study: Any) -> list[dict[str, Any]]:
-    """Mark trials a dead driver left RUNNING as FAIL and return their params for a retry.
+def recover_orphans(study: Any) -> list[Point]:
+    """Mark trials a dead driver left RUNNING as FAIL and return their points for a retry.
 
     Under the study folder's lock every RUNNING trial is a dead driver's; in a database shared
     by hosts only those whose heartbeat went stale are (tuner.search.storage.orphans)."""
@@ -244,18 +248,33 @@ def recover_orphans(study: Any) -> list[dict[str, Any]]:
     storage, retry = optuna_compat.storage_of(study), []
     for t in store.orphans(study):
         try:
-            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, {
-                "reason": "the driver stopped while this trial ran (killed or crashed); retried",
-                "kind": "driver_died", "log_tail": ""})
+            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, _stored(
+                Failure(reason="the driver stopped while this trial ran (killed or crashed); "
+                        "retried", kind="driver_died")))
             storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
         except UpdateFinishedTrialError:
             continue  # another driver of the shared database failed it first and retries it
         if t.params:
-            retry.append(dict(t.params))
+            retry.append(Point.from_params(t.params))
     return retry
 
 
-def completed(study: Any) -> dict[str, Any]:
+def failure_of(trial: Any) -> Failure | None:
+    """The FAILURE attr of a trial (None: it has none), read as stored: a field it lacks
+    takes Failure's default."""
+    stored = trial.user_attrs.get(TrialAttr.FAILURE)
+    if not isinstance(stored, dict):
+        return None
+    return Failure(reason=str(stored.get("reason", "")), kind=str(stored.get("kind", "failed")),
+                   log_tail=str(stored.get("log_tail", "")))
+
+
+def _stored(failure: Failure) -> dict[str, str]:
+    """A Failure as a trial's FAILURE attr (its reason, kind and log tail)."""
+    return {"reason": failure.reason, "kind": failure.kind, "log_tail": failure.log_tail}
+
+
+def completed(study: Any) -> dict[str, FrozenTrial]:
     """Completed, non-repeat trials by config key: duplicates are answered from these."""
     from optuna.trial import TrialState
 
@@ -293,7 +312,7 @@ def engine_digest(engine: EngineSpec) -> str:
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
-def rejected(study: Any, *, engine: str) -> dict[str, Any]:
+def rejected(study: Any, *, engine: str) -> dict[str, FrozenTrial]:
     """Configs that `engine` (an engine_digest) refused at start, by config key: the trial to
     answer a new proposal of one from. A crash counts only once the same engine has measured
     some config of this study (before that, the setup is as likely at fault as the config: a
@@ -306,22 +325,23 @@ def rejected(study: Any, *, engine: str) -> dict[str, Any]:
               if TrialAttr.DUPLICATE_OF not in t.user_attrs and t.user_attrs.get(ENGINE_ATTR) == engine]
     if not any(t.state == TrialState.COMPLETE for t in trials):
         return {}
-    crashes: dict[str, list[Any]] = {}
+    crashes: dict[str, list[tuple[FrozenTrial, Failure]]] = {}
     for t in trials:
-        failure = t.user_attrs.get(TrialAttr.FAILURE) or {}
+        failure = failure_of(t)
         if t.state == TrialState.FAIL and t.user_attrs.get(TrialAttr.CONFIG_KEY) and \
-                failure.get("kind") in REJECTED_KINDS:
-            crashes.setdefault(t.user_attrs[TrialAttr.CONFIG_KEY], []).append(t)
+                failure is not None and failure.kind in REJECTED_KINDS:
+            crashes.setdefault(t.user_attrs[TrialAttr.CONFIG_KEY], []).append((t, failure))
     out = {}
-    for key, ts in crashes.items():
-        firm = [t for t in ts if not _transient(t.user_attrs[TrialAttr.FAILURE])]
+    for key, crashed in crashes.items():
+        ts = [t for t, _ in crashed]
+        firm = [t for t, failure in crashed if not _transient(failure)]
         if firm or len(ts) >= MAX_START_CRASHES:
             out[key] = (firm or ts)[0]
     return out
 
 
-def _transient(failure: dict[str, Any]) -> bool:
-    text = f"{failure.get('reason', '')}\n{failure.get('log_tail', '')}".lower()
+def _transient(failure: Failure) -> bool:
+    text = f"{failure.reason}\n{failure.log_tail}".lower()
     status = re.search(r"exited with status (-?\d+)", text)
     return bool(status and int(status[1]) < 0) or any(s in text for s in _TRANSIENT_AT_START)
 
@@ -331,10 +351,9 @@ def tell_known_failure(study: Any, trial: Any, original: Any) -> None:
     reason and kind, `duplicate_of` pointing at it, no launch (and none counted)."""
     import optuna
 
-    failure = original.user_attrs.get(TrialAttr.FAILURE) or {}
-    trial.set_user_attr(TrialAttr.FAILURE, {"reason": failure.get("reason", ""),
-                                    "kind": failure.get("kind", "failed"),
-                                    "log_tail": f"(not launched; see trial {original.number})"})
+    failure = failure_of(original) or Failure(reason="")
+    trial.set_user_attr(TrialAttr.FAILURE, _stored(failure.model_copy(update={
+        "log_tail": f"(not launched; see trial {original.number})"})))
     trial.set_user_attr(TrialAttr.DUPLICATE_OF, original.number)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
@@ -394,12 +413,11 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
     base_failed = [t for t in failed if is_baseline(t)]
     pool = failed if not done else base_failed
     if pool:
-        kinds = Counter(str((t.user_attrs.get(TrialAttr.FAILURE) or {}).get("kind", "failed"))
-                        for t in pool)
+        failures = [(t, failure_of(t) or Failure(reason="")) for t in pool]
+        kinds = Counter(failure.kind for _, failure in failures)
         kind, count = kinds.most_common(1)[0]
-        last = [t for t in pool if (t.user_attrs.get(TrialAttr.FAILURE) or {}).get("kind", "failed")
-                == kind][-1]
-        reason = " ".join(str(last.user_attrs[TrialAttr.FAILURE].get("reason", "")).split())
+        last, failure = [(t, f) for t, f in failures if f.kind == kind][-1]
+        reason = " ".join(failure.reason.split())
         reason = reason if len(reason) <= 300 else reason[:297] + "..."
         why = f"most common: {kind} x{count}: {reason.rstrip('.')}"
         # The log last, so the path can be copied without punctuation stuck to it.
@@ -427,7 +445,7 @@ def counted_trials(study: Any, *, repeats: bool = False) -> int:
             continue  # a config answered from storage costs no engine launch
         if not repeats and t.user_attrs.get(TrialAttr.ROLE) == Role.REPEAT:
             continue  # the Optuna search's --n-trials leaves --repeats out
-        if t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died":
+        if (failure_of(t) or Failure(reason="")).kind == "driver_died":
             continue
         n += 1
     return n
@@ -483,8 +501,8 @@ def result_attr(result: BenchResult) -> dict[str, Any]:
 def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
     import optuna
 
-    trial.set_user_attr(TrialAttr.FAILURE, {"reason": str(exc), "kind": exc.kind,
-                                    "log_tail": exc.log_tail[-4000:]})
+    trial.set_user_attr(TrialAttr.FAILURE, _stored(Failure(
+        reason=str(exc), kind=exc.kind, log_tail=exc.log_tail[-4000:])))
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
