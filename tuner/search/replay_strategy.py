@@ -40,7 +40,7 @@ from tuner.replay import acceptance, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
-from tuner.search.space import Param, Point, SearchSpace
+from tuner.search.space import Param, Point, SearchSpace, Value
 from tuner.tokens import TokenCapture
 
 GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
@@ -98,32 +98,46 @@ def neighbours(space: SearchSpace, configs: Iterable[TrialConfig]) -> list[Trial
     """The grid points one step from `configs`: one knob moved to the next or the previous
     value of its domain, the others kept (methods whose grid cannot be enumerated have none)."""
     out: dict[str, TrialConfig] = {}
-    # Each grid point by itself: a point moved to a value equal to the grid's (3.0 for 3)
-    # is the grid's own point.
-    grids: dict[str, dict[Point, Point] | None] = {}
+    grids: dict[str, _Grid | None] = {}
     for cfg in configs:
         method = cfg.method
         if method not in space.methods or method == "none":
             continue
         if method not in grids:
-            points = grid_points(only_method(space, method))
-            grids[method] = None if points is None else {p: p for p in points}
+            grids[method] = _Grid.of(only_method(space, method))
         grid = grids[method]
         point = space.point_of(cfg)
-        if grid is None or point is None or point not in grid:
+        if grid is None or point is None or point not in grid.points:
             continue
-        for name, param in space.methods[method].items():
-            if not isinstance(param, Param):
-                continue
-            domain = sorted({p.value(name) for p in grid})
+        for name, domain in grid.domains.items():
             at = domain.index(point.value(name))
             for j in (at - 1, at + 1):
                 if 0 <= j < len(domain):
-                    moved = grid.get(point.with_value(name, domain[j]))
+                    moved = grid.points.get(point.with_value(name, domain[j]))
                     if moved is not None:
                         near = space.config_from_params(moved)
                         out.setdefault(near.key(), near)
     return list(out.values())
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """A method's grid: each point by itself (a point moved to a value equal to the grid's,
+    3.0 for 3, is the grid's own point), and the sorted values of each searched key."""
+
+    points: dict[Point, Point]
+    domains: dict[str, list[Value]]
+
+    @classmethod
+    def of(cls, space: SearchSpace) -> _Grid | None:
+        """The grid of a one-method space; None where it cannot be enumerated."""
+        points = grid_points(space)
+        if points is None:
+            return None
+        (method, block), = space.methods.items()
+        return cls(points={p: p for p in points},
+                   domains={name: sorted({p.value(name) for p in points})
+                            for name, param in block.items() if isinstance(param, Param)})
 
 
 REFINE_ROUNDS = 6  # hill-climbing rounds around the leaders; each replays a few dozen configs

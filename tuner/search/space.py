@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -104,15 +105,16 @@ class Param(BaseModel):
     at_least: str | None = None
 
 
-class Point(BaseModel):
+@dataclass(frozen=True)
+class Point:
     """One candidate of a space: the method and the value of each searched parameter (its
     speculative-config keys, then its engine knobs), in declaration order; the fixed values
     are the space's (SearchSpace.config_from_params fills them in). Hashable, so a grid is a
     set of points. A start point as a file writes it is a Point too, with whatever keys it
     names (SearchSpace.params_of keeps the searched ones). Optuna stores a point as the params
-    `method`, `<method>.<key>` and `engine.<key>` (`params`, `from_params`)."""
+    `method`, `<method>.<key>` and `engine.<key>` (`params`, `from_params`). A dataclass:
+    the replay strategy hashes thousands of them per climb."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     method: str
     values: tuple[tuple[str, Value], ...] = ()
     engine: tuple[tuple[str, Value], ...] = ()
@@ -134,12 +136,12 @@ class Point(BaseModel):
 
     def value(self, key: str) -> Value:
         """The value of speculative-config key `key`; None where the point has none."""
-        return dict(self.values).get(key)
+        return next((v for k, v in self.values if k == key), None)
 
     def with_value(self, key: str, value: Value) -> Point:
         """This point with speculative-config key `key` set to `value` (in its place)."""
-        return self.model_copy(update={"values": tuple(
-            (k, value if k == key else v) for k, v in self.values)})
+        return replace(self, values=tuple((k, value if k == key else v)
+                                          for k, v in self.values))
 
     def written(self) -> dict[str, Value | dict[str, Value]]:
         """The point as a space file's start point writes it (for messages)."""
@@ -462,20 +464,6 @@ def _parse_param(key: str, spec: object, path: str, earlier: dict[str, Param | V
             raise ConfigError(f"{path}: {show(spec)} is no value a vLLM option takes; write a "
                               f"number, text, true/false or null (quote a date).")
         return spec  # a fixed value
-    p = _param_of(spec, path)
-    if p.type == "choice":
-        if not p.values:
-            raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
-        for i, value in enumerate(p.values):
-            _check_value(f"{path}.values[{i}]", key, value)
-    else:
-        _check_range(p, key, path)
-        _check_references(p, path, earlier)
-    _check_distribution(p, path, written=show(spec))
-    return p
-
-
-def _param_of(spec: dict[str, Any], path: str) -> Param:
     try:
         p = Param(**spec)
     except Exception as e:  # pydantic's message names the field
@@ -486,6 +474,15 @@ def _param_of(spec: dict[str, Any], path: str) -> Param:
     if p.type not in PARAM_TYPES:
         raise ConfigError(f"{path}.type: unknown type '{p.type}'. Valid: "
                           f"{', '.join(PARAM_TYPES)}.")
+    if p.type == "choice":
+        if not p.values:
+            raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
+        for i, value in enumerate(p.values):
+            _check_value(f"{path}.values[{i}]", key, value)
+    else:
+        _check_range(p, key, path)
+        _check_references(p, path, earlier)
+    _check_distribution(p, path, written=show(spec))
     return p
 
 

@@ -248,7 +248,7 @@ def recover_orphans(study: Any) -> list[Point]:
     storage, retry = optuna_compat.storage_of(study), []
     for t in store.orphans(study):
         try:
-            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, _stored(
+            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, _failure_attr(
                 Failure(reason="the driver stopped while this trial ran (killed or crashed); "
                         "retried", kind="driver_died")))
             storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
@@ -269,9 +269,13 @@ def failure_of(trial: Any) -> Failure | None:
                    log_tail=str(stored.get("log_tail", "")))
 
 
-def _stored(failure: Failure) -> dict[str, str]:
+def _failure_attr(failure: Failure) -> dict[str, str]:
     """A Failure as a trial's FAILURE attr (its reason, kind and log tail)."""
     return {"reason": failure.reason, "kind": failure.kind, "log_tail": failure.log_tail}
+
+
+# What a FAIL trial stored without a FAILURE attr is read as (Failure's defaults).
+_UNSTATED = Failure(reason="")
 
 
 def completed(study: Any) -> dict[str, FrozenTrial]:
@@ -351,8 +355,8 @@ def tell_known_failure(study: Any, trial: Any, original: Any) -> None:
     reason and kind, `duplicate_of` pointing at it, no launch (and none counted)."""
     import optuna
 
-    failure = failure_of(original) or Failure(reason="")
-    trial.set_user_attr(TrialAttr.FAILURE, _stored(failure.model_copy(update={
+    failure = failure_of(original) or _UNSTATED
+    trial.set_user_attr(TrialAttr.FAILURE, _failure_attr(failure.model_copy(update={
         "log_tail": f"(not launched; see trial {original.number})"})))
     trial.set_user_attr(TrialAttr.DUPLICATE_OF, original.number)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -413,7 +417,7 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
     base_failed = [t for t in failed if is_baseline(t)]
     pool = failed if not done else base_failed
     if pool:
-        failures = [(t, failure_of(t) or Failure(reason="")) for t in pool]
+        failures = [(t, failure_of(t) or _UNSTATED) for t in pool]
         kinds = Counter(failure.kind for _, failure in failures)
         kind, count = kinds.most_common(1)[0]
         last, failure = [(t, f) for t, f in failures if f.kind == kind][-1]
@@ -445,7 +449,8 @@ def counted_trials(study: Any, *, repeats: bool = False) -> int:
             continue  # a config answered from storage costs no engine launch
         if not repeats and t.user_attrs.get(TrialAttr.ROLE) == Role.REPEAT:
             continue  # the Optuna search's --n-trials leaves --repeats out
-        if (failure_of(t) or Failure(reason="")).kind == "driver_died":
+        failure = failure_of(t)
+        if failure is not None and failure.kind == "driver_died":
             continue
         n += 1
     return n
@@ -501,7 +506,7 @@ def result_attr(result: BenchResult) -> dict[str, Any]:
 def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
     import optuna
 
-    trial.set_user_attr(TrialAttr.FAILURE, _stored(Failure(
+    trial.set_user_attr(TrialAttr.FAILURE, _failure_attr(Failure(
         reason=str(exc), kind=exc.kind, log_tail=exc.log_tail[-4000:])))
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
