@@ -70,6 +70,27 @@ def test_config_from_params_round_trips_and_fills_fixed_values():
 K = "num_speculative_tokens"
 
 
+def test_a_point_is_its_optuna_params_and_a_start_point_names_its_searched_values():
+    sp = space.parse({"methods": {"ngram": {K: {"type": "int", "low": 1, "high": 4},
+                                            "prompt_lookup_max": 4}},
+                      "engine": {"max_num_seqs": {"type": "choice", "values": [8, 16]}},
+                      "start_points": [{"method": "ngram", "prompt_lookup_max": 9, K: 2,
+                                        "engine": {"max_num_seqs": 16}},
+                                       {"method": "ngram", K: 2}]})
+    grid = sp.grid()
+    assert len(grid) == len(set(grid)) == 8
+    assert all(space.Point.from_params(p.params()) == p for p in grid)
+    full, partial = sp.start_points
+    point = sp.params_of(full)
+    assert point.params() == {"method": "ngram", "ngram.num_speculative_tokens": 2,
+                              "engine.max_num_seqs": 16}  # the fixed value is the space's
+    assert point in set(grid) and sp.params_of(partial) is None  # a searched knob is missing
+    cfg = sp.config_from_params(point)
+    assert cfg.speculative_config == {"method": "ngram", K: 2, "prompt_lookup_max": 4}
+    assert cfg.engine_args == {"max_num_seqs": 16} and sp.point_of(cfg) == point
+    assert point.with_value(K, 3).value(K) == 3 and point.value("absent") is None
+
+
 @pytest.mark.parametrize("raw, fragment", [
     ([1, 2], "expected a mapping"),
     ({"methods": {}}, "`methods` must be a non-empty mapping"),
@@ -156,6 +177,14 @@ def test_unknown_key_is_refused_at_parse_time_with_close_matches_and_the_valid_k
     ({"methods": {"ngram": {}}, "engine": {"gpu_memory_utilization": {
         "type": "float", "low": 0.5, "high": 0.9, "step": 0.1, "log": True}}},
      "engine.gpu_memory_utilization: Optuna refuses the float parameter"),
+    ({"methods": {"ngram": {K: {"type": "choice", "values": [2, [3]]}}}},
+     "methods.ngram.num_speculative_tokens.values[1]: [3] is no value Optuna can store"),
+    ({"methods": {"ngram": {}}, "start_points": [{"method": "ngram", K: [3]}]},
+     "start_points[0].num_speculative_tokens: a start point sets each key to one value"),
+    ({"methods": {"ngram": {}}, "start_points": [{"method": 3}]},
+     "start_points[0].method: expected a method name"),
+    ({"methods": {"ngram": {}}, "start_points": [{"method": "ngram", "engine": [1]}]},
+     "start_points[0].engine: expected a mapping of engine knobs"),
 ])
 def test_keys_and_distributions_fail_at_parse_not_at_the_first_trial(raw, fragment):
     with pytest.raises(ConfigError) as e:

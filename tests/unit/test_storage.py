@@ -176,6 +176,14 @@ def test_lock_left_by_a_dead_holder_is_taken_over_in_one_line(tmp_path):
                     f"(since 2026-12-03T08:01:02Z), which stopped without releasing it."]
 
 
+def test_the_lock_holder_is_read_from_its_line_and_a_blank_lock_names_none():
+    holder = storage._Holder(pid=7, host="h1", since="2026-12-03T08:01:02Z", argv=("tuner",))
+    assert storage._Holder.parse(holder.line()) == holder
+    assert storage._Holder.parse(b'{"pid": "7", "host": 3}') == storage._Holder()
+    assert [storage._Holder.parse(b) for b in (b"", b"{}", b"[1]", b'{"pid": 7')] == [None] * 4
+    assert "in use by another tuner process" in storage._in_use_message(Path("s"), None)
+
+
 def _listing(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
             if p.is_file()}

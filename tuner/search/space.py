@@ -464,6 +464,11 @@ def _parse_param(key: str, spec: object, path: str, earlier: dict[str, Param | V
             raise ConfigError(f"{path}: {show(spec)} is no value a vLLM option takes; write a "
                               f"number, text, true/false or null (quote a date).")
         return spec  # a fixed value
+    values = spec.get("values")
+    for i, value in enumerate(values if isinstance(values, (list, tuple)) else ()):
+        if not isinstance(value, _VALUE_TYPES):
+            raise ConfigError(f"{path}.values[{i}]: {show(value)} is no value Optuna can "
+                              f"store; a choice is between numbers, texts, true/false or null.")
     try:
         p = Param(**spec)
     except Exception as e:  # pydantic's message names the field
