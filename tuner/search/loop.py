@@ -215,18 +215,6 @@ class SearchLoop:
         self.total, self._counts_repeats = n_trials, counts_repeats
         self.progress()
 
-    def launch(self, config: TrialConfig, *, role: Role, user_attrs: dict[str, Any]) -> Any:
-        """Launch `config` now as a new trial of the study (a strategy's own pick, as the
-        replay strategy's baseline, calibration and confirm launches are) and store its
-        outcome: the finished trial (FrozenTrial) where it completed, else None."""
-        trial = st.ask_fresh(self.study, user_attrs=user_attrs)
-        st.label_trial(trial, config, role.value)
-        started = time.monotonic()
-        self._submit(trial, config)
-        _, outcome = self.executor.wait_one()
-        self._tell(trial, config, outcome, time.monotonic() - started)
-        return self._finished(trial)
-
     def _launch_now(self, launch: Launch, *, extra: bool = False) -> FrozenTrial | None:
         """Launch one trial and wait for it (a repeat after the search: `extra`, outside
         --n-trials); the stored trial where it completed."""

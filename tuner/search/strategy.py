@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner import intervals
 from tuner.records.configs import TrialConfig
 from tuner.records.results import Role
 from tuner.records.storage import TrialAttr
@@ -56,9 +57,11 @@ class Launch:
 
 @dataclass(frozen=True)
 class Stop:
-    """The strategy is done, and why."""
+    """The strategy is done: why, and (replay) the ranking its confirm launches reached,
+    which tuner.outputs.ranking words."""
 
     reason: StopReason
+    ranking: intervals.Ranking | None = None
 
 
 Step = Launch | Stop
