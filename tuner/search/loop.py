@@ -305,7 +305,7 @@ class SearchLoop:
         """Ask `strategy` (default: Optuna's samplers, OptunaSearch) for its next step, launch
         it, store its outcome and tell the strategy, until it stops with no trial in flight;
         how it stopped. --n-trials and --timeout are the budget its `room` reads."""
-        strategy = strategy or OptunaSearch(self)
+        strategy = OptunaSearch(self) if strategy is None else strategy
         # A study the replay strategy began keeps counting every launch if Optuna takes over.
         self.budget(n_trials, counts_repeats=self._counts_repeats or strategy.counts_repeats)
         self.n_trials, self.timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()

@@ -135,7 +135,7 @@ class OptunaSearch:
         """The sampler's next trial; the aligned baseline's own one where it is due: it runs
         next, not behind the queued grid points, so the ratios it splits are measured under the
         same conditions as the trials around it."""
-        from tuner.search.loop import aligned_attrs
+        from tuner.search.loop import aligned_attrs  # the loop imports this module
 
         if aligned is None:
             return self.study.ask()
