@@ -306,7 +306,8 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
                 use_replay: bool) -> None:
     """The replay strategy where it runs (the Optuna search where it cannot go on), else the
     Optuna search; then the leaders' repeats."""
-    from tuner.search import loop, replay_strategy
+    from tuner.outputs import ranking
+    from tuner.search import loop, replay_strategy, strategy
 
     if use_replay:
         search.say(f"Strategy replay: --n-trials {options.n_trials} engine launches at most.")
@@ -315,8 +316,11 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
             confidence=options.confidence, margin=options.margin,
             limits=engine_cmdline.engine_limits(search.engine),
             on_prediction=lambda pred: _write_predictions(pred, out_dir))
-        end = replay.run(n_trials=options.n_trials, timeout_s=options.timeout_s)
-        if end != replay_strategy.RunEnd.NO_TOKENS:
+        stop = search.run(replay, n_trials=options.n_trials, timeout_s=options.timeout_s)
+        if stop.ranking is not None:
+            ranking.say_ranking(stop.ranking, say=search.say, detail=search.detail,
+                                note=search.note)
+        if stop.reason != strategy.StopReason.NO_TOKENS:
             return
         loop.enqueue_start(search.study, search.space, options.sampler, retry)
     search.run(n_trials=options.n_trials, timeout_s=options.timeout_s)

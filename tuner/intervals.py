@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
 CONFIDENCE = 0.95  # --confidence 95
@@ -179,6 +180,63 @@ def decide(interval: Interval, margin: float = MARGIN) -> Decision:
     if interval.hi < 1:
         return BELOW
     return OPEN
+
+
+class RankingStatus(str, Enum):
+    """Where a ranking by speedup intervals stands."""
+
+    DECIDED = "decided"  # every comparison it rests on is above, below or equivalent
+    OPEN = "open"  # a comparison's interval holds 1.00x and reaches beyond the margin
+    FEW_LAUNCHES = "few_launches"  # a config has too few launches for an interval (`enough`)
+    NO_LEADER = "no_leader"  # no leader is left to rank
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A config's speedup over another, by the config's label; None: too few launches."""
+
+    label: str
+    interval: Interval | None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One comparison a ranking rests on: A's speedup over B and what it says at the margin."""
+
+    a: str
+    b: str
+    interval: Interval | None
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Leaders and baselines ranked by their launches at one level (the replay strategy's
+    confirm launches stop on it; tuner.outputs.ranking says it), figures only: the `status`;
+    with FEW_LAUNCHES, the config short of launches and how many it has; else the plain
+    baseline's label, the comparisons (the best leader against the plain baseline, and the
+    first against the runner-up where they are others), each ranked config over the plain
+    baseline (best first; `first` None where the plain baseline leads), the pooled spread,
+    and where an aligned baseline was measured, its speedup over the plain one (`path`) and
+    each leader's over it (`gains`)."""
+
+    status: RankingStatus
+    concurrency: int
+    margin: float
+    short_of: str = ""
+    launches: int = 0
+    plain: str = ""
+    best: Speedup | None = None
+    first: Speedup | None = None
+    pairs: tuple[Compared, ...] = ()
+    over_plain: tuple[Speedup, ...] = ()
+    pool: Pool | None = None
+    path: Speedup | None = None
+    gains: tuple[Speedup, ...] = ()
+
+    @property
+    def decided(self) -> bool:
+        return self.status == RankingStatus.DECIDED
 
 
 # --- Student's t, exact: the regularised incomplete beta function -------------------------

@@ -25,7 +25,7 @@ from tuner.records.configs import (
 from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import loop, replay_strategy
+from tuner.search import loop, replay_strategy, strategy
 from tuner.search import space as spaces
 
 SPACE = {"methods": {"ngram": {"num_speculative_tokens": {"type": "choice", "values": [2, 3, 4]},
@@ -167,7 +167,8 @@ def test_the_replay_strategy_counts_launches_against_the_launch_budget(tmp_path)
     replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, limits=EngineLimits(
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048))
     # No token ids came back with the baseline: one launch, then the Optuna fallback.
-    assert replay.run(n_trials=5, timeout_s=None) == replay_strategy.RunEnd.NO_TOKENS
+    stop = search.run(replay, n_trials=5, timeout_s=None)
+    assert stop.reason == strategy.StopReason.NO_TOKENS and stop.ranking is None
     first = [ln for ln in lines if ln.startswith("[")]
     assert len(first) == 1 and first[0].startswith("[1/5] trial ")
     assert " baseline (no speculation): " in first[0]

@@ -1,4 +1,6 @@
-"""Search stage, the loop: ask/tell in the driver, trials on an executor (inline or Ray).
+"""Search stage, the loop: it asks a strategy (tuner.search.strategy) which config next, or
+whether to stop, launches its picks as trials on an executor (inline or Ray) and tells it
+their outcomes.
 
 Promises: the baseline is measured first in every study; every trial is told to the storage
 as it ends (a result, or a FAIL with its reason and log tail), a result with the token
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import enginepath
@@ -31,6 +33,7 @@ from tuner.records.storage import TrialAttr
 from tuner.search import optuna_compat
 from tuner.search import study as st
 from tuner.search.space import Point, SearchSpace
+from tuner.search.strategy import Launch, OptunaSearch, Step, Stop, StopReason, Strategy
 
 
 def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
@@ -148,7 +151,7 @@ class LoopOutput:
 
 
 class SearchLoop:
-    """Ask/tell in the driver; trials run on the executor (inline or Ray).
+    """The driver: a strategy's picks run as trials on the executor (inline or Ray).
 
     What storage already knows is never launched again: a config measured before is answered
     with its result, a config the same engine refused at start with its failure (study.py
@@ -193,6 +196,9 @@ class SearchLoop:
         self._counts_repeats = False  # budget(): whether repeats count toward --n-trials
         self.total = 0
         self.extra = 0
+        # The budget run() holds its strategy to (room): trials or launches, seconds, when it
+        # began, and the launches in flight.
+        self.n_trials, self.timeout_s, self._t0, self.in_flight = 0, None, 0.0, 0
 
     def requests_per_launch(self) -> int:
         """Requests every launch sends, warm-ups included (the schedule's, or as it builds)."""
@@ -211,18 +217,15 @@ class SearchLoop:
         self.total, self._counts_repeats = n_trials, counts_repeats
         self.progress()
 
-    def launch(self, config: TrialConfig, *, role: Role, user_attrs: dict[str, Any]) -> Any:
-        """Launch `config` now as a new trial of the study (a strategy's own pick, as the
-        replay strategy's baseline, calibration and confirm launches are) and store its
-        outcome: the finished trial (FrozenTrial) where it completed, else None."""
-        trial = st.ask_fresh(self.study, user_attrs=user_attrs)
-        st.label_trial(trial, config, role.value)
+    def _launch_now(self, launch: Launch, *, extra: bool = False) -> FrozenTrial | None:
+        """Launch one trial and wait for it (a repeat after the search: `extra`, outside
+        --n-trials); the stored trial where it completed."""
+        trial = self._open(launch)
         started = time.monotonic()
-        self._submit(trial, config)
+        self._submit(trial, launch.config)
         _, outcome = self.executor.wait_one()
-        self._tell(trial, config, outcome, time.monotonic() - started)
-        frozen = optuna_compat.storage_of(self.study).get_trial(optuna_compat.trial_id(trial))
-        return frozen if frozen.state == TrialState.COMPLETE else None
+        self._tell(trial, launch.config, outcome, time.monotonic() - started, extra=extra)
+        return self._finished(trial)
 
     def ordinal(self) -> int:
         return self.done() + self.extra + 1
@@ -299,60 +302,78 @@ class SearchLoop:
                 return t.user_attrs.get(TrialAttr.RESULT)
         return None
 
-    def run(self, *, n_trials: int, timeout_s: float | None) -> None:
-        t0 = time.monotonic()
-        in_flight: dict[int, tuple] = {}
-        duplicates_in_row = 0
-        self.total = n_trials
-        self.progress()
+    def run(self, strategy: Strategy | None = None, *, n_trials: int,
+            timeout_s: float | None) -> Stop:
+        """Ask `strategy` (default: Optuna's samplers, OptunaSearch) for its next step, launch
+        it, store its outcome and tell the strategy, until it stops with no trial in flight;
+        how it stopped. --n-trials and --timeout are the budget its `room` reads."""
+        strategy = OptunaSearch(self) if strategy is None else strategy
+        # A study the replay strategy began keeps counting every launch if Optuna takes over.
+        self.budget(n_trials, counts_repeats=self._counts_repeats or strategy.counts_repeats)
+        self.n_trials, self.timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()
+        running: dict[int, tuple[Launch, Any, float]] = {}
+        width = 1 if strategy.sequential else self.executor.parallel
         while True:
-            budget = n_trials - st.counted_trials(self.study) - len(in_flight)
-            timed_out = timeout_s is not None and time.monotonic() - t0 > timeout_s
-            while budget > 0 and not timed_out and len(in_flight) < self.executor.parallel:
-                aligned = self.align()
-                if aligned is None and not self.study.get_trials(
-                        deepcopy=False, states=(TrialState.WAITING,)) and self._exhausted():
-                    self._stop(f"Every config of search space '{self.space.name}' "
-                               f"({len(self._space_keys or ())}) is measured or refused; "
-                               f"stopping the search.")
+            step: Step | None = None
+            while len(running) < width:
+                step = strategy.ask()
+                if isinstance(step, Stop):
                     break
-                # The aligned baseline runs next, not behind the queued grid points: the ratios
-                # it splits are measured under the same conditions as the trials around it.
-                trial = self.study.ask() if aligned is None else st.ask_fresh(
-                    self.study, user_attrs=aligned_attrs(aligned))
-                config = self.config_of(trial)
-                role = trial.user_attrs.get(TrialAttr.ROLE) or Role.SEARCH
-                if config.method == "none" and role != Role.ALIGNED_BASELINE:
-                    role = Role.BASELINE
-                st.label_trial(trial, config, Role.SEARCH if role == Role.RETRY else role)
-                if self._answer_known(trial, config):
-                    duplicates_in_row += 1
-                    if duplicates_in_row > 25:
-                        self._stop("The sampler keeps proposing configs already measured or "
-                                   "refused: the space looks exhausted; stopping the search.")
-                        budget = 0
-                    continue
-                duplicates_in_row = 0
+                trial = self._open(step)
                 # Started before the submit: an inline executor runs the whole trial in it.
-                in_flight[trial.number] = (trial, config, time.monotonic())
-                self._submit(trial, config)
+                running[trial.number] = (step, trial, time.monotonic())
+                self.in_flight = len(running)
+                self._submit(trial, step.config)
                 self.launched += 1
-                budget -= 1
-                if self.executor.parallel == 1:
-                    break
-            if not in_flight:
-                if timed_out:
-                    self._stop(f"--timeout {timeout_s:.0f} s reached; stopping the search.")
-                return
+            if not running:
+                assert isinstance(step, Stop)  # a strategy asked with nothing running stops
+                return step
             number, outcome = self.executor.wait_one()
-            trial, config, started = in_flight.pop(number)
-            self._tell(trial, config, outcome, time.monotonic() - started)
+            launch, trial, started = running.pop(number)
+            self.in_flight = len(running)
+            self._tell(trial, launch.config, outcome, time.monotonic() - started)
+            strategy.tell(launch, self._finished(trial))
 
-    def _stop(self, why: str) -> None:
+    def room(self) -> StopReason | None:
+        """None while --n-trials and --timeout leave room for one more launch (the trials in
+        flight counted), else which of them ran out."""
+        if self.timeout_s is not None and time.monotonic() - self._t0 > self.timeout_s:
+            return StopReason.TIMEOUT
+        if self.n_trials - self.done() - self.in_flight <= 0:
+            return StopReason.BUDGET
+        return None
+
+    def stop_line(self, why: str) -> None:
+        """Say why a strategy stops, and note it for the report."""
         self.say(why)
         self.note("stop", why)
 
-    def _exhausted(self) -> bool:
+    def _open(self, launch: Launch) -> Any:
+        """The trial `launch` runs as: the one its sampler proposed, else a fresh one with
+        its config as the override (a repeat names the trial it repeats), labelled."""
+        if launch.trial is not None:
+            return launch.trial  # the strategy labelled it, before asking storage about it
+        if launch.role == Role.ALIGNED_BASELINE:
+            trial = st.ask_fresh(self.study, user_attrs=aligned_attrs(launch.config))
+        else:
+            attrs = {TrialAttr.ROLE: launch.role.value,
+                     TrialAttr.CONFIG_OVERRIDE: launch.config.model_dump(mode="json")}
+            if launch.repeat_of is not None:
+                attrs[TrialAttr.REPEAT_OF] = launch.repeat_of
+            trial = st.ask_fresh(self.study, user_attrs=attrs)
+        st.label_trial(trial, launch.config, launch.role.value)
+        return trial
+
+    def _finished(self, trial: Any) -> FrozenTrial | None:
+        """The stored trial where it completed, else None."""
+        frozen = optuna_compat.storage_of(self.study).get_trial(optuna_compat.trial_id(trial))
+        return frozen if frozen.state == TrialState.COMPLETE else None
+
+    def space_size(self) -> int:
+        """How many configs the finite space holds (0 before `exhausted` listed them)."""
+        return len(self._space_keys or ())
+
+    def exhausted(self) -> bool:
         """A finite space whose every config is measured or refused: the sampler could only
         propose known points, each one more trial answered from storage."""
         if self._space_keys is None:
@@ -381,7 +402,7 @@ class SearchLoop:
                         f"{trial_dir / 'engine.log'}); its figures come back when it ends")
             self.executor.submit(*args, num_gpus=self.gpus, schedule=self.schedule)
 
-    def _answer_known(self, trial, config: TrialConfig) -> bool:
+    def answer_known(self, trial, config: TrialConfig) -> bool:
         """Tell `trial` from storage when its config was measured or refused; True if told."""
         dup = st.completed(self.study).get(config.key())
         if dup is not None:
@@ -457,16 +478,10 @@ class SearchLoop:
             for _ in range(n):
                 # The stored config itself, on a trial of its own: study.ask() would hand out a
                 # WAITING grid point instead, and a re-sampled config might not be this one.
-                trial = st.ask_fresh(self.study, user_attrs={
-                    TrialAttr.ROLE: Role.REPEAT.value, TrialAttr.REPEAT_OF: t.number,
-                    TrialAttr.CONFIG_OVERRIDE: t.user_attrs[TrialAttr.CONFIG]})
-                config = self.config_of(trial)
-                st.label_trial(trial, config, Role.REPEAT)
-                self.say(f"repeat of trial {t.number} ({config.label()})")
-                started = time.monotonic()
-                self._submit(trial, config)
-                _, outcome = self.executor.wait_one()
-                self._tell(trial, config, outcome, time.monotonic() - started, extra=True)
+                launch = Launch(TrialConfig.model_validate(t.user_attrs[TrialAttr.CONFIG]),
+                                Role.REPEAT, repeat_of=t.number)
+                self.say(f"repeat of trial {t.number} ({launch.config.label()})")
+                self._launch_now(launch, extra=True)
 
 
 def _level_of(trial, c: int, metric: str) -> float:

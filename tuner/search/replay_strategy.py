@@ -16,19 +16,21 @@ repeated beside the plain one, so each leader's ratio splits into path cost x sp
 Every launch is an ordinary trial of the study (roles baseline, calibration, confirm,
 repeat), so recommendations, reports and a later `--strategy optuna` resume read them as
 always; predictions only choose what to launch. --n-trials is the number of engine launches.
+The strategy never launches: the loop does (tuner.search.strategy), and the ranking the
+confirm launches reach comes back as figures in the Stop (tuner.outputs.ranking says it).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner import intervals
 from tuner.errors import ConfigError
@@ -41,7 +43,13 @@ from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, Point, SearchSpace, Value
+from tuner.search.strategy import Launch, Step, Stop, StopReason
 from tuner.tokens import TokenCapture
+
+# A phase of the strategy as it runs: yields the launches it needs, is sent each one's trial
+# (None: it failed), returns what it found.
+T = TypeVar("T")
+Flow = Generator[Launch, FrozenTrial | None, T]
 
 GRID_LIMIT = 4000  # n-gram's whole default space is 160 points
 SAMPLED_POINTS = 48  # per method whose space is continuous or larger than GRID_LIMIT
@@ -229,16 +237,25 @@ class _RandomTrial:
         return self.rng.uniform(low, high)
 
 
-class RunEnd(str, Enum):
-    """How the replay strategy ended."""
+class Phase(str, Enum):
+    """Where the replay strategy stands (ReplaySearch.phase)."""
 
-    DONE = "done"  # the leaders confirmed, or the budget spent
-    NO_BASELINE = "no_baseline"  # no budget for the baseline, or it failed: nothing to replay
-    NO_TOKENS = "no_tokens"  # the baseline holds no token ids: the Optuna search takes over
+    BASELINE = "baseline"  # the plain baseline, launched where the study has none
+    REPLAY = "replay"  # every candidate predicted over the baseline's tokens
+    CALIBRATE = "calibrate"  # the launches that fit the step cost
+    CLIMB = "climb"  # the sampled grids searched around the predicted leaders
+    CONFIRM = "confirm"  # the baselines and the leaders launched in turn until ranked
+    STOPPED = "stopped"  # the Stop handed to the loop says why
 
 
 class ReplaySearch:
-    """The replay strategy over one SearchLoop (its study, executor and trial telling)."""
+    """The replay strategy (tuner.search.strategy Strategy) over one SearchLoop, which
+    launches its picks: the phases run in order, each launch handed to the loop as a Launch
+    and its outcome told back before the strategy goes on (`sequential`); --n-trials counts
+    every engine launch, repeats included."""
+
+    sequential = True
+    counts_repeats = True
 
     def __init__(self, loop: SearchLoop, *, study_dir: Path, limits: EngineLimits,
                  leaders: int = 2, seed: int = 0,
@@ -257,54 +274,68 @@ class ReplaySearch:
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
         self._configs: dict[str, TrialConfig] = {}  # the configs replayed, by key
-        # The budget, which run() sets: launches, seconds, and when the run started.
-        self._n_trials, self._t0 = 0, 0.0
-        self._timeout_s: float | None = None
-        self._said_stop = False
+        self.phase = Phase.BASELINE
+        self._flow: Flow[Stop] | None = None  # the phases, started by the first ask
+        self._told: FrozenTrial | None = None  # the last launch's outcome, for the flow
+        self._stop: Stop | None = None
+        self._ran_out: StopReason | None = None  # the budget's end, said once (_room)
 
     # -- the strategy -----------------------------------------------------------------------
-    def run(self, *, n_trials: int, timeout_s: float | None) -> RunEnd:
-        """Run the strategy; how it ended says whether the Optuna search takes over."""
-        self._start(n_trials, timeout_s)
-        base = self._baseline()
+    def ask(self) -> Step:
+        """The next launch of the phases, or how they ended (NO_TOKENS: the Optuna search
+        takes over)."""
+        if self._stop is not None:
+            return self._stop
+        if self._flow is None:
+            self._flow = self._phases()
+        try:
+            return self._flow.send(self._told)
+        except StopIteration as end:
+            self.phase, self._stop = Phase.STOPPED, end.value
+            return end.value
+
+    def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:
+        self._told = trial
+
+    def _phases(self) -> Flow[Stop]:
+        """Baseline, replay (calibrating and climbing), confirm: each `yield` a launch, and
+        the trial it completed as (None: it failed) sent back."""
+        base = yield from self._baseline()
         if base is None:
-            return RunEnd.NO_BASELINE  # failure_summary tells the user why
-        self._align()  # a given aligned baseline; "auto" on a resumed study
+            return Stop(StopReason.NO_BASELINE)  # failure_summary tells the user why
+        yield from self._align()  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
             text = ("The baseline trial holds no token ids (this vLLM did not return them), "
                     "so replay cannot predict; using the Optuna search instead.")
             self.say(text)
             self.note("strategy", text)
-            return RunEnd.NO_TOKENS
-        leaders = self._pick_leaders(self._replay_space(capture))
-        if leaders:
-            self._confirm(leaders, capture)
-        return RunEnd.DONE
-
-    def _start(self, n_trials: int, timeout_s: float | None) -> None:
-        self._n_trials, self._timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()
-        self.loop.budget(n_trials, counts_repeats=True)  # --n-trials counts every launch
+            return Stop(StopReason.NO_TOKENS)
+        leaders = self._pick_leaders((yield from self._replay_space(capture)))
+        if not leaders:
+            return Stop(StopReason.NO_LEADER)
+        return (yield from self._confirm(leaders, capture))
 
     def _room(self) -> bool:
-        """Whether --n-trials and --timeout leave room for another launch (why not, said once)."""
-        why = None
-        if self._timeout_s is not None and time.monotonic() - self._t0 > self._timeout_s:
-            why = f"--timeout {self._timeout_s:.0f} s reached; stopping."
-        elif self.launches() >= self._n_trials:
-            why = f"--n-trials {self._n_trials}: every engine launch of the budget is spent."
-        if why and not self._said_stop:
+        """Whether --n-trials and --timeout leave room for another launch (SearchLoop.room;
+        why not, said once)."""
+        room = self.loop.room()
+        if room is not None and self._ran_out is None:
+            self._ran_out = room
+            why = (f"--timeout {self.loop.timeout_s:.0f} s reached; stopping."
+                   if room == StopReason.TIMEOUT else f"--n-trials {self.loop.n_trials}: "
+                   "every engine launch of the budget is spent.")
             self.say(why)
             self.note("stop", why)
-            self._said_stop = True
-        return why is None
+        return room is None
 
-    def _baseline(self) -> Any:
+    def _baseline(self) -> Flow[Any]:
         """The study's plain baseline, launched where it has none yet; None where the budget
         is spent or the launch failed."""
+        self.phase = Phase.BASELINE
         base = self._first(st.is_baseline)
         if base is None and self._room():
-            base = self._launch(self.loop.space.baseline(), Role.BASELINE)
+            base = yield self._launch(self.loop.space.baseline(), Role.BASELINE)
             if base is not None:
                 self._say_expected_time(base)
         return base
@@ -313,7 +344,7 @@ class ReplaySearch:
         """Every launch sends the same requests, so the baseline's launch says what the others
         cost: said once, with the launches the budget leaves."""
         wall = base.user_attrs.get(TrialAttr.WALL_S)
-        left = self._n_trials - self.launches()
+        left = self.loop.n_trials - self.launches()
         if not wall or left <= 0:
             return
         text = (f"Each launch sends the same {self.loop.requests_per_launch()} requests; the "
@@ -323,9 +354,10 @@ class ReplaySearch:
         self.say(text)
         self.note("strategy", text, "expected time")
 
-    def _replay_space(self, capture: TokenCapture) -> Prediction:
+    def _replay_space(self, capture: TokenCapture) -> Flow[Prediction]:
         """Predict the space over the baseline's tokens, with the calibration launches the
         step cost needs and the climb around the predicted leaders."""
+        self.phase = Phase.REPLAY
         configs = candidates(self.loop.space, seed=self.seed)
         self._configs = {c.key(): c for c in configs}
         self.say(f"Replaying {len(configs)} configs of space '{self.loop.space.name}' over the "
@@ -336,13 +368,15 @@ class ReplaySearch:
                 f"per level in {pred.seconds:.1f} s (no engine).")
         self.detail(text)
         self.note("replay", text)
-        pred = self._calibrate(capture, pred)
-        pred = self._calibrate_mixed(capture, pred)
+        self.phase = Phase.CALIBRATE
+        pred = yield from self._calibrate(capture, pred)
+        pred = yield from self._calibrate_mixed(capture, pred)
+        self.phase = Phase.CLIMB
         pred = self._climb(capture, pred)
         self._print_costs(pred)
         return pred
 
-    def _calibrate(self, capture: TokenCapture, pred: Prediction) -> Prediction:
+    def _calibrate(self, capture: TokenCapture, pred: Prediction) -> Flow[Prediction]:
         """Launch the candidate that drafts the most per step, so the step-cost line spans
         the space, where no launch has calibrated it yet."""
         if any(c.calibrated for c in pred.costs.values()) or not self._room():
@@ -355,11 +389,11 @@ class ReplaySearch:
                 "spans the space.")
         self.say(f"Calibration launch: {text}")
         self.note("calibration", text, "first")
-        self._launch(calib, Role.CALIBRATION)
-        self._align()  # "auto": the calibration is the first speculative trial
+        yield self._launch(calib, Role.CALIBRATION)
+        yield from self._align()  # "auto": the calibration is the first speculative trial
         return self._predict(capture)
 
-    def _calibrate_mixed(self, capture: TokenCapture, pred: Prediction) -> Prediction:
+    def _calibrate_mixed(self, capture: TokenCapture, pred: Prediction) -> Flow[Prediction]:
         """On an engine that splits CUDA graphs by batch shape, launch a second calibration
         whose steps are least often uniform (tuner.replay.cost)."""
         if not any(c.needs_mixed_point for c in pred.costs.values()) or not self._room():
@@ -376,7 +410,7 @@ class ReplaySearch:
                 "needs a point where most steps are not uniform.")
         self.detail(f"Second calibration launch: {text}")
         self.note("calibration", f"Then {text}", "second")
-        self._launch(calib, Role.CALIBRATION)
+        yield self._launch(calib, Role.CALIBRATION)
         return self._predict(capture)
 
     def _climb(self, capture: TokenCapture, pred: Prediction) -> Prediction:
@@ -421,26 +455,30 @@ class ReplaySearch:
             self.note("leaders", text, "tied")
         return [self._config_of(r) for r in top]
 
-    def _confirm(self, leaders: list[TrialConfig], capture: TokenCapture) -> None:
+    def _confirm(self, leaders: list[TrialConfig], capture: TokenCapture) -> Flow[Stop]:
         """Launch the baselines and the leaders in turn until the ranking is decided or the
-        budget is spent. The ranking is looked at before every launch, so each look's
+        budget is spent; the Stop carries the ranking (none where a baseline failed or every
+        leader did). The ranking is looked at before every launch, so each look's
         intervals are taken at 1 - (1 - confidence) / looks (Bonferroni over the looks the
         budget allows): the chance of a wrong decision over the whole confirmation stays
         within the stated confidence."""
-        self._looks = max(1, self._n_trials - self.launches() + 1)
+        self.phase = Phase.CONFIRM
+        self._looks = max(1, self.loop.n_trials - self.launches() + 1)
         while self._room():
             verdict = self._verdict(leaders)
             if verdict.decided:
-                self._say_verdict(verdict)
-                return
+                return Stop(StopReason.DECIDED, ranking=verdict)
             pick = self._next(leaders)
-            launched = self._launch(pick, None)
-            self._align()  # "auto", when no calibration launch came first
+            launched = yield self._launch(pick, None)
+            yield from self._align()  # "auto", when no calibration launch came first
             if launched is not None:
                 self._predict(capture)
+            elif pick not in leaders:
+                self._drop(pick, leaders)
+                return Stop(StopReason.BASELINE_FAILED)
             elif not self._drop(pick, leaders):
-                return
-        self._say_verdict(self._verdict(leaders))
+                return Stop(StopReason.NO_LEADER)
+        return Stop(self._ran_out or StopReason.BUDGET, ranking=self._verdict(leaders))
 
     def _drop(self, pick: TrialConfig, leaders: list[TrialConfig]) -> bool:
         """A failed launch is recorded as a FAIL trial; launching the same config again would
@@ -457,39 +495,26 @@ class ReplaySearch:
         self.note("confirmation", text, f"failed {pick.key()}")
         return bool(leaders)
 
-    def _say_verdict(self, verdict: _Verdict) -> None:
-        """The ranking's verdict in one line by default ("decided at c=4: first X 1.12x (95%
-        interval 1.08-1.16; 3 and 3 launches)"), every interval with -v and in the report."""
-        if not verdict.full:  # "undecided at c=4: X has 1 launch; ..."
-            self.say(f"Ranking {verdict.short}.")
-        else:
-            self.say(f"Ranking {verdict.short}; every figure: -v or the report.")
-            self.detail(f"Ranking {verdict.full}.")
-        self.note("confirmation", f"Ranking {verdict.full or verdict.short}.", "ranking")
-
     # -- launching --------------------------------------------------------------------------
     def launches(self) -> int:
         """Engine launches in this study so far (repeats included; answers from storage and
         trials a dead driver left behind are not)."""
         return st.counted_trials(self.study, repeats=True)
 
-    def _launch(self, config: TrialConfig, role: Role | None) -> Any:
-        """Measure `config` once as a trial of the study; the trial when it completed."""
+    def _launch(self, config: TrialConfig, role: Role | None) -> Launch:
+        """`config` to measure once as a trial of the study; `role` None: a confirm launch,
+        a repeat where the config was measured before."""
         first = self._first(lambda t: t.user_attrs.get(TrialAttr.CONFIG_KEY) == config.key())
         if role is None:
             role = Role.REPEAT if first is not None else Role.CONFIRM
-        attrs = {TrialAttr.ROLE: role.value,
-                 TrialAttr.CONFIG_OVERRIDE: config.model_dump(mode="json")}
-        if role == Role.REPEAT:
-            attrs[TrialAttr.REPEAT_OF] = first.number
-        return self.loop.launch(config, role=role, user_attrs=attrs)
+        return Launch(config, role, repeat_of=first.number if role == Role.REPEAT else None)
 
-    def _align(self) -> None:
+    def _align(self) -> Flow[None]:
         """Launch the aligned baseline when the loop says it is due (SearchLoop.align: once
         per study). It anchors the step-cost line on the speculative engine path, so the
         predictions carry the path's cost (tuner.replay.cost)."""
         if self._room() and (config := self.loop.align()) is not None:
-            self._launch(config, Role.ALIGNED_BASELINE)
+            yield self._launch(config, Role.ALIGNED_BASELINE)
 
     def _first(self, match: Callable[[Any], bool]) -> Any:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -642,27 +667,26 @@ class ReplaySearch:
         pool = [*self._baselines(), *leaders]
         return min(pool, key=lambda cfg: (len(runs.get(cfg.key(), ())), pool.index(cfg)))
 
-    def _verdict(self, leaders: list[TrialConfig]) -> _Verdict:
+    def _verdict(self, leaders: list[TrialConfig]) -> intervals.Ranking:
         """Decided once two comparisons are resolved by their speedup intervals
         (tuner.intervals.decide: above, below, or within --margin of 1.00x): the best leader
         against the plain baseline, and the best of leaders and baselines against the
         runner-up. The between-launch spread is pooled over every config launched twice at
         the target level. An aligned baseline is ranked too (its ratio is the engine path's
-        cost), and each leader's ratio to it, speculation's own gain, is said with its
-        interval."""
-        at, runs = f"c={self.loop.target}", self._runs()
+        cost), with each leader's ratio to it, speculation's own gain, and its interval."""
+        at, runs = self.loop.target, self._runs()
         self._paired = self._launch_windows()
         pool = intervals.Pool.of(runs.values())
         baselines = self._baselines()
         plain, ranked = baselines[0], [*baselines, *leaders]
+        status = intervals.RankingStatus
         for cfg in ranked:
             n = len(runs.get(cfg.key(), ()))
             if not intervals.enough(n, pool):
-                return _Verdict(False, f"undecided at {at}: {cfg.label()} has {n} launch(es); "
-                                "an interval needs 2, or 1 once the others were launched "
-                                f"twice ({intervals.ONE_LAUNCH_DF} degrees of freedom pooled)")
+                return intervals.Ranking(status.FEW_LAUNCHES, at, self.margin,
+                                         short_of=cfg.label(), launches=n)
         if not leaders:
-            return _Verdict(False, f"undecided at {at}: no leader is left to rank")
+            return intervals.Ranking(status.NO_LEADER, at, self.margin)
         over = {cfg.key(): self._interval(runs, cfg, plain, pool) for cfg in ranked[1:]}
         points = {plain.key(): 1.0, **{k: iv.point for k, iv in over.items()}}
         order = sorted(ranked, key=lambda cfg: -points[cfg.key()])  # the plain one on ties
@@ -671,27 +695,26 @@ class ReplaySearch:
         pairs = [(best, plain, over[best.key()])]
         if {first.key(), second.key()} != {best.key(), plain.key()}:
             pairs.append((first, second, self._interval(runs, first, second, pool)))
-        decisions = [intervals.decide(iv, self.margin) for _, _, iv in pairs]
-        figures = "; ".join(f"{cfg.label()} {over[cfg.key()].text()}" for cfg in order
-                            if cfg.key() != plain.key())
-        full = "; ".join(self._compared(x, y, iv, d) for (x, y, iv), d in zip(
-            pairs, decisions, strict=True))
-        full += f". Over the plain baseline: {figures}; {pool.text()}"
-        if len(baselines) > 1:
-            full += "; " + self._split(baselines[1], leaders, runs, pool)
-        if intervals.OPEN in decisions:
-            opened = [self._compared(x, y, iv, d) for (x, y, iv), d in zip(
-                pairs, decisions, strict=True) if d == intervals.OPEN]
-            return _Verdict(False, f"undecided at {at}: " + "; ".join(opened),
-                            f"undecided at {at}: {full}")
-        lead = (f"{first.label()} {over[first.key()].text()}" if first.key() != plain.key()
-                else f"{plain.label()}; best speculative {best.label()} "
-                     f"{over[best.key()].text()}")
-        same = "".join(f"; {x.label()} and {y.label()} within \u00b1"
-                       f"{intervals.percent(self.margin)}: either will do"
-                       for (x, y, _), d in zip(pairs, decisions, strict=True)
-                       if d == intervals.EQUIVALENT)
-        return _Verdict(True, f"decided at {at}: first {lead}{same}", f"decided at {at}: {full}")
+        compared = tuple(intervals.Compared(x.label(), y.label(), iv,
+                                            intervals.decide(iv, self.margin))
+                         for x, y, iv in pairs)
+        path, gains = None, ()
+        if len(baselines) > 1:  # each leader's speedup as path cost x speculation gain
+            aligned = baselines[1]
+            path = intervals.Speedup(aligned.label(), self._interval(runs, aligned, plain,
+                                                                     pool))
+            gains = tuple(intervals.Speedup(cfg.label(), self._interval(runs, cfg, aligned,
+                                                                        pool))
+                          for cfg in leaders)
+        opened = any(c.decision == intervals.OPEN for c in compared)
+        return intervals.Ranking(
+            status.OPEN if opened else status.DECIDED, at, self.margin, plain=plain.label(),
+            best=intervals.Speedup(best.label(), over[best.key()]),
+            first=None if first.key() == plain.key() else intervals.Speedup(
+                first.label(), over[first.key()]),
+            pairs=compared, over_plain=tuple(intervals.Speedup(cfg.label(), over[cfg.key()])
+                                             for cfg in order if cfg.key() != plain.key()),
+            pool=pool, path=path, gains=gains)
 
     def _interval(self, runs: dict[str, list[float]], a: TrialConfig, b: TrialConfig,
                   pool: intervals.Pool) -> intervals.Interval | None:
@@ -702,42 +725,6 @@ class ReplaySearch:
         return intervals.speedup(runs.get(a.key(), ()), runs.get(b.key(), ()), pool=pool,
                                  confidence=1 - (1 - self.confidence) / self._looks,
                                  within=within)
-
-    def _compared(self, a: TrialConfig, b: TrialConfig, iv: intervals.Interval | None,
-                  decision: intervals.Decision) -> str:
-        """One comparison in words: "X beats Y: 1.12x (95% interval 1.08-1.16; ...)"."""
-        said = _iv_text(iv)
-        if decision == intervals.ABOVE:
-            return f"{a.label()} beats {b.label()}: {said}"
-        if decision == intervals.BELOW:
-            return f"{a.label()} trails {b.label()}: {said}"
-        if decision == intervals.EQUIVALENT:
-            return (f"{a.label()} and {b.label()} are within \u00b1"
-                    f"{intervals.percent(self.margin)} (either will do): {said}")
-        return f"{a.label()} against {b.label()} is open: {said}"
-
-    def _split(self, aligned: TrialConfig, leaders: list[TrialConfig],
-               runs: dict[str, list[float]], pool: intervals.Pool) -> str:
-        """Each leader's speedup as path cost x speculation gain, each with its interval."""
-        path = self._interval(runs, aligned, self._baselines()[0], pool)
-        gains = [f"{cfg.label()} {_iv_text(self._interval(runs, cfg, aligned, pool))}"
-                 for cfg in leaders]
-        return (f"engine path {_iv_text(path)} (aligned over plain baseline), speculation "
-                f"alone (over the aligned baseline): " + ", ".join(gains))
-
-
-@dataclass(frozen=True)
-class _Verdict:
-    """The ranking at the target level: whether it is decided, the line said by default, and
-    every figure (-v, decisions.json; empty where the short line says it all)."""
-
-    decided: bool
-    short: str
-    full: str = ""
-
-
-def _iv_text(iv: intervals.Interval | None) -> str:
-    return iv.text() if iv is not None else "no interval yet (too few launches)"
 
 
 def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
