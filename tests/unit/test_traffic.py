@@ -58,7 +58,7 @@ def _packed(cap: TokenCapture) -> sweep.Requests:
 
 
 def _same(got: acceptance.Acceptance, want: acceptance.Acceptance) -> None:
-    a, b = got.as_dict(), want.as_dict()
+    a, b = dataclasses.asdict(got.summary()), dataclasses.asdict(want.summary())
     assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b[k]}
     assert got.accepted_per_pos == want.accepted_per_pos and got.past_end == want.past_end
 
@@ -79,13 +79,13 @@ def test_the_sweep_counts_every_ngram_config_as_the_replay_does(stored, max_mode
         reqs = _packed(cap)
         groups: dict = {}
         for cfg in NGRAM:
-            lo, hi = acceptance._window(cfg.speculative_config)
+            lo, hi = acceptance.window(cfg)
             groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
         for hi, group in groups.items():
             got = sweep.sweep(reqs, hi, [pair for pair, _ in group],
                               max_model_len=max_model_len)
             for pair, cfg in group:
-                want = acceptance.replay(cap, cfg.speculative_config,
+                want = acceptance.replay(cap, cfg,
                                          max_model_len=max_model_len)[1]
                 _same(got[pair].acceptance, want)
     assert sum(r.output.size for r in stored.requests) > 400  # real answers, not stubs
@@ -286,7 +286,7 @@ def test_predict_rows_per_level_and_configs_it_cannot_replay(tmp_path, stored):
     rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
     assert len(pred.rows) == 2 * 3 and pred.configs == 2
     assert any("eagle is not replayable" in s for s in pred.skipped)
-    want = acceptance.replay(stored, ngram.speculative_config)[1]
+    want = acceptance.replay(stored, ngram)[1]
     assert rows[(ngram.key(), 4)]["acceptance_length"] == pytest.approx(want.acceptance_length)
     # the schedule turns speculation off at 4 requests in flight: replayed as a closed loop
     assert rows[(sched.key(), 1)]["acceptance_length"] == pytest.approx(want.acceptance_length)
@@ -316,13 +316,13 @@ def test_the_sweeps_half_widths_are_the_bootstrap_of_the_replay(stored, chunk, m
     for cap in (stored, _random(4, n=30)):
         groups: dict = {}
         for cfg in NGRAM:
-            lo, hi = acceptance._window(cfg.speculative_config)
+            lo, hi = acceptance.window(cfg)
             groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
         for hi, group in groups.items():
             got = sweep.sweep(_packed(cap), hi, [pair for pair, _ in group],
                               max_model_len=None)
             for pair, cfg in group:
-                want = sampling.spread(acceptance.replay(cap, cfg.speculative_config)[1])
+                want = sampling.spread(acceptance.replay(cap, cfg)[1])
                 np.testing.assert_equal(dataclasses.astuple(got[pair].spread) if want else None,
                                         dataclasses.astuple(want) if want else None)
                 some += want is not None and want.acceptance_length > 0
@@ -347,7 +347,7 @@ def test_traffic_rows_carry_the_half_widths_tuner_predict_gives_a_sampled_baseli
     rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
     for cfg in (ngram, sched):  # the sweep's path and the replay's
         for c in (1, 4):
-            acc = acceptance.replay(t.capture(c), cfg.speculative_config, max_num_seqs=8,
+            acc = acceptance.replay(t.capture(c), cfg, max_num_seqs=8,
                                     levels=[c])[c]
             row = rows[(cfg.key(), c)]
             assert {k: row[k] for k in sampling.PM_COLUMNS} == sampling.columns(
