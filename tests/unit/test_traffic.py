@@ -116,14 +116,15 @@ def test_every_format_reads_the_same_records(tmp_path, kind):
         with opener(path, "wt") as f:
             f.write(text)
     got = list(logs.records(path))
-    assert [{k: v for k, v in r.items() if v is not None} for _, r in got] == ROWS
-    assert got[1][0] == f"{path}: {'row' if kind == 'parquet' else 'line'} 2"
+    assert [(r.prompt_text, r.completion, r.answer_ids) for r in got] == [
+        (row["prompt"], row.get("completion"), row.get("completion_token_ids")) for row in ROWS]
+    assert got[1].where == f"{path}: {'row' if kind == 'parquet' else 'line'} 2"
 
 
 def test_records_name_their_line_past_blank_lines(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"a": 1}\n\n  \n{"b": 2}\n')
-    assert [w for w, _ in logs.records(path)] == [f"{path}: line 1", f"{path}: line 4"]
+    assert [r.where for r in logs.records(path)] == [f"{path}: line 1", f"{path}: line 4"]
 
 
 @pytest.mark.parametrize("content,expect", [
@@ -170,7 +171,7 @@ def test_chat_and_completion_prompts_are_vllms(tok):
             {"role": "assistant", "content": "4"},
             {"role": "user", "content": [{"type": "text", "text": "and 3+3?"}]}]
     plain = [*msgs[:3], {"role": "user", "content": "and 3+3?"}]
-    assert r.chat({"messages": msgs}) == tok.apply_chat_template(
+    assert r.chat(logs.LogRecord.parse("t", {"messages": msgs})) == tok.apply_chat_template(
         plain, add_generation_prompt=True, return_dict=False)
     assert r.completion("Hello there", None) == tok("Hello there").input_ids
     assert r.answer("Hi!") == tok("Hi!", add_special_tokens=False).input_ids
@@ -181,7 +182,7 @@ def test_chat_and_completion_prompts_are_vllms(tok):
     with pytest.raises(prompts.Refused, match="maximum context length is 8192"):
         r.completion("word " * 9000, None)
     with pytest.raises(ValueError, match="messages"):
-        r.chat({"messages": "hello"})
+        r.chat(logs.LogRecord.parse("t", {"messages": "hello"}))
 
 
 # -- the capture's rules ---------------------------------------------------------------------
@@ -268,6 +269,15 @@ def test_skips_are_counted_with_their_reason(tmp_path, tok):
 def test_unusable_records_are_refused_naming_the_line(tmp_path, tok, rows, expect):
     with pytest.raises(ConfigError, match=expect):
         _read(_write(tmp_path / "t.jsonl", rows), tok)
+
+
+def test_a_skipped_record_is_not_refused_for_its_fields(tmp_path, tok):
+    # logs.LogRecord keeps a field of the wrong type as Malformed: refused only where read.
+    t = _read(_write(tmp_path / "t.jsonl", [
+        {"prompt_token_ids": [1, -2], "completion": 5, "warmup": True},
+        {"prompt": [3, "x"], "error": "HTTP 500"}, {"prompt": "a", "completion": "b"}]), tok)
+    assert len(t) == 1 and t.skipped == {"warm-up requests": 1,
+                                         "failed requests (an error recorded)": 1}
 
 
 # -- the replayed table ----------------------------------------------------------------------
