@@ -7,7 +7,8 @@ the source of SpeculativeConfig: importing vllm.config takes 8 s on 2 cores, par
 vLLM 0.32.0's lists where vLLM is not importable at all (an engine in its own virtualenv or
 container, run with --vllm-cmd); every answer says where its lists came from. A base module,
 beside records and errors: settings (the `--speculative-config` flag) and search (the YAML
-spaces) both check names against it, and it imports no stage.
+spaces) both check names against it, and it imports no stage. ProposerSettings is the one
+reading of the keys spec-tuner drafts by itself (the replay, the fake engine).
 """
 
 from __future__ import annotations
