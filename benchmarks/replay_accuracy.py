@@ -127,7 +127,7 @@ def main() -> None:
                     # The replay over the launch's own tokens: its fidelity to vLLM apart from
                     # how far the speculative outputs drifted from the baseline's (bf16).
                     own[cfg.key()] = {c: a.acceptance_length for c, a in acceptance.replay(
-                        cap, cfg.speculative_config, max_model_len=max_model_len).items()}
+                        cap, cfg, max_model_len=max_model_len).items()}
         spread = _spreads(measured)
         # The baseline again at the end: how far the machine drifted over the run, the
         # spread below which no performance error here means anything.
@@ -167,7 +167,7 @@ def main() -> None:
     cands = replay_strategy.candidates(sp)
     base_cap = TokenCapture.load(args.out / args.workloads.split(",")[0] / "baseline" / FILE_NAME)
     for cfg in cands:
-        acceptance.replay(base_cap, cfg.speculative_config, max_model_len=max_model_len)
+        acceptance.replay(base_cap, cfg, max_model_len=max_model_len)
     n_ngram = sum(1 for c in cands if c.method == "ngram")
     print(f"replay of space 'default' ({n_ngram} n-gram configs, the whole grid, + "
           f"{len(cands) - n_ngram} suffix configs) over {len(base_cap)} captured requests: "

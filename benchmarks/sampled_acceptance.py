@@ -413,7 +413,8 @@ def _own_replay(folder: Path, spec: dict[str, Any], *, limits: dict, level: int
     path = folder / "tokens.npz"
     if not path.exists():
         return None
-    acc = acceptance.replay(TokenCapture.load(path), spec, max_model_len=limits["max_model_len"],
+    acc = acceptance.replay(TokenCapture.load(path), TrialConfig(speculative_config=spec),
+                            max_model_len=limits["max_model_len"],
                             max_num_seqs=limits["max_num_seqs"], levels=[level]).get(level)
     return acc.acceptance_length if acc is not None else None
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.records.configs import TrialConfig
 from tuner.replay import acceptance, streams
 from tuner.tokens import FILE_NAME, TokenCapture
 
@@ -46,7 +47,7 @@ def check(root: Path, level: int) -> tuple[dict[int, int], int, int]:
     """Per W the right picks; the requests that emitted a recorded stream; third streams."""
     base = TokenCapture.load(root / "baseline" / FILE_NAME)
     calib = TokenCapture.load(root / f"{CALIBRATION:02d}" / FILE_NAME)
-    calib_replay = acceptance.replay(calib, CONFIGS[CALIBRATION - 1],
+    calib_replay = acceptance.replay(calib, TrialConfig(speculative_config=CONFIGS[CALIBRATION - 1]),
                                      max_model_len=MAX_MODEL_LEN)[level]
     partings = {i: t for (c, i), t in
                 streams.Alternate(calib, {level: calib_replay}).partings(base).items()
@@ -60,7 +61,7 @@ def check(root: Path, level: int) -> tuple[dict[int, int], int, int]:
             continue
         emitted = {r.index: r.output for r in
                    TokenCapture.load(root / f"{n:02d}" / FILE_NAME).level(level, warmup=False)}
-        replayed = acceptance.replay(base, spec, max_model_len=MAX_MODEL_LEN)[level]
+        replayed = acceptance.replay(base, TrialConfig(speculative_config=spec), max_model_len=MAX_MODEL_LEN)[level]
         for index, t in partings.items():
             out = emitted.get(index)
             if out is None:

@@ -32,13 +32,13 @@ _speedup = 1.0
 _plain_plan = fake._plan
 
 
-def _remembering_plan(state: Any, body: dict[str, Any]) -> Any:
+def _remembering_plan(state: Any, req: Any) -> Any:
     """The fake's plan, noting on `state` whether this prompt was answered before; the pace
     built right after it (no await between them in fake._stream) reads the note."""
-    prompt = str(body.get("prompt", ""))
+    prompt = req.prompt_text
     state.repeat = prompt in _seen
     _seen.add(prompt)
-    return _plain_plan(state, body)
+    return _plain_plan(state, req)
 
 
 class _MemorizingPace(fake._Pace):

@@ -68,6 +68,7 @@ def launches(name: str) -> Iterator[Launch]:
 
 def figures(**replay_kwargs) -> dict[str, dict]:
     """set -> "launch over tokens" -> level -> vLLM's counters as the replay counts them."""
+    from tuner.records.configs import TrialConfig
     from tuner.replay import acceptance
     from tuner.tokens import TokenCapture
 
@@ -82,7 +83,8 @@ def figures(**replay_kwargs) -> dict[str, dict]:
                 continue
             for over, cap in (("own", TokenCapture.load(x.tokens)),
                               ("baseline", captures["baseline"])):
-                replayed = acceptance.replay(cap, x.spec, **replay_kwargs)
+                replayed = acceptance.replay(cap, TrialConfig(speculative_config=x.spec),
+                                             **replay_kwargs)
                 per[f"{x.name} over {over} tokens"] = {
                     str(c): {"num_drafts": a.drafts, "num_draft_tokens": a.draft_tokens,
                              "num_accepted_tokens": a.accepted_tokens, "steps": a.steps,

@@ -580,9 +580,10 @@ def _space_configs(space: Any, limit: int = 64) -> list[tuple[str, dict]]:
         points = []
         for method in space.speculative_methods():
             for end in ("low", "high"):
-                values: dict[str, Any] = {}
+                values: dict[str, Any] = {}  # the config's keys, as vLLM takes them
                 for key, p in space.methods[method].items():
-                    values[key] = _at_end(p, end, values)
+                    values[key] = _at_end(p, end, at_most=values.get(getattr(p, "at_most", None)),
+                                          at_least=values.get(getattr(p, "at_least", None)))
                 out.append((f"search space '{space.name}' ({method}, every value at its "
                             f"{end}est)", {"method": method, **values}))
     for params in points:
@@ -598,19 +599,20 @@ def _space_configs(space: Any, limit: int = 64) -> list[tuple[str, dict]]:
     return out
 
 
-def _at_end(p: Any, end: str, values: dict[str, Any]) -> Any:
+def _at_end(p: Any, end: str, *, at_most: float | None, at_least: float | None) -> Any:
     """A searched value at one end of its range (or its first / last choice), within the
-    bounds set by the values before it (at_most / at_least); a fixed value as it is."""
+    bounds set by the values before it (`at_most` / `at_least`: the values of the
+    parameters its bounds name); a fixed value as it is."""
     kind = getattr(p, "type", None)
     if kind is None:
         return p
     if kind == "choice":
         return list(p.values)[0 if end == "low" else -1]
     low, high = p.low, p.high
-    if getattr(p, "at_most", None) is not None:
-        high = min(high, values[p.at_most])
-    if getattr(p, "at_least", None) is not None:
-        low = max(low, values[p.at_least])
+    if at_most is not None:
+        high = min(high, at_most)
+    if at_least is not None:
+        low = max(low, at_least)
     value = low if end == "low" else high
     return int(value) if kind == "int" else value
 

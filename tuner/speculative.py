@@ -7,7 +7,8 @@ the source of SpeculativeConfig: importing vllm.config takes 8 s on 2 cores, par
 vLLM 0.32.0's lists where vLLM is not importable at all (an engine in its own virtualenv or
 container, run with --vllm-cmd); every answer says where its lists came from. A base module,
 beside records and errors: settings (the `--speculative-config` flag) and search (the YAML
-spaces) both check names against it, and it imports no stage.
+spaces) both check names against it, and it imports no stage. ProposerSettings is the one
+reading of the keys spec-tuner drafts by itself (the replay, the fake engine).
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ from __future__ import annotations
 import ast
 import functools
 import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from tuner.records.configs import TrialConfig
 
 # vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py), used only where vLLM cannot be
 # imported in this Python (an engine in its own virtualenv or container, run with --vllm-cmd).
@@ -271,6 +277,65 @@ def varying_k(method: str | None, *, runner: str | None = None) -> VaryingK:
                            f"takes a changing K, so it offers no schedule for it")
 
 
+# --- the keys spec-tuner drafts by --------------------------------------------------------------
+# Where a --speculative-config leaves them out, vLLM's defaults (vllm/config/speculative.py):
+# the n-gram window is 5-5 when neither end is set, and one end copies the other.
+NGRAM_WINDOW_DEFAULT = 5
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """The keys of a --speculative-config that spec-tuner drafts by itself (the replay steps
+    vLLM's proposers with them, tuner.replay.acceptance; the fake engine counts by them), read
+    once from the config, with vLLM's defaults where a key is left out."""
+
+    method: str | None
+    k: int | None  # TrialConfig.k: None where vLLM reads it from the draft model
+    prompt_lookup_min: int = NGRAM_WINDOW_DEFAULT
+    prompt_lookup_max: int = NGRAM_WINDOW_DEFAULT
+    # num_speculative_tokens_per_batch_size, as (first batch size, last, K); () for none
+    k_schedule: tuple[tuple[int, int, int], ...] = ()
+    # SuffixDecodingProposer's settings (suffix_decoding_*)
+    suffix_max_tree_depth: int = 24
+    suffix_max_cached_requests: int = 10000
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
+
+    @classmethod
+    def of(cls, config: TrialConfig) -> ProposerSettings | None:
+        """`config`'s settings; None without speculation. Raises ValueError for a K schedule
+        that is not a list of (start, end, K) entries."""
+        spec = config.speculative_config
+        if not spec:
+            return None
+        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = NGRAM_WINDOW_DEFAULT
+        lo = hi if lo is None else lo
+        hi = lo if hi is None else hi
+        schedule = spec.get("num_speculative_tokens_per_batch_size") or []
+        if not isinstance(schedule, list) or not all(
+                isinstance(e, (list, tuple)) and len(e) == 3 for e in schedule):
+            raise ValueError(f"num_speculative_tokens_per_batch_size {schedule!r} is not a "
+                             f"list of (first batch size, last batch size, K) entries")
+
+        def suffix(name: str) -> Any:
+            given = spec.get(f"suffix_decoding_{name}")
+            return getattr(cls, f"suffix_{name}") if given is None else given
+
+        return cls(method=spec.get("method"), k=config.k, prompt_lookup_min=int(lo),
+                   prompt_lookup_max=int(hi), k_schedule=tuple(tuple(e) for e in schedule),
+                   suffix_max_tree_depth=suffix("max_tree_depth"),
+                   suffix_max_cached_requests=suffix("max_cached_requests"),
+                   suffix_max_spec_factor=suffix("max_spec_factor"),
+                   suffix_min_token_prob=suffix("min_token_prob"))
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The n-gram window: (prompt_lookup_min, prompt_lookup_max)."""
+        return self.prompt_lookup_min, self.prompt_lookup_max
+
+
 # --- vLLM's own checks of a --speculative-config, without an engine --------------------------
 # Importing vllm.config takes 6-8 s on 2 cores (vllm/__init__ imports torch, vllm.config.model
 # torch._inductor), which a refusal that must come at once cannot spend. So the source of
@@ -355,8 +420,6 @@ class _Logger:
 
 
 def _stand_in_module(name: str) -> Any:
-    import types
-
     def config(cls: Any = None, *, config: Any = None, **kwargs: Any) -> Any:
         # vllm/config/utils.py `config`: a pydantic dataclass that forbids extra fields.
         from pydantic import ConfigDict
@@ -436,17 +499,22 @@ def _stand_in_class() -> tuple[Any, str] | None:
     None where vLLM is not here or its source does not compile so."""
     for rel in _SOURCES:
         found = _compiled(rel)
-        if found is not None and "SpeculativeConfig" in found[0]:
-            return found[0]["SpeculativeConfig"], found[1]
+        if found is not None and hasattr(found.module, "SpeculativeConfig"):
+            return found.module.SpeculativeConfig, found.path
     return None
 
 
+class _Compiled(NamedTuple):
+    """vLLM's source file run over the stand-ins: the module it made, and the file's path."""
+    module: types.ModuleType
+    path: str
+
+
 @functools.cache
-def _compiled(rel: str) -> tuple[dict[str, Any], str] | None:
-    """The namespace of vLLM's source file `rel` (under the vllm package) run over the
-    stand-ins, and its path; None where it is not there or does not run so."""
+def _compiled(rel: str) -> _Compiled | None:
+    """vLLM's source file `rel` (under the vllm package) run over the stand-ins; None where
+    it is not there or does not run so."""
     import builtins
-    import types
 
     root = _vllm_root()
     if root is None:
@@ -475,7 +543,7 @@ def _compiled(rel: str) -> tuple[dict[str, Any], str] | None:
     except Exception:  # a vLLM whose module needs more than the stand-ins give
         del sys.modules[module.__name__]
         return None
-    return module.__dict__, str(path)
+    return _Compiled(module, str(path))
 
 
 def vllm_verdict(spec: dict[str, Any], *, model: str | None = None) -> SpecVerdict:
@@ -496,8 +564,11 @@ def _verdict(key: str, model: str | None) -> SpecVerdict:
     import json
 
     origin = f"vLLM {vllm_version()}"
+    # SpeculativeConfig's keyword arguments, as vLLM's EngineArgs passes them.
     args = {k.replace("-", "_"): v for k, v in json.loads(key).items()}
-    verdict = _class_verdict(args, model, origin)
+    verdict = _class_verdict(lambda cls: cls(
+        **args, target_model_config=_Target(model),
+        target_parallel_config=_Opaque("target_parallel_config")), origin)
     if verdict.refused is None and args.get("num_speculative_tokens_per_batch_size") is not None:
         refused = _schedule_refusal(args["num_speculative_tokens_per_batch_size"])
         if refused:
@@ -505,15 +576,15 @@ def _verdict(key: str, model: str | None) -> SpecVerdict:
     return verdict
 
 
-def _class_verdict(args: dict[str, Any], model: str | None, origin: str) -> SpecVerdict:
+def _class_verdict(build: Callable[[type], object], origin: str) -> SpecVerdict:
+    """vLLM's answer to `build(SpeculativeConfig)`, the stand-in class made from its source."""
     built = _stand_in_class()
     if built is None:
         return SpecVerdict(None, "not checked: vLLM's SpeculativeConfig could not be run here "
                                  "without importing vLLM; vLLM checks it at launch", origin)
     cls, path = built
     try:
-        cls(**args, target_model_config=_Target(model),
-            target_parallel_config=_Opaque("target_parallel_config"))
+        build(cls)
     except _Unchecked as e:
         return SpecVerdict(None, f"checked by vLLM's SpeculativeConfig up to what needs "
                                  f"{e.args[0]} (vLLM checks the rest at launch)", origin)
@@ -534,13 +605,14 @@ def _schedule_refusal(schedule: Any) -> str | None:
     (v1/core/sched/scheduler.py builds its lookup through this check; SpeculativeConfig only
     types it); None where it passes or cannot be run here."""
     found = _compiled(_SCHEDULE_SOURCE)
-    check = found[0].get("validate_and_normalize_dynamic_sd_schedule") if found else None
+    check = getattr(found.module, "validate_and_normalize_dynamic_sd_schedule", None) \
+        if found else None
     if check is None:
         return None
     try:
         check(schedule)
     except ValueError as e:
-        return f"num_speculative_tokens_per_batch_size: {e}" if _raised_in(e, found[1]) \
+        return f"num_speculative_tokens_per_batch_size: {e}" if _raised_in(e, found.path) \
             else None
     except Exception:
         return None

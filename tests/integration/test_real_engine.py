@@ -75,8 +75,8 @@ def test_the_replay_reproduces_the_engines_acceptance(ngram_run, baseline_run):
     own = TokenCapture.load(out / FILE_NAME)
     base = TokenCapture.load(base_out / FILE_NAME)
     assert {r.index for r in own.level(1, warmup=False)} == {0, 1, 2, 3}
-    from_own = acceptance.replay(own, NGRAM, max_model_len=4096)
-    from_base = acceptance.replay(base, NGRAM, max_model_len=4096)
+    from_own = acceptance.replay(own, TrialConfig(speculative_config=NGRAM), max_model_len=4096)
+    from_base = acceptance.replay(base, TrialConfig(speculative_config=NGRAM), max_model_len=4096)
     for lv in result.levels:
         c = lv.concurrency
         assert from_own[c].acceptance_length == pytest.approx(

@@ -105,7 +105,7 @@ def test_priced_rows_carry_the_half_widths_predict_gives_a_sampled_baseline(stud
         for name in ("acceptance_length_pm", "acceptance_rate_pm"):
             assert g[name] == pytest.approx(w[name], rel=1e-6), (cfg.label(), name)
         # every request is played: throughput and TPOT carry the same relative half-width
-        s = sampling.spread(acceptance.replay(capture, cfg.speculative_config,
+        s = sampling.spread(acceptance.replay(capture, cfg,
                                               levels=[2])[2])
         if s is not None and g["pred_output_throughput"] is not None:
             spread += 1

@@ -12,10 +12,16 @@ import types
 import numpy as np
 import pytest
 
+from tuner.records.configs import TrialConfig
 from tuner.replay import acceptance
 from tuner.tokens import RequestTokens, TokenCapture
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
+
+
+def replay_spec(capture, spec, **kwargs):
+    """acceptance.replay of the --speculative-config `spec`."""
+    return acceptance.replay(capture, TrialConfig(speculative_config=spec), **kwargs)
 
 
 def _capture(seed: int, *, levels=(1,), n=6, vocab=6, prompt=120, output=90,
@@ -67,7 +73,7 @@ def test_ngram_replay_is_vllms_proposer_step_for_step(k, lo, hi, max_model_len):
                                  if len(r.prompt) + len(r.output) <= max_model_len))
     spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo,
             "prompt_lookup_max": hi}
-    got = acceptance.replay(cap, spec, max_model_len=max_model_len, trace=True)[1]
+    got = replay_spec(cap, spec, max_model_len=max_model_len, trace=True)[1]
     for req in cap.level(1, warmup=False):
         want = _ngram_reference(req, k=k, lo=lo, hi=hi, max_model_len=max_model_len)
         assert got.trace[req.index] == want, f"request {req.index} diverges from vLLM"
@@ -82,13 +88,13 @@ def test_the_compiled_and_the_stepped_ngram_paths_agree():
     cap = _capture(seed=3, levels=(1, 3), n=8)
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
             "prompt_lookup_max": 4}
-    fast = acceptance.replay(cap, spec, trace=True)
-    stepped = acceptance.replay(cap, {**spec, "num_speculative_tokens_per_batch_size":
+    fast = replay_spec(cap, spec, trace=True)
+    stepped = replay_spec(cap, {**spec, "num_speculative_tokens_per_batch_size":
                                       [[1, 256, 4]]}, max_num_seqs=256, trace=True)
     for c in (1, 3):
         assert fast[c].trace == stepped[c].trace
         assert fast[c].full_drafts == stepped[c].full_drafts
-        assert fast[c].as_dict() == {**stepped[c].as_dict()}
+        assert fast[c].summary() == stepped[c].summary()
         # What the schedule plays out: each request's draft lengths, in index order, on both.
         assert [d.tolist() for d in fast[c].request_drafts] == \
             [d.tolist() for d in stepped[c].request_drafts]
@@ -110,7 +116,7 @@ def test_a_batch_schedule_drafts_the_k_of_the_batch_size():
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 5],
                                                                                [3, 256, 2]]}
-    got = acceptance.replay(cap, spec, max_num_seqs=256, trace=True)
+    got = replay_spec(cap, spec, max_num_seqs=256, trace=True)
     assert max(d for steps in got[1].trace.values() for d, _ in steps) == 5
     # At c=4 every step with 3+ requests drafts at most 2; only the tail runs 1-2 requests.
     wide = [d for steps in got[4].trace.values() for d, _ in steps]
@@ -126,13 +132,13 @@ def test_suffix_learns_across_requests_in_order():
     first = RequestTokens(1, 0, False, prompt, text, 150)
     second = RequestTokens(1, 1, False, other, text, 150)  # the same answer to another prompt
     spec = {"method": "suffix", "num_speculative_tokens": 8}
-    got = acceptance.replay(TokenCapture((first, second)), spec, trace=True)[1]
+    got = replay_spec(TokenCapture((first, second)), spec, trace=True)[1]
     first_accepted = sum(a for _, a in got.trace[0])
     second_accepted = sum(a for _, a in got.trace[1])
     assert first_accepted <= 5  # nothing to learn from yet
     assert second_accepted > 0.8 * len(text)  # the global tree holds the first answer
     # Alone, the second request learns nothing either: the order is what the cache saw.
-    alone = acceptance.replay(TokenCapture((second,)), spec, trace=True)[1]
+    alone = replay_spec(TokenCapture((second,)), spec, trace=True)[1]
     assert sum(a for _, a in alone.trace[1]) <= 5
 
 
@@ -140,8 +146,8 @@ def test_suffix_replay_is_deterministic_and_counts_like_vllm():
     cap = _capture(seed=11, levels=(1, 2), n=5, vocab=4)
     spec = {"method": "suffix", "num_speculative_tokens": 6,
             "suffix_decoding_max_tree_depth": 16}
-    a = acceptance.replay(cap, spec, trace=True)
-    b = acceptance.replay(cap, spec, trace=True)
+    a = replay_spec(cap, spec, trace=True)
+    b = replay_spec(cap, spec, trace=True)
     for c in (1, 2):
         assert a[c].trace == b[c].trace
         steps = [s for r in a[c].trace.values() for s in r]
@@ -155,28 +161,28 @@ def test_suffix_replay_is_deterministic_and_counts_like_vllm():
 
 def test_methods_that_cannot_be_replayed_are_refused():
     with pytest.raises(ValueError, match="cannot be replayed"):
-        acceptance.replay(_capture(seed=1), {"method": "eagle", "num_speculative_tokens": 3})
+        replay_spec(_capture(seed=1), {"method": "eagle", "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="per-batch-size"):
-        acceptance.replay(_capture(seed=1), {"method": "suffix", "num_speculative_tokens": 4,
+        replay_spec(_capture(seed=1), {"method": "suffix", "num_speculative_tokens": 4,
                                              "num_speculative_tokens_per_batch_size": [[1, 8, 4]]})
 
 
 def test_k_and_the_engine_limits_come_from_the_config_and_the_caller():
     cap = _capture(seed=1)
     with pytest.raises(ValueError, match="needs num_speculative_tokens"):
-        acceptance.replay(cap, {"method": "ngram", "prompt_lookup_max": 3})
+        replay_spec(cap, {"method": "ngram", "prompt_lookup_max": 3})
     with pytest.raises(ValueError, match="max_num_seqs"):
-        acceptance.replay(cap, {"method": "ngram", "num_speculative_tokens": 3,
+        replay_spec(cap, {"method": "ngram", "num_speculative_tokens": 3,
                                 "num_speculative_tokens_per_batch_size": [[1, 8, 3]]})
     # suffix: K defaults to the tree depth, as vLLM resolves it (TrialConfig.k)
-    depth = acceptance.replay(cap, {"method": "suffix", "suffix_decoding_max_tree_depth": 6})
+    depth = replay_spec(cap, {"method": "suffix", "suffix_decoding_max_tree_depth": 6})
     assert {a.k for a in depth.values()} == {6}
     # max_model_len None: no limit, the same as a context longer than every request
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3}
-    unbounded = acceptance.replay(cap, spec, trace=True)
+    unbounded = replay_spec(cap, spec, trace=True)
     assert {c: a.trace for c, a in unbounded.items()} == {
-        c: a.trace for c, a in acceptance.replay(cap, spec, max_model_len=1 << 20,
+        c: a.trace for c, a in replay_spec(cap, spec, max_model_len=1 << 20,
                                                  trace=True).items()}
 
 
@@ -186,12 +192,12 @@ def test_drafts_past_the_end_count_as_vllm_counts_them_in_expectation():
     req = RequestTokens(1, 0, False, prompt, prompt[:22].copy(), max_tokens=22)
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
             "prompt_lookup_max": 3}
-    got = acceptance.replay(TokenCapture((req,)), spec, trace=True)[1]
+    got = replay_spec(TokenCapture((req,)), spec, trace=True)[1]
     assert got.past_end and got.past_end[0] >= 1
     assert got.continuation_rate == pytest.approx(1.0)  # every accepted position continued
     assert got.expected_past_end == pytest.approx(got.past_end[0])
     assert got.acceptance_length == pytest.approx(
         1 + (got.accepted_tokens + got.past_end[0]) / got.drafts)
-    stepped = acceptance.replay(TokenCapture((req,)), {
+    stepped = replay_spec(TokenCapture((req,)), {
         **spec, "num_speculative_tokens_per_batch_size": [[1, 8, 5]]}, max_num_seqs=8)[1]
     assert stepped.past_end == got.past_end

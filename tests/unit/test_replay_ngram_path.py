@@ -19,6 +19,12 @@ from tuner.tokens import TokenCapture
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers
 
+
+def replay_spec(capture, spec, **kwargs):
+    """acceptance.replay of the --speculative-config `spec`."""
+    return acceptance.replay(capture, TrialConfig(speculative_config=spec), **kwargs)
+
+
 A_MS, B_MS = {1: 8.0, 2: 9.0}, {1: 0.5, 2: 0.4}
 NG = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1,
       "prompt_lookup_max": 4}
@@ -53,7 +59,7 @@ def _trial(number: int, cap: TokenCapture, spec: dict | None, role: str, *,
         if spec is None:
             drafts, k, acc_len = schedule.baseline_drafts(lengths), 0, None
         else:
-            acc = acceptance.replay(cap, spec, levels=[c], ngram_path=engine)[c]
+            acc = replay_spec(cap, spec, levels=[c], ngram_path=engine)[c]
             drafts, k, acc_len = acc.request_drafts, acc.k, acc.acceptance_length
         played = schedule.simulate(drafts, lengths, concurrency=c, k=k,
                                    step_ms=lambda n, u, c=c: A_MS[c] + B_MS[c] * n,

@@ -20,8 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tuner.records.configs import TrialConfig
 from tuner.replay import acceptance, ngram_v2
 from tuner.tokens import RequestTokens, TokenCapture
+
+
+def replay_spec(capture, spec, **kwargs):
+    """acceptance.replay of the --speculative-config `spec`."""
+    return acceptance.replay(capture, TrialConfig(speculative_config=spec), **kwargs)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "vllm_ngram_v2_kernel.py"
@@ -135,7 +142,7 @@ def test_on_v2_every_decode_step_drafts_k_and_padding_is_verified(closed_loop) -
             "prompt_lookup_max": 2}
     if closed_loop:  # a one-band schedule: the stepping path of _closed_loop, same K
         spec["num_speculative_tokens_per_batch_size"] = [[1, 8, 3]]
-    v2 = acceptance.replay(_capture(prompt, output), spec, ngram_path="V2", max_num_seqs=8,
+    v2 = replay_spec(_capture(prompt, output), spec, ngram_path="V2", max_num_seqs=8,
                            trace=True)[1]
     steps = v2.trace[0]
     assert all(d == 3 for d, _ in steps)  # K on every step, matched or not
@@ -144,7 +151,7 @@ def test_on_v2_every_decode_step_drafts_k_and_padding_is_verified(closed_loop) -
     # The "9 9 9" run: no n-gram "9" before it, so the drafts are the padding "9 9 9", and
     # they are accepted (the padding is verified as drafts).
     assert (3, 3) in steps
-    v1 = acceptance.replay(_capture(prompt, output), spec, ngram_path="V1", max_num_seqs=8,
+    v1 = replay_spec(_capture(prompt, output), spec, ngram_path="V1", max_num_seqs=8,
                            trace=True)[1]
     assert any(d < 3 for d, _ in v1.trace[0])  # V1 drafts only what it found
     assert v1.drafted_per_step < v2.drafted_per_step
@@ -163,8 +170,8 @@ def test_the_v2_stepping_kernel_equals_stepping_in_python() -> None:
     cap = TokenCapture(requests=reqs)
     base = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3}
-    fast = acceptance.replay(cap, base, ngram_path="V2", trace=True, max_model_len=85)[1]
-    slow = acceptance.replay(cap, {**base, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]},
+    fast = replay_spec(cap, base, ngram_path="V2", trace=True, max_model_len=85)[1]
+    slow = replay_spec(cap, {**base, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]},
                              ngram_path="V2", trace=True, max_num_seqs=8, max_model_len=85)[1]
     assert fast.trace == slow.trace
     assert (fast.draft_tokens, fast.accepted_tokens) == (slow.draft_tokens, slow.accepted_tokens)
@@ -175,4 +182,4 @@ def test_the_v2_stepping_kernel_equals_stepping_in_python() -> None:
 def test_an_unknown_path_name_is_refused() -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match="n-gram path"):
-        acceptance.replay(_capture([1, 2], [3, 4]), spec, ngram_path="V3")
+        replay_spec(_capture([1, 2], [3, 4]), spec, ngram_path="V3")

@@ -19,6 +19,11 @@ from tuner.tokens import RequestTokens, TokenCapture
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
 
 
+def replay_spec(capture, spec, **kwargs):
+    """acceptance.replay of the --speculative-config `spec`."""
+    return acceptance.replay(capture, TrialConfig(speculative_config=spec), **kwargs)
+
+
 def test_a_line_through_two_points_is_exact():
     line = cost.fit(4, [cost.Point("base", 4, 20.0, 100.0, anchor=True),
                         cost.Point("k8", 20, 36.0, 140.0)], path=cost.PATH_PLAIN)
@@ -94,7 +99,7 @@ def _synthetic_trial(number: int, cap: TokenCapture, spec: dict | None, role: st
         if spec is None:
             drafts, k, acc_len = schedule.baseline_drafts(lengths), 0, None
         else:
-            acc = acceptance.replay(cap, spec, levels=[c])[c]
+            acc = replay_spec(cap, spec, levels=[c])[c]
             drafts, k, acc_len = acc.request_drafts, acc.k, acc.acceptance_length
 
         def step(n: float, u: float, c: int = c) -> float:

@@ -14,6 +14,12 @@ from tuner.tokens import RequestTokens, TokenCapture
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
 
+
+def replay_spec(capture, spec, **kwargs):
+    """acceptance.replay of the --speculative-config `spec`."""
+    return acceptance.replay(capture, TrialConfig(speculative_config=spec), **kwargs)
+
+
 HEAVY = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 1,
          "prompt_lookup_max": 4}
 # min window 60: no 60-gram of the output repeats in its context, so it never drafts
@@ -57,7 +63,7 @@ def _two_streams(t: int = 40) -> tuple[TokenCapture, TokenCapture]:
 
 
 def _alternate(cap: TokenCapture, spec: dict) -> streams.Alternate:
-    return streams.Alternate(capture=cap, replayed=acceptance.replay(cap, spec), label="heavy")
+    return streams.Alternate(capture=cap, replayed=replay_spec(cap, spec), label="heavy")
 
 
 def test_a_config_that_drafts_like_the_alternate_follows_it_and_one_that_never_drafts_does_not():
@@ -65,11 +71,11 @@ def test_a_config_that_drafts_like_the_alternate_follows_it_and_one_that_never_d
     alt = _alternate(alt_cap, HEAVY)
     partings = alt.partings(base)
     assert partings == {(1, 1): 40}
-    heavy, switched = streams.follow(base, acceptance.replay(base, HEAVY), alt, partings)
+    heavy, switched = streams.follow(base, replay_spec(base, HEAVY), alt, partings)
     assert switched == 1
     assert heavy.level(1, warmup=False)[1] is alt_cap.level(1, warmup=False)[1]
     assert heavy.level(1, warmup=False)[0] is base.level(1, warmup=False)[0]
-    never, switched = streams.follow(base, acceptance.replay(base, NEVER), alt, partings)
+    never, switched = streams.follow(base, replay_spec(base, NEVER), alt, partings)
     assert switched == 0 and never is base
 
 
@@ -89,11 +95,11 @@ def test_predict_replays_each_config_over_the_stream_it_follows():
     pred = predict(base, configs, measured, max_model_len=4096, max_num_seqs=16)
     rows = {(r["label"], r["concurrency"]): r for r in pred.rows}
     heavy = rows[(configs[0].label(), 1)]
-    own = acceptance.replay(alt_cap, HEAVY)[1]
+    own = replay_spec(alt_cap, HEAVY)[1]
     # the calibration config follows its own stream: its predicted acceptance is its own
     assert heavy["alternate_stream_requests"] == 1
     assert heavy["acceptance_length"] == pytest.approx(own.acceptance_length)
-    assert heavy["acceptance_length"] < acceptance.replay(base, HEAVY)[1].acceptance_length
+    assert heavy["acceptance_length"] < replay_spec(base, HEAVY)[1].acceptance_length
     assert rows[(configs[1].label(), 1)]["alternate_stream_requests"] == 0
     assert "1 of 6 measured requests part" in pred.streams
     # without a speculative launch's tokens there is nothing to follow

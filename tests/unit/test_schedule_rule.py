@@ -180,7 +180,7 @@ def test_the_replay_refuses_a_suffix_schedule_with_the_rules_reason():
     spec = {"method": "suffix", "num_speculative_tokens": 4,
             "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 2]]}
     with pytest.raises(ValueError, match="per-batch-size") as e:
-        acceptance.replay(cap, spec, max_num_seqs=8)
+        acceptance.replay(cap, TrialConfig(speculative_config=spec), max_num_seqs=8)
     assert "suffix_decoding.py" in str(e.value)
 
 

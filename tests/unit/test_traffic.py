@@ -58,7 +58,7 @@ def _packed(cap: TokenCapture) -> sweep.Requests:
 
 
 def _same(got: acceptance.Acceptance, want: acceptance.Acceptance) -> None:
-    a, b = got.as_dict(), want.as_dict()
+    a, b = dataclasses.asdict(got.summary()), dataclasses.asdict(want.summary())
     assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b[k]}
     assert got.accepted_per_pos == want.accepted_per_pos and got.past_end == want.past_end
 
@@ -79,13 +79,13 @@ def test_the_sweep_counts_every_ngram_config_as_the_replay_does(stored, max_mode
         reqs = _packed(cap)
         groups: dict = {}
         for cfg in NGRAM:
-            lo, hi = acceptance._window(cfg.speculative_config)
+            lo, hi = acceptance.window(cfg)
             groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
         for hi, group in groups.items():
             got = sweep.sweep(reqs, hi, [pair for pair, _ in group],
                               max_model_len=max_model_len)
             for pair, cfg in group:
-                want = acceptance.replay(cap, cfg.speculative_config,
+                want = acceptance.replay(cap, cfg,
                                          max_model_len=max_model_len)[1]
                 _same(got[pair].acceptance, want)
     assert sum(r.output.size for r in stored.requests) > 400  # real answers, not stubs
@@ -116,14 +116,15 @@ def test_every_format_reads_the_same_records(tmp_path, kind):
         with opener(path, "wt") as f:
             f.write(text)
     got = list(logs.records(path))
-    assert [{k: v for k, v in r.items() if v is not None} for _, r in got] == ROWS
-    assert got[1][0] == f"{path}: {'row' if kind == 'parquet' else 'line'} 2"
+    assert [(r.prompt_text, r.completion, r.answer_ids) for r in got] == [
+        (row["prompt"], row.get("completion"), row.get("completion_token_ids")) for row in ROWS]
+    assert got[1].where == f"{path}: {'row' if kind == 'parquet' else 'line'} 2"
 
 
 def test_records_name_their_line_past_blank_lines(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"a": 1}\n\n  \n{"b": 2}\n')
-    assert [w for w, _ in logs.records(path)] == [f"{path}: line 1", f"{path}: line 4"]
+    assert [r.where for r in logs.records(path)] == [f"{path}: line 1", f"{path}: line 4"]
 
 
 @pytest.mark.parametrize("content,expect", [
@@ -170,7 +171,7 @@ def test_chat_and_completion_prompts_are_vllms(tok):
             {"role": "assistant", "content": "4"},
             {"role": "user", "content": [{"type": "text", "text": "and 3+3?"}]}]
     plain = [*msgs[:3], {"role": "user", "content": "and 3+3?"}]
-    assert r.chat({"messages": msgs}) == tok.apply_chat_template(
+    assert r.chat(logs.LogRecord.parse("t", {"messages": msgs})) == tok.apply_chat_template(
         plain, add_generation_prompt=True, return_dict=False)
     assert r.completion("Hello there", None) == tok("Hello there").input_ids
     assert r.answer("Hi!") == tok("Hi!", add_special_tokens=False).input_ids
@@ -181,7 +182,7 @@ def test_chat_and_completion_prompts_are_vllms(tok):
     with pytest.raises(prompts.Refused, match="maximum context length is 8192"):
         r.completion("word " * 9000, None)
     with pytest.raises(ValueError, match="messages"):
-        r.chat({"messages": "hello"})
+        r.chat(logs.LogRecord.parse("t", {"messages": "hello"}))
 
 
 # -- the capture's rules ---------------------------------------------------------------------
@@ -270,6 +271,15 @@ def test_unusable_records_are_refused_naming_the_line(tmp_path, tok, rows, expec
         _read(_write(tmp_path / "t.jsonl", rows), tok)
 
 
+def test_a_skipped_record_is_not_refused_for_its_fields(tmp_path, tok):
+    # logs.LogRecord keeps a field of the wrong type as Malformed: refused only where read.
+    t = _read(_write(tmp_path / "t.jsonl", [
+        {"prompt_token_ids": [1, -2], "completion": 5, "warmup": True},
+        {"prompt": [3, "x"], "error": "HTTP 500"}, {"prompt": "a", "completion": "b"}]), tok)
+    assert len(t) == 1 and t.skipped == {"warm-up requests": 1,
+                                         "failed requests (an error recorded)": 1}
+
+
 # -- the replayed table ----------------------------------------------------------------------
 def test_predict_rows_per_level_and_configs_it_cannot_replay(tmp_path, stored):
     t = capture.Traffic(path=tmp_path, requests=_packed(stored),
@@ -286,7 +296,7 @@ def test_predict_rows_per_level_and_configs_it_cannot_replay(tmp_path, stored):
     rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
     assert len(pred.rows) == 2 * 3 and pred.configs == 2
     assert any("eagle is not replayable" in s for s in pred.skipped)
-    want = acceptance.replay(stored, ngram.speculative_config)[1]
+    want = acceptance.replay(stored, ngram)[1]
     assert rows[(ngram.key(), 4)]["acceptance_length"] == pytest.approx(want.acceptance_length)
     # the schedule turns speculation off at 4 requests in flight: replayed as a closed loop
     assert rows[(sched.key(), 1)]["acceptance_length"] == pytest.approx(want.acceptance_length)
@@ -316,13 +326,13 @@ def test_the_sweeps_half_widths_are_the_bootstrap_of_the_replay(stored, chunk, m
     for cap in (stored, _random(4, n=30)):
         groups: dict = {}
         for cfg in NGRAM:
-            lo, hi = acceptance._window(cfg.speculative_config)
+            lo, hi = acceptance.window(cfg)
             groups.setdefault(hi, []).append(((lo, cfg.k), cfg))
         for hi, group in groups.items():
             got = sweep.sweep(_packed(cap), hi, [pair for pair, _ in group],
                               max_model_len=None)
             for pair, cfg in group:
-                want = sampling.spread(acceptance.replay(cap, cfg.speculative_config)[1])
+                want = sampling.spread(acceptance.replay(cap, cfg)[1])
                 np.testing.assert_equal(dataclasses.astuple(got[pair].spread) if want else None,
                                         dataclasses.astuple(want) if want else None)
                 some += want is not None and want.acceptance_length > 0
@@ -347,7 +357,7 @@ def test_traffic_rows_carry_the_half_widths_tuner_predict_gives_a_sampled_baseli
     rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
     for cfg in (ngram, sched):  # the sweep's path and the replay's
         for c in (1, 4):
-            acc = acceptance.replay(t.capture(c), cfg.speculative_config, max_num_seqs=8,
+            acc = acceptance.replay(t.capture(c), cfg, max_num_seqs=8,
                                     levels=[c])[c]
             row = rows[(cfg.key(), c)]
             assert {k: row[k] for k in sampling.PM_COLUMNS} == sampling.columns(

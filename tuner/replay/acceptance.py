@@ -24,13 +24,12 @@ import functools
 import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from tuner.records.configs import TrialConfig
 from tuner.replay import ngram_v2
-from tuner.speculative import varying_k
+from tuner.speculative import ProposerSettings, varying_k
 from tuner.tokens import RequestTokens, TokenCapture
 
 REPLAYABLE = ("ngram", "suffix")
@@ -123,17 +122,16 @@ class Acceptance:
             return 1.0
         return (self.full_drafts / self.steps) ** max(1, self.concurrency)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "requests": self.requests,
-                "output_tokens": self.output_tokens, "steps": self.steps,
-                "num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens,
-                "num_accepted_tokens": self.accepted_tokens,
-                "expected_past_end_accepted": self.expected_past_end,
-                "acceptance_rate": self.acceptance_rate,
-                "acceptance_length": self.acceptance_length,
-                "per_position": self.per_position, "drafted_per_step": self.drafted_per_step,
-                "tokens_per_step": self.tokens_per_step, "full_drafts": self.full_drafts,
-                "uniform_share": self.uniform_share}
+    def summary(self) -> AcceptanceSummary:
+        return AcceptanceSummary(
+            concurrency=self.concurrency, requests=self.requests,
+            output_tokens=self.output_tokens, steps=self.steps, num_drafts=self.drafts,
+            num_draft_tokens=self.draft_tokens, num_accepted_tokens=self.accepted_tokens,
+            expected_past_end_accepted=self.expected_past_end,
+            acceptance_rate=self.acceptance_rate, acceptance_length=self.acceptance_length,
+            per_position=tuple(self.per_position), drafted_per_step=self.drafted_per_step,
+            tokens_per_step=self.tokens_per_step, full_drafts=self.full_drafts,
+            uniform_share=self.uniform_share)
 
     def _count_many(self, drafted: np.ndarray, accepted: np.ndarray, *,
                     censored_last: bool = False) -> None:
@@ -169,15 +167,37 @@ class Acceptance:
                 self.accepted_per_pos[i] += 1
 
 
-def replayable(speculative_config: dict[str, Any] | None) -> bool:
-    return bool(speculative_config) and speculative_config.get("method") in REPLAYABLE
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    """An Acceptance's figures, with vLLM's counter names where it has one: two replays that
+    agree here counted every step alike."""
+
+    concurrency: int
+    requests: int
+    output_tokens: int
+    steps: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    expected_past_end_accepted: float
+    acceptance_rate: float | None
+    acceptance_length: float | None
+    per_position: tuple[float, ...]
+    drafted_per_step: float
+    tokens_per_step: float
+    full_drafts: int
+    uniform_share: float
 
 
-def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
+def replayable(config: TrialConfig) -> bool:
+    return config.method in REPLAYABLE
+
+
+def replay(capture: TokenCapture, config: TrialConfig, *,
            max_model_len: int | None = None, max_num_seqs: int | None = None,
            levels: Iterable[int] | None = None, trace: bool = False,
            ngram_path: str | None = None) -> dict[int, Acceptance]:
-    """Acceptance of `speculative_config` at each level of `capture` (measured requests only);
+    """Acceptance of `config` at each level of `capture` (measured requests only);
     with `trace`, also every step of every request (Acceptance.trace). `max_model_len` and
     `max_num_seqs` are the engine's (EngineLimits): max_model_len None is no limit;
     max_num_seqs bounds a K schedule (num_speculative_tokens_per_batch_size), which needs it.
@@ -186,17 +206,18 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
 
     Raises ValueError for a method the replay cannot run (see REPLAYABLE), and for a config
     without the K vLLM would need (an n-gram config names num_speculative_tokens)."""
-    method = speculative_config.get("method")
+    method = config.method
     if method not in REPLAYABLE:
         raise ValueError(f"method {method!r} cannot be replayed; replayable: {REPLAYABLE}")
     wanted = set(capture.levels() if levels is None else levels)
-    k = TrialConfig(speculative_config=speculative_config).k
+    settings = ProposerSettings.of(config)
+    k = settings.k
     if not k:
         raise ValueError(f"a {method} config needs num_speculative_tokens")
     max_model_len = NO_LIMIT if max_model_len is None else max_model_len
     if ngram_path is not None and ngram_path not in ngram_v2.PATHS:
         raise ValueError(f"unknown n-gram path {ngram_path!r}; known: {ngram_v2.PATHS}")
-    k_schedule = speculative_config.get("num_speculative_tokens_per_batch_size")
+    k_schedule = settings.k_schedule
     rule = varying_k(method, runner="V1")  # the proposers replayed are V1's
     if k_schedule and not rule.accepted:
         # tuner.speculative.varying_k: suffix's proposer asserts K never changes.
@@ -204,14 +225,14 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
                          f"proposer accepts no per-batch-size K ({rule.why})")
     lookup = _schedule(k_schedule, max_num_seqs=max_num_seqs, k=k)
     if method == "ngram":
-        lo, hi = _window(speculative_config)
+        lo, hi = settings.window
         proposer: _Proposer = _Ngram(k=k, min_n=lo, max_n=hi, max_model_len=max_model_len,
                                      path=ngram_path or ngram_v2.V1)
         if lookup is None:  # stateless and one K: every request on its own is exact
             return {c: _independent(capture.level(c, warmup=False), proposer, c, trace)
                     for c in capture.levels() if c in wanted}
     else:
-        proposer = _Suffix(speculative_config, k=k, max_model_len=max_model_len)
+        proposer = _Suffix(settings, k=k, max_model_len=max_model_len)
     out = {}
     for c in capture.levels():  # CLOSED_LOOP: every level, so a suffix cache sees it all
         for warmup in (True, False):
@@ -222,17 +243,16 @@ def replay(capture: TokenCapture, speculative_config: dict[str, Any], *,
 
 
 # -- configs ------------------------------------------------------------------------------------
-def _window(spec: dict[str, Any]) -> tuple[int, int]:
-    """vLLM's defaults: both 5 when neither is set; one set, the other copies it."""
-    lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
-    if lo is None and hi is None:
-        return 5, 5
-    lo = hi if lo is None else lo
-    hi = lo if hi is None else hi
-    return int(lo), int(hi)
+def window(config: TrialConfig) -> tuple[int, int]:
+    """The n-gram window (min n, max n) `config` drafts with, as vLLM resolves it."""
+    settings = ProposerSettings.of(config)
+    if settings is None:
+        raise ValueError("a config without speculation has no n-gram window")
+    return settings.window
 
 
-def _schedule(spec_schedule, *, max_num_seqs: int | None, k: int) -> list[int] | None:
+def _schedule(spec_schedule: tuple[tuple[int, int, int], ...], *, max_num_seqs: int | None,
+              k: int) -> list[int] | None:
     if not spec_schedule:
         return None
     if max_num_seqs is None:
@@ -240,7 +260,7 @@ def _schedule(spec_schedule, *, max_num_seqs: int | None, k: int) -> list[int] |
                          "engine's max_num_seqs (EngineLimits.max_num_seqs)")
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-    return build_dynamic_sd_schedule_lookup(spec_schedule, max_num_seqs, k)
+    return build_dynamic_sd_schedule_lookup(list(spec_schedule), max_num_seqs, k)
 
 
 # -- proposers ----------------------------------------------------------------------------------
@@ -307,16 +327,15 @@ class _Suffix(_Proposer):
     """vLLM's SuffixDecodingProposer, with the few fields of its configs and input batch it
     reads given as plain namespaces (it runs without a GPU)."""
 
-    def __init__(self, spec: dict[str, Any], *, k: int, max_model_len: int) -> None:
+    def __init__(self, settings: ProposerSettings, *, k: int, max_model_len: int) -> None:
         from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
-        defaults = {"suffix_decoding_max_tree_depth": 24,
-                    "suffix_decoding_max_cached_requests": 10000,
-                    "suffix_decoding_max_spec_factor": 1.0,
-                    "suffix_decoding_min_token_prob": 0.1}
-        sc = types.SimpleNamespace(**{**defaults, **{key: spec[key] for key in defaults
-                                                     if spec.get(key) is not None}},
-                                   num_speculative_tokens=k)
+        sc = types.SimpleNamespace(
+            suffix_decoding_max_tree_depth=settings.suffix_max_tree_depth,
+            suffix_decoding_max_cached_requests=settings.suffix_max_cached_requests,
+            suffix_decoding_max_spec_factor=settings.suffix_max_spec_factor,
+            suffix_decoding_min_token_prob=settings.suffix_min_token_prob,
+            num_speculative_tokens=k)
         config = types.SimpleNamespace(
             speculative_config=sc,
             model_config=types.SimpleNamespace(max_model_len=max_model_len))

@@ -122,7 +122,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     level_sd = _level_sds(by_key, levels)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
-    todo = [cfg for cfg in configs if acceptance.replayable(cfg.speculative_config)]
+    todo = [cfg for cfg in configs if acceptance.replayable(cfg)]
     skipped += [f"{cfg.label()}: method {cfg.method} is not replayable"
                 for cfg in configs if cfg.method != "none" and cfg not in todo]
     calibrated_on = {p.label for c in costs.values() for p in c.points}
@@ -160,8 +160,7 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     playing its level out (tuner.replay.schedule), which depends on the costs being fitted:
     fit and play are iterated (FIT_ROUNDS; 3, 6 and 10 rounds gave the same predictions on the
     stored H200 launches of benchmarks/data/h200/stepcost-64p)."""
-    spec = [m for m in measured if m.speculative and acceptance.replayable(
-        m.config.speculative_config)]
+    spec = [m for m in measured if m.speculative and acceptance.replayable(m.config)]
     chosen = [m for m in spec if m.role == "calibration"] or spec
     aligned = [m for m in measured if m.aligned]
     anchor = aligned or [m for m in measured if m.role == "baseline"]
@@ -354,7 +353,7 @@ class _Replayer:
                     self.max_num_seqs, self.ngram_path or ngram_v2.V1)  # None replays V1
         if memo_key not in self._memo:
             self._memo[memo_key] = acceptance.replay(
-                cap, cfg.speculative_config, max_model_len=self.max_model_len,
+                cap, cfg, max_model_len=self.max_model_len,
                 max_num_seqs=self.max_num_seqs, levels=self.levels, ngram_path=self.ngram_path)
         return self._memo[memo_key]
 
@@ -367,7 +366,7 @@ def _alternate(replay: _Replayer, measured: Sequence[MeasuredTrial]) -> streams.
     emit where the baseline's part from them: the first calibration launch (the config that
     drafts the most), else the first measured replayable speculative launch with tokens."""
     spec = [m for m in measured if m.speculative and m.capture is not None
-            and acceptance.replayable(m.config.speculative_config)]
+            and acceptance.replayable(m.config)]
     if not spec:
         return None
     pick = min(spec, key=lambda m: (m.role != "calibration", m.number))

@@ -780,7 +780,7 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
     speculative runs, at the study's sampling `temperature` (as tuner.replay.predict takes
     it). None when the method cannot be replayed or no baseline run has tokens.
     Returns {K: {concurrency: predicted speedup}}."""
-    if not acceptance.replayable(chosen.speculative_config) or chosen.engine_args:
+    if not acceptance.replayable(chosen) or chosen.engine_args:
         return None
     measured, base_capture = _ladder_measured(runs, study_dir)
     if base_capture is None:

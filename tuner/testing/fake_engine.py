@@ -25,7 +25,7 @@ import sys
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import tuner
 from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.speculative import ProposerSettings
 
 SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
 FAKE_VERSION = "0.0.0+fake"
@@ -141,7 +142,8 @@ class _State:
     model: str
     api_key: str | None
     spec_tokens: int  # k of the speculative config; 0 without speculation
-    schedule: list | None = None  # num_speculative_tokens_per_batch_size, honoured like vLLM
+    # num_speculative_tokens_per_batch_size, honoured like vLLM
+    schedule: tuple[tuple[int, int, int], ...] = ()
     child: subprocess.Popen | None = None
     created: float = field(default_factory=time.time)
     requests: int = 0
@@ -155,7 +157,46 @@ class _State:
     lag_max_s: float = 0.0
     # Per request since the last reset, on CLOCK_MONOTONIC: what the server really did, the
     # truth benchmarks/fidelity.py holds the client's figures against.
-    served: list[dict[str, Any]] = field(default_factory=list)
+    served: list[_Served] = field(default_factory=list)
+
+
+@dataclass
+class _Served:
+    """One completed request as GET /fake/served tells it, on CLOCK_MONOTONIC: when it
+    arrived, when its first chunk was written (streamed only), its tokens and its end."""
+
+    number: int
+    prompt: str  # the prompt's first 64 characters, to match the client's records by
+    arrival: float
+    first_write: float | None = None
+    tokens: int | None = None
+    eof: float | None = None
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the fake reads of a POST /v1/completions body, read once from its JSON."""
+
+    prompt_text: str  # the prompt as text (ids as their list's text)
+    words: list[str]  # the fake tokenizer's tokens: the prompt text's words
+    prompt_ids: list[int]
+    max_tokens: int
+    stream: bool = False
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> _Request:
+        """Raises ValueError or TypeError for a field of the wrong type."""
+        prompt = body.get("prompt", "")
+        words = (prompt.split() if isinstance(prompt, str) else []) or ["token"]
+        return cls(prompt_text=str(prompt), words=words,
+                   prompt_ids=prompt if isinstance(prompt, list) else [token_id(w) for w in words],
+                   max_tokens=int(body.get("max_tokens") or DEFAULT_MAX_TOKENS),
+                   stream=bool(body.get("stream")), ignore_eos=bool(body.get("ignore_eos")),
+                   return_token_ids=bool(body.get("return_token_ids")),
+                   include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
 
 
 # When the bytes of each connection's current request first reached this process. aiohttp
@@ -242,13 +283,12 @@ def _effective_tpot_ms(script: FakeScript, k: int, inflight: int) -> float:
     return step
 
 
-def _spec_tokens(spec: dict[str, Any] | None) -> int:
+def _spec_tokens(settings: ProposerSettings | None) -> int:
     """k of the speculative config; exits as vLLM does when it rejects an ngram window."""
-    if not spec:
+    if settings is None:
         return 0
-    if spec.get("method") in ("ngram", "[ngram]"):
-        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
-        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)
+    if settings.method in ("ngram", "[ngram]"):
+        lo, hi = settings.window
         if lo > hi:
             # The exact shape of vLLM's output: pydantic wraps the ValueError of the config.
             print("Traceback (most recent call last):\n"
@@ -259,8 +299,7 @@ def _spec_tokens(spec: dict[str, Any] | None) -> int:
                   "{...}), input_type=ArgsKwargs]\n    For further information visit "
                   "https://errors.pydantic.dev/2.14/v/value_error", file=sys.stderr, flush=True)
             sys.exit(1)
-    k = TrialConfig(speculative_config=spec).k
-    return FAKE_K_WHERE_VLLM_READS_THE_DRAFT_MODEL if k is None else k
+    return FAKE_K_WHERE_VLLM_READS_THE_DRAFT_MODEL if settings.k is None else settings.k
 
 
 async def _sleep_until(deadline: float, *, precise: bool) -> None:
@@ -301,6 +340,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         return _error(400, "request body is not JSON", "BadRequestError")
     if body.get("model", state.model) != state.model:
         return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+    try:
+        req = _Request.parse(body)
+    except (TypeError, ValueError) as e:
+        return _error(400, f"request body: {e}", "BadRequestError")
     state.requests += 1
     number = state.requests
     if script.http_error_every and number % script.http_error_every == 0:
@@ -308,7 +351,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     state.inflight += 1
     state.max_inflight = max(state.max_inflight, state.inflight)
     resp = web.StreamResponse(headers={
-        "Content-Type": ("text/event-stream; charset=utf-8" if body.get("stream")
+        "Content-Type": ("text/event-stream; charset=utf-8" if req.stream
                          else "application/json"),
         # The truth a benchmark compares with, and the arrival on CLOCK_MONOTONIC (a client's
         # perf_counter on Linux), which splits a measured TTFT into dispatch and server time.
@@ -318,11 +361,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         if script.stall_requests:
             await asyncio.Event().wait()
         await resp.prepare(request)
-        served = {"number": number, "prompt": str(body.get("prompt", ""))[:64],
-                  "arrival": t0}
-        await _stream(resp, state, body, t0=t0, number=number, served=served)
+        served = _Served(number=number, prompt=req.prompt_text[:64], arrival=t0)
+        await _stream(resp, state, req, t0=t0, number=number, served=served)
         await resp.write_eof()
-        served["eof"] = time.monotonic()
+        served.eof = time.monotonic()
         state.served.append(served)
     except ConnectionResetError:
         pass  # the client went away (its own timeout, or a chunk it rejected)
@@ -336,17 +378,23 @@ class _Completion:
     """What one request gets: its token ids, the chunks they are streamed in (the index of
     each chunk's last token) and how it ends."""
 
-    body: dict[str, Any]
+    request: _Request
     head: str  # the fields every chunk opens with, as a JSON object left open
-    words: list[str]
-    prompt_ids: list[int]
     output_ids: list[int]
     ends: list[int]
     finish: str
 
     @property
     def stream(self) -> bool:
-        return bool(self.body.get("stream"))
+        return self.request.stream
+
+    @property
+    def words(self) -> list[str]:
+        return self.request.words
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_ids
 
     @property
     def usage(self) -> dict[str, int]:
@@ -363,7 +411,7 @@ class _Completion:
         end = self.ends[i]
         reason = json.dumps(self.finish) if i == len(self.ends) - 1 else "null"
         ids = ""
-        if self.body.get("return_token_ids"):
+        if self.request.return_token_ids:
             ids = (f',"prompt_token_ids":{_compact(self.prompt_ids) if i == 0 else "null"},'
                    f'"token_ids":{_compact(self.output_ids[start:end + 1])}')
         return (f'data: {self.head},"choices":[{{"index":0,"text":{json.dumps(text)},'
@@ -375,28 +423,26 @@ class _Completion:
         if not self.stream:
             choice = {"index": 0, "text": "".join(texts), "logprobs": None,
                       "finish_reason": self.finish, "stop_reason": None}
-            if self.body.get("return_token_ids"):
+            if self.request.return_token_ids:
                 choice.update(prompt_token_ids=self.prompt_ids, token_ids=self.output_ids)
             return (f'{self.head},"choices":[{json.dumps(choice)}],"usage":'
                     f'{json.dumps(self.usage)}}}').encode()
         tail = ""
-        if (self.body.get("stream_options") or {}).get("include_usage"):
+        if self.request.include_usage:
             tail = (f'data: {self.head},"choices":[],"usage":'
                     f'{json.dumps(self.usage, separators=(",", ":"))}}}\n\n')
         return (tail + "data: [DONE]\n\n").encode()
 
 
-def _plan(state: _State, body: dict[str, Any]) -> _Completion:
+def _plan(state: _State, req: _Request) -> _Completion:
     script = state.script
-    max_tokens = int(body.get("max_tokens") or DEFAULT_MAX_TOKENS)
+    max_tokens = req.max_tokens
     n = max_tokens
-    if script.output_tokens is not None and not body.get("ignore_eos"):
+    if script.output_tokens is not None and not req.ignore_eos:
         n = min(script.output_tokens, max_tokens)
-    prompt = body.get("prompt", "")
-    words = (prompt.split() if isinstance(prompt, str) else []) or ["token"]
     # Token i of the output is word i of the prompt, cyclically: ids follow from the prompt
     # alone, so every trial of a workload gets the same baseline tokens.
-    prompt_ids = prompt if isinstance(prompt, list) else [token_id(w) for w in words]
+    words = req.words
     output_ids = [token_id(words[t % len(words)]) for t in range(n)]
     finish = "length" if n == max_tokens else "stop"
     if finish == "stop":
@@ -404,9 +450,8 @@ def _plan(state: _State, body: dict[str, Any]) -> _Completion:
     head = json.dumps({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                        "created": int(time.time()), "model": state.model},
                       separators=(",", ":"))[:-1]  # open: each chunk appends its fields
-    return _Completion(body=body, head=head, words=words, prompt_ids=prompt_ids,
-                       output_ids=output_ids, ends=chunk_ends(n, script.tokens_per_chunk),
-                       finish=finish)
+    return _Completion(request=req, head=head, output_ids=output_ids,
+                       ends=chunk_ends(n, script.tokens_per_chunk), finish=finish)
 
 
 class _Pace:
@@ -445,11 +490,11 @@ def _count_chunk(state: _State, i: int, k: int, deadline: float) -> None:
     state.lag_max_s = max(state.lag_max_s, lag_s)
 
 
-async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any], *,
-                  t0: float, number: int, served: dict[str, Any]) -> None:
+async def _stream(resp: web.StreamResponse, state: _State, req: _Request, *,
+                  t0: float, number: int, served: _Served) -> None:
     """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
     script = state.script
-    done = _plan(state, body)
+    done = _plan(state, req)
     pace = _Pace(state, t0)
     ends = done.ends
     texts: list[str] = []
@@ -470,10 +515,10 @@ async def _stream(resp: web.StreamResponse, state: _State, body: dict[str, Any],
         if done.stream:
             await resp.write(done.chunk(i, start, text))
             if i == 0:
-                served["first_write"] = time.monotonic()
+                served.first_write = time.monotonic()
         else:
             texts.append(text)
-    served["tokens"] = len(done.output_ids)
+    served.tokens = len(done.output_ids)
     await resp.write(done.closing(texts))
 
 
@@ -527,7 +572,8 @@ async def _reset_stats(request: web.Request) -> web.Response:
 
 async def _served(request: web.Request) -> web.Response:
     """Every streamed request completed since the last reset: arrival, first write, end."""
-    return web.json_response(request.app["state"].served)
+    return web.json_response([{k: v for k, v in asdict(s).items() if v is not None}
+                              for s in request.app["state"].served])
 
 
 async def _script(request: web.Request) -> web.Response:
@@ -586,13 +632,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     _log(f"vLLM API server version {FAKE_VERSION}")
     _log(f"args: model={args.model!r} ignored={ignored!r} script={script.model_dump_json()}")
-    spec_tokens = _spec_tokens(args.speculative_config)
-    if args.speculative_config:
-        _log(f"SpeculativeConfig(method={args.speculative_config.get('method')!r}, "
-             f"num_spec_tokens={spec_tokens})")
-    _log_path(script, spec_method=(args.speculative_config or {}).get("method"),
+    spec = args.speculative_config or {}  # the --speculative-config JSON, read once here
+    settings = ProposerSettings.of(TrialConfig(speculative_config=spec))
+    spec_tokens = _spec_tokens(settings)
+    if settings is not None:
+        _log(f"SpeculativeConfig(method={settings.method!r}, num_spec_tokens={spec_tokens})")
+    _log_path(script, spec_method=settings.method if settings else None,
               no_async="--no-async-scheduling" in ignored)
-    spec = args.speculative_config or {}
     crash = script.crash_on_start or (
         f"ValueError: fake rejection of {script.crash_for_spec}" if script.crash_for_spec
         and spec and all(spec.get(k) == v for k, v in script.crash_for_spec.items()) else None)
@@ -620,8 +666,7 @@ def main(argv: list[str] | None = None) -> None:
     time.sleep(script.startup_s)
     state = _State(script=script, model=args.served_model_name or args.model,
                    api_key=args.api_key, spec_tokens=spec_tokens, child=child,
-                   schedule=(args.speculative_config or {}).get(
-                       "num_speculative_tokens_per_batch_size"))
+                   schedule=settings.k_schedule if settings else ())
     if args.fake_loop == "uvloop":
         import uvloop
 

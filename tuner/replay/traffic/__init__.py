@@ -86,7 +86,7 @@ def predict(traffic: Traffic, configs: Sequence[TrialConfig], *, levels: Sequenc
     priced on `calibration` (a study's step cost) where it covers the level; with
     sampling.PM_COLUMNS unless every request says temperature 0."""
     t0 = time.monotonic()
-    todo = [cfg for cfg in configs if acceptance.replayable(cfg.speculative_config)]
+    todo = [cfg for cfg in configs if acceptance.replayable(cfg)]
     skipped = [f"{cfg.label()}: method {cfg.method} is not replayable"
                for cfg in configs if cfg.method != "none" and cfg not in todo]
     found = _sweep(traffic, [c for c in todo if _sweepable(c)], max_model_len=max_model_len)
@@ -127,7 +127,7 @@ def _sweep(traffic: Traffic, configs: Sequence[TrialConfig], *,
     """The n-gram configs with one K, a max n at a time (tuner.replay.traffic.sweep)."""
     groups: dict[int, dict[tuple[int, int], list[TrialConfig]]] = {}
     for cfg in configs:
-        lo, hi = acceptance._window(cfg.speculative_config)
+        lo, hi = acceptance.window(cfg)
         groups.setdefault(hi, {}).setdefault((lo, cfg.k), []).append(cfg)
     out = {}
     for hi, by_pair in groups.items():
@@ -139,7 +139,7 @@ def _sweep(traffic: Traffic, configs: Sequence[TrialConfig], *,
 def _replay(traffic: Traffic, cfg: TrialConfig, c: int, max_model_len: int | None,
             max_num_seqs: int) -> sweep.Swept:
     """A config the sweep does not cover, by tuner.replay.acceptance over the whole traffic."""
-    acc = acceptance.replay(traffic.capture(c), cfg.speculative_config,
+    acc = acceptance.replay(traffic.capture(c), cfg,
                             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                             levels=[c])[c]
     return sweep.Swept(acceptance=acc,
@@ -196,7 +196,7 @@ class _Pricer:
         if lv is None:
             return dict(_UNPRICED), None
         sample = self.sample(c)
-        acc = acceptance.replay(sample, cfg.speculative_config, max_model_len=self.max_model_len,
+        acc = acceptance.replay(sample, cfg, max_model_len=self.max_model_len,
                                 max_num_seqs=self.max_num_seqs, levels=[c])[c]
         return price.config_row(lv, sample, c, acc, base["pred_output_throughput"]), acc
 

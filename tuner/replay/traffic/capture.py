@@ -28,13 +28,9 @@ import numpy as np
 from tuner import tokens
 from tuner.errors import ConfigError
 from tuner.replay.traffic import logs, prompts
+from tuner.replay.traffic.logs import LogRecord, Malformed
 from tuner.replay.traffic.sweep import Requests
 
-# The fields of `tuner bench`'s requests.jsonl (tuner.records.results.RequestRecord) that name a
-# request of its token capture.
-BENCH_FIELDS = ("concurrency", "index", "warmup", "start_s")
-PROMPT_FIELDS = ("prompt_token_ids", "messages", "prompt")
-ANSWER_ID_FIELDS = ("output_token_ids", "completion_token_ids")
 # Tokenizer(name) -> a loaded tokenizer; name None: the embedded default's. Raises ConfigError.
 TokenizerFor = Callable[[str | None], Any]
 
@@ -87,8 +83,8 @@ def read(path: Path, *, tokenizer_for: TokenizerFor, model: str | None = None,
     loaded. Raises ConfigError naming the record for input it cannot use."""
     reader = _Reader(Path(path), tokenizer_for=tokenizer_for, model=model,
                      max_model_len=max_model_len, context_of=context_of)
-    for where, record in logs.records(reader.path):
-        reader.add(where, record)
+    for record in logs.records(reader.path):
+        reader.add(record)
     return reader.traffic()
 
 
@@ -108,21 +104,21 @@ class _Reader:
         self.out = Traffic(path=path, requests=_pack([], []), max_tokens=np.zeros(0, np.int64))
 
     # -- one record ---------------------------------------------------------------------
-    def add(self, where: str, record: dict[str, Any]) -> None:
-        self._check_model(where, record.get("model"))
-        if record.get("warmup") is True:
+    def add(self, record: LogRecord) -> None:
+        self._check_model(record.where, record.model)
+        if record.warmup:
             self.out.skipped["warm-up requests"] += 1
             return
-        if record.get("error"):
+        if record.failed:
             self.out.skipped["failed requests (an error recorded)"] += 1
             return
         try:
-            if _is_bench(record):
-                found = self._bench(where, record)
+            if record.bench is not None:
+                found = self._bench(record.where, record.bench)
                 prompt, output, max_tokens = found.prompt, found.output, found.max_tokens
             else:
-                prompt, output = self._prompt(where, record), self._answer(where, record)
-                max_tokens = record.get("max_tokens")
+                prompt, output = self._prompt(record), self._answer(record)
+                max_tokens = record.max_tokens
         except prompts.Refused as e:
             self.out.skipped[f"refused by vLLM's server: {_reason(str(e))}"] += 1
             return
@@ -133,8 +129,8 @@ class _Reader:
         if ctx is not None and len(prompt) + len(output) > ctx:
             self.out.skipped[f"prompt + answer longer than the context ({ctx} tokens)"] += 1
             return
-        temperature = record.get("temperature")
-        if isinstance(temperature, (int, float)):
+        temperature = record.temperature
+        if temperature is not None:
             self.out.sampled += temperature > 0
             self.out.greedy += temperature == 0
         if not isinstance(max_tokens, int) or max_tokens <= 0:
@@ -142,37 +138,33 @@ class _Reader:
         self.ids.append(np.concatenate([prompt, output]).astype(np.int32))
         self.lengths.append((len(prompt), len(output), max_tokens))
 
-    def _prompt(self, where: str, record: dict[str, Any]) -> np.ndarray:
-        if record.get("prompt_token_ids") is not None:
-            return _ids(where, record, "prompt_token_ids")
-        if record.get("messages") is not None:
+    def _prompt(self, record: LogRecord) -> np.ndarray:
+        where = record.where
+        if record.prompt_ids is not None:
+            return _ids(where, record.prompt_ids)
+        if record.chat is not None:
             try:
                 return np.asarray(self._renderer().chat(record), np.int32)
             except ValueError as e:
                 raise ConfigError(f"{where}: 'messages' is not a chat request vLLM accepts "
                                   f"({e}). Each message needs a 'role' and a 'content'; fix or "
                                   f"drop that line.") from None
-        prompt = record.get("prompt")
-        if isinstance(prompt, list):
-            return _ids(where, record, "prompt")
-        if isinstance(prompt, str):
-            return np.asarray(self._renderer().completion(
-                prompt, record.get("max_tokens") if isinstance(record.get("max_tokens"), int)
-                else None), np.int32)
+        if record.prompt_text is not None:
+            return np.asarray(self._renderer().completion(record.prompt_text, record.max_tokens),
+                              np.int32)
         raise ConfigError(
             f"{where} has neither 'prompt' nor 'messages' (fields: "
-            f"{', '.join(sorted(map(str, record))) or 'none'}). Each record needs the request "
+            f"{', '.join(sorted(record.fields)) or 'none'}). Each record needs the request "
             f"as 'prompt' (text), 'messages' (chat) or 'prompt_token_ids', e.g. "
             f"{logs.EXAMPLE}")
 
-    def _answer(self, where: str, record: dict[str, Any]) -> np.ndarray:
-        key = next((k for k in ANSWER_ID_FIELDS if record.get(k) is not None), None)
-        text = record.get("completion")
-        if text is not None and not isinstance(text, str):
-            raise ConfigError(f"{where}: 'completion' is {type(text).__name__}, expected the "
+    def _answer(self, record: LogRecord) -> np.ndarray:
+        where, text = record.where, record.completion
+        if isinstance(text, Malformed):
+            raise ConfigError(f"{where}: 'completion' is {text.got}, expected the "
                               f"answer's text. Fix or drop that line.")
-        if key is not None:
-            ids = _ids(where, record, key)
+        if record.answer_ids is not None:
+            ids = _ids(where, record.answer_ids)
             if text is not None:
                 self._compare(where, ids, text)
             return ids
@@ -193,10 +185,9 @@ class _Reader:
         self.out.answers_differ += not renderer.same_answer(ids.tolist(), text)
 
     # -- model, tokenizer, tuner's own records ------------------------------------------------
-    def _check_model(self, where: str, name: Any) -> None:
+    def _check_model(self, where: str, name: str | None) -> None:
         if name is None:
             return
-        name = str(name)
         if self.named is None:
             self.named = (name, where)
             if self.renderer_for == "" and self.given is None:
@@ -229,8 +220,8 @@ class _Reader:
             raise self.rendering
         return self.rendering
 
-    def _bench(self, where: str, record: dict[str, Any]) -> tokens.RequestTokens:
-        key = (record["concurrency"], record["index"], bool(record["warmup"]))
+    def _bench(self, where: str, bench: logs.BenchKey) -> tokens.RequestTokens:
+        key = (bench.concurrency, bench.index, bench.warmup)
         found = _bench_capture(self.path.parent / tokens.FILE_NAME, where).get(key)
         if found is None:
             raise ConfigError(f"{where}: tuner's request record (level {key[0]}, index "
@@ -270,16 +261,9 @@ def _bench_capture(path: Path, where: str) -> dict[tuple[int, int, bool], tokens
         raise ConfigError(f"{path}: not a readable token capture ({e}).") from None
 
 
-def _is_bench(record: dict[str, Any]) -> bool:
-    """A record of `tuner bench`'s requests.jsonl, whose ids are in tokens.npz beside it."""
-    return all(k in record for k in BENCH_FIELDS) and not any(
-        record.get(k) is not None for k in (*PROMPT_FIELDS, *ANSWER_ID_FIELDS, "completion"))
-
-
-def _ids(where: str, record: dict[str, Any], key: str) -> np.ndarray:
-    value = record[key]
-    if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
-        raise ConfigError(f"{where}: '{key}' must be a list of token ids (integers >= 0). "
+def _ids(where: str, value: list[int] | Malformed) -> np.ndarray:
+    if isinstance(value, Malformed):
+        raise ConfigError(f"{where}: '{value.key}' must be a list of token ids (integers >= 0). "
                           f"Fix or drop that line.")
     return np.asarray(value, dtype=np.int32)
 

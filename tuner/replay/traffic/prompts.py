@@ -21,6 +21,7 @@ import types
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.replay.traffic.logs import LogRecord
 
 
 class Refused(Exception):
@@ -42,7 +43,7 @@ class Renderer:
         # vLLM logs each format it detects at INFO; the tuner's output stays its own.
         logging.getLogger("vllm").setLevel(logging.WARNING)
 
-    def chat(self, record: dict[str, Any]) -> list[int]:
+    def chat(self, record: LogRecord) -> list[int]:
         """The prompt ids of a chat request (`messages`, and the chat fields it carries)."""
         from pydantic import ValidationError
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -53,9 +54,9 @@ class Renderer:
             safe_apply_chat_template,
         )
 
-        fields = {k: record[k] for k in CHAT_FIELDS if record.get(k) is not None}
         try:
-            request = ChatCompletionRequest.model_validate({**fields, "model": self.model})
+            request = ChatCompletionRequest.model_validate({**(record.chat or {}),
+                                                            "model": self.model})
         except ValidationError as e:
             raise ValueError(_first_error(e)) from None
         params = request.build_chat_params(None, "auto")
@@ -106,11 +107,6 @@ class Renderer:
             return True
         special = set(self.tokenizer.all_special_ids)
         return len(ids) == len(mine) + 1 and ids[:-1] == mine and ids[-1] in special
-
-
-# The fields of a logged chat request that shape its prompt, as vLLM's request reads them.
-CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message",
-               "chat_template_kwargs", "tools", "documents", "reasoning_effort")
 
 
 def _first_error(e: Any) -> str:
