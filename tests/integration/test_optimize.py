@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 from conftest import fake_engine_spec
 
@@ -116,13 +117,15 @@ def test_killed_driver_resumes_with_completed_trials_intact(tmp_path):
         if line.startswith("[1/"):
             time.sleep(1.5)
             break
+    # The driver's own engines (not a name match: other checkouts on this host run theirs).
+    engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "tuner.testing.fake_engine" in " ".join(p.cmdline())]
+    assert engines, "".join(lines)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(1.0)
     # PR_SET_PDEATHSIG: the engine the dead driver started is gone too.
-    leftovers = subprocess.run(["pgrep", "-f", f"tuner.testing.fake_engine.*{out.name}"],
-                               capture_output=True, text=True).stdout.split()
-    assert not leftovers
+    _, alive = psutil.wait_procs(engines, timeout=10)
+    assert not alive
     before = st.open_existing(out)
     done_before = {t.number: t.values for t in before.trials
                    if t.state == optuna.trial.TrialState.COMPLETE}
