@@ -360,7 +360,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     Returns the policy document (also written to policy.json)."""
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
-    from tuner.outputs import files
+    from tuner.outputs import files, policy_verdicts
     from tuner.search import ladder, loop
     from tuner.search import study as st
 
@@ -401,6 +401,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     if doc.speculative_config is not None:
         doc = _verified(doc, lineup, ladder_runs, measure=measure, engine=engine,
                         side_by_side=options.side_by_side, campaign=campaign)
+    doc = policy_verdicts.worded(doc)  # the sentences the file, terminal and report show
     # The one place policy.json is written (tuner.outputs.report reads it back).
     files.write_json(study_dir / "policy.json", doc.model_dump())
     _render(study, study_dir)  # the report shows the policy, and draws its plot

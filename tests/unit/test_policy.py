@@ -6,6 +6,7 @@ import pytest
 from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
+from tuner.outputs import policy_verdicts
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import BreakEvenStatus, LevelStat, PolicyDocument
 
@@ -117,14 +118,6 @@ def test_our_validation_agrees_with_vllms_own_validator():
         assert (not ours) == theirs_ok, (sched, ours)
 
 
-def test_band_table_fallback_wording():
-    # The last band runs to the engine's batch limit, whatever that is.
-    for limit in (128, 1024):
-        lines = P.band_table([(1, 6, 5), (7, limit, 0)], "ngram k=5")
-        assert lines == ["concurrency 1-6: speculate with ngram k=5, K=5",
-                         "concurrency 7 and above: speculation off"]
-
-
 def _ladder_runs(key: str, speedups: dict[int, list[float]]):
     """Stored campaign runs of one config: one run per repeat, throughput = speedup x 10."""
     return ladder_runs(key, {c: [10 * x for x in s] for c, s in speedups.items()})
@@ -180,7 +173,8 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
     policy_cfg, static = P.policy_configs(doc, lineup)
     verified = P.with_verification(doc, measured, policy_cfg=policy_cfg, static=static,
                                    side_by_side=False)
-    assert verified.verdict.endswith(doc.decomposition)  # the line a user reads
+    # The line a user reads says whether the path or speculation itself decided.
+    assert policy_verdicts.worded(verified).verdict.endswith(doc.decomposition)
 
     plain = P.draft_policy(measured, [r for r in lineup if r[0] != "aligned_baseline"],
                            max_batch=8, where="x")

@@ -12,6 +12,7 @@ import pytest
 from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
+from tuner.outputs import policy_verdicts
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import PolicyDocument
 from tuner.speculative import varying_k
@@ -122,8 +123,8 @@ def _policy(method: str, *, runner: str | None = None) -> PolicyDocument:
     measured = (_ladder_runs(TrialConfig().key(), {1: [1.0, 1.0], 4: [1.0, 1.0], 16: [1.0, 1.0]})
                 + _ladder_runs(k8.key(), {1: [2.0, 2.02], 4: [1.1, 1.1], 16: [0.8, 0.8]})
                 + _ladder_runs(k4.key(), {1: [1.6, 1.6], 4: [1.3, 1.31], 16: [0.9, 0.9]}))
-    return P.draft_policy(measured, lineup, max_batch=64, where="x",
-                          varying_k=varying_k(method, runner=runner))
+    return policy_verdicts.worded(P.draft_policy(measured, lineup, max_batch=64, where="x",
+                                                 varying_k=varying_k(method, runner=runner)))
 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle", "draft_model"])

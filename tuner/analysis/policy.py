@@ -238,31 +238,6 @@ def schedule_refused(schedule: Sequence[Sequence[int]], varying_k: tuple[bool, s
     return varying_k[1]
 
 
-def bands_verdict(label: str, why: str, schedule: Sequence[Sequence[int]],
-                  predicted_ks: Sequence[int]) -> str:
-    """The words of a policy that offers bands where vLLM takes no schedule."""
-    off = next((s for s, _, k in schedule if k == 0), None)
-    stops = (f" speculation stops paying from concurrency {off};" if off is not None else "")
-    guessed = sorted({k for *_, k in schedule if k in predicted_ks})
-    return (f"No per-batch-size schedule for {label}: {why}. Offered instead: a static K per "
-            f"band of concurrency (the router table below: send each band to an engine "
-            f"started with that K);{stops} each band's K is the best one measured there"
-            + (f" (K {', '.join(map(str, guessed))} predicted by the replay, not measured)"
-               if guessed else "")
-            + ". No launch was spent on a schedule vLLM would refuse.")
-
-
-def band_table(schedule: Sequence[Band], label: str) -> list[str]:
-    """The router fallback: plain-language bands for when the engine ignores the table. The
-    last band runs to the engine's batch limit, so it holds for any load above its start."""
-    lines = []
-    for i, (s, e, k) in enumerate(schedule):
-        span = f"concurrency {s} and above" if i == len(schedule) - 1 else \
-            f"concurrency {s}-{e}"
-        lines.append(f"{span}: " + (f"speculate with {label}, K={k}" if k else "speculation off"))
-    return lines
-
-
 # --- the step's plan and document -------------------------------------------------------------
 def ladder_lineup(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, study: str,
                   aligned: TrialConfig | None = None) -> list[tuple[str, TrialConfig]]:
@@ -305,8 +280,8 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
     `varying_k` ((accepted, why): whether the chosen method's proposer takes a changing K,
     tuner.speculative.varying_k) decides whether a schedule is emitted: where it is not
     accepted and K differs across bands, the document has no schedule and no config to verify
-    (schedule None, speculative_config None), the bands (`bands`, `fallback_bands`) and why
-    (`schedule_refused`, the verdict)."""
+    (schedule None, speculative_config None), the bands and why (`schedule_refused`).
+    The document's sentences are tuner.outputs.policy_verdicts'."""
     chosen = _leader(lineup)
     base = throughput_series(ladder_runs, TrialConfig().key())
     if not base:
@@ -347,15 +322,6 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
             label=aligned.label(), config=aligned, path_cost=level_stats(aligned_series, base)),
         decomposition=decomposition.policy_line(chosen.label(), stats.get(chosen.key(), {})),
     )
-    if refused is not None:
-        return doc.model_copy(update={
-            "fallback_bands": tuple(band_table(schedule, chosen.label())),
-            "verdict": _with_decomposition(
-                bands_verdict(chosen.label(), refused, schedule, k_predicted), doc)})
-    if spec is None:
-        return doc.model_copy(update={"verdict": _with_decomposition(
-            "Speculation does not pay beyond the noise at any measured level: leave it off.",
-            doc)})
     return doc
 
 
@@ -382,12 +348,6 @@ def _predicted_ks(predicted: dict[int, dict[int, float]],
             for k, curve in predicted.items() if k not in per_k}
 
 
-def _with_decomposition(verdict: str, doc: PolicyDocument) -> str:
-    # The verdict is the line a user reads; whether the path or speculation itself decided
-    # belongs in it.
-    return verdict + (f" {doc.decomposition}" if doc.decomposition else "")
-
-
 def policy_configs(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]]
                    ) -> tuple[TrialConfig, TrialConfig]:
     """(the emitted policy, the static config it replaces: the first leader at its own K)."""
@@ -399,14 +359,11 @@ def policy_configs(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]]
 def with_verification(doc: PolicyDocument, reference: Sequence[LadderRun], *,
                       policy_cfg: TrialConfig, static: TrialConfig, side_by_side: bool
                       ) -> PolicyDocument:
-    """The document with its verification, verdict and, when the engine did not run or honour
-    the schedule, the band table a router can use instead."""
+    """The document with its verification (`side_by_side`: whether the baseline and the
+    static config were re-measured beside the schedule)."""
     ver = verification(reference, policy_cfg, static).model_copy(
         update={"side_by_side": side_by_side})
-    fallback = (tuple(band_table(doc.schedule or (), doc.chosen))
-                if ver.engine_rejected or not ver.honoured else doc.fallback_bands)
-    return doc.model_copy(update={"verification": ver, "fallback_bands": fallback,
-                                  "verdict": _with_decomposition(ver.verdict, doc)})
+    return doc.model_copy(update={"verification": ver})
 
 
 def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
@@ -419,9 +376,7 @@ def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
     pol = throughput_series(ladder_runs, policy_cfg.key())
     if not pol:
         reason = failures[0].reason if failures else "no successful run"
-        return Verification(engine_rejected=True, reason=reason,
-                            verdict=f"The installed vLLM did not run the schedule ({reason}); "
-                                    f"use the band table below in a router instead.")
+        return Verification(engine_rejected=True, reason=reason)
     st_pol = level_stats(pol, base)
     st_static = level_stats(throughput_series(ladder_runs, static.key()), base)
     drafts = drafts_series(ladder_runs, policy_cfg.key())
@@ -447,19 +402,8 @@ def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
             static_speedup=s.speedup if s else None,
             policy_drafts=median_or_none(drafts.get(c, [])),
             below_baseline_beyond_noise=loses(p)))
-    low = rows[0]
-    verdict = ("Verified on the ladder: the policy is never below the baseline beyond the noise"
-               if not worse else
-               f"The policy fell below the baseline beyond the noise at concurrency "
-               f"{', '.join(map(str, worse))}")
-    verdict += (f"; at concurrency {low.concurrency} it keeps "
-                f"{low.policy_speedup:.2f}x against the static config's "
-                f"{(low.static_speedup or float('nan')):.2f}x.")
-    if not honoured:
-        verdict += (" The engine kept drafting where the table says K=0: it ignored the "
-                    "schedule; use the band table in a router.")
     return Verification(engine_rejected=False, honoured=honoured, rows=tuple(rows),
-                        worse_at=tuple(worse), verdict=verdict)
+                        worse_at=tuple(worse))
 
 
 # --- the open-loop check: schedules under arrivals that swing the batch across an edge -------

@@ -133,14 +133,14 @@ class VerificationRow(_Part):
 
 class Verification(_Part):
     """How the emitted policy fared on the ladder; where the engine refused the schedule, only
-    why (`reason`)."""
+    why (`reason`). `verdict`: in words (tuner.outputs.policy_verdicts; None until worded)."""
 
     engine_rejected: bool
     reason: str | None = None
     honoured: bool = True
     rows: tuple[VerificationRow, ...] = ()
     worse_at: tuple[int, ...] = ()
-    verdict: str
+    verdict: str | None = None
     side_by_side: bool = False
 
     def _left_out(self) -> set[str]:
@@ -240,8 +240,9 @@ class PolicyDocument(PolicyContext):
     leader's method, the bands up to the engine's max_num_seqs and the schedule (None where the
     method's proposer takes no changing K: `schedule_refused` says why), every K the bands
     chose from (`k_stats`, measured or predicted), the speculative config that carries the
-    schedule (None: speculation off, or no schedule), its verification and open-loop check,
-    and the verdict a user reads."""
+    schedule (None: speculation off, or no schedule), its verification and open-loop check.
+    The sentences (`verdict`, the verification's, `fallback_bands`: the band table for a
+    router) are tuner.outputs.policy_verdicts' words for these figures, None until worded."""
 
     method: str
     chosen: str
@@ -265,6 +266,14 @@ class PolicyDocument(PolicyContext):
     decomposition: str | None = None
     verdict: str | None = None
     open_loop: OpenLoop | None = None
+
+    @property
+    def needs_router(self) -> bool:
+        """Whether a router must stand in for the schedule: the method's proposer takes no
+        changing K, or on the ladder the engine refused the schedule or ignored it."""
+        ver = self.verification
+        return self.schedule_refused is not None or (
+            ver is not None and (ver.engine_rejected or not ver.honoured))
 
     def _left_out(self) -> set[str]:
         return {k for k in ("verdict", "open_loop") if getattr(self, k) is None}
