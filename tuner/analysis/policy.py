@@ -13,8 +13,9 @@ the schedule dips beyond the spread). Where the study has an aligned baseline (n
 speculative engine path), the ladder measures it too and every speedup over the plain baseline
 is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
-holds the rules (pure functions of measured ladder runs, tuner.records.policy.LadderRun); tuner/search/ladder.py measures and
-tuner/api.py's policy() runs the whole step.
+holds the rules (pure functions of measured ladder runs, tuner.records.policy.LadderRun) and
+returns the document as a record (PolicyDocument), figures only: tuner.outputs.policy_verdicts
+words it, tuner/search/ladder.py measures and tuner/api.py's policy() runs the whole step.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ from tuner.records.results import Measured, SpeedupSplit
 if TYPE_CHECKING:
     import pandas as pd
 
-ALIGNED_ROLE = "aligned_baseline"  # tuner.records.results.Role.ALIGNED_BASELINE, as ladder runs store it
+# tuner.records.results.Role.ALIGNED_BASELINE, as ladder runs store it
+ALIGNED_ROLE = "aligned_baseline"
 UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
 
 
