@@ -167,3 +167,18 @@ def test_a_runs_token_capture_is_kept_in_its_folder(campaign):
     meta = runs[0].tokens
     assert meta.file == "policy/run0/tokens.npz" and meta.output_tokens == 32
     assert TokenCapture.load(campaign.out_dir / meta.file).digest == capture.digest
+
+
+def test_a_stored_run_with_an_undefined_metric_reads_back_as_nan():
+    import math
+
+    from tuner.records.policy import LadderRun
+    from tuner.search import study as st
+
+    level = LevelMetrics.model_validate(fake_level(1, output_throughput=100.0,
+                                                   mean_tpot_ms=float("nan")))
+    attr = st.result_attr(BenchResult(config=A, engine=EngineInfo(start_s=1.0), levels=(level,)))
+    assert attr["levels"][0]["mean_tpot_ms"] is None  # JSON has no NaN
+    run = LadderRun.model_validate({"key": A.key(), "result": attr})
+    assert math.isnan(run.result.levels[0].mean_tpot_ms)
+    assert run.result.levels[0].output_throughput == 100.0

@@ -8,13 +8,14 @@ never had in that case, so the files keep their keys."""
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic import SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from tuner.records.configs import Frozen, TrialConfig
-from tuner.records.results import BenchResult, Failure
+from tuner.records.results import BenchResult, Failure, LevelMetrics
 
 # (first batch size, last batch size, K): one band of vLLM's num_speculative_tokens_per_batch_size
 Band = tuple[int, int, int]
@@ -44,6 +45,22 @@ class LadderRun(Frozen):
     result: BenchResult | None = None
     failure: Failure | None = None
     tokens: RunTokens | None = None
+
+    @field_validator("result", mode="before")
+    @classmethod
+    def _undefined_as_nan(cls, value: Any) -> Any:
+        """The RESULT attr keeps an undefined metric (NaN) as null (as pydantic writes JSON:
+        tuner.search.study.result_attr); read back as NaN, so a run with one still counts."""
+        if not isinstance(value, dict) or not isinstance(value.get("levels"), list):
+            return value
+        return {**value, "levels": [
+            {k: math.nan if v is None and k in _FLOAT_METRICS else v for k, v in lv.items()}
+            if isinstance(lv, dict) else lv for lv in value["levels"]]}
+
+
+# LevelMetrics' figures that are always a number (NaN where undefined).
+_FLOAT_METRICS = frozenset(name for name, field in LevelMetrics.model_fields.items()
+                           if field.annotation is float)
 
 
 # --- the document's parts -----------------------------------------------------------------------
