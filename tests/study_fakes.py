@@ -19,7 +19,8 @@ from optuna.distributions import (
 from optuna.trial import TrialState, create_trial
 
 from tuner.records.configs import TrialConfig
-from tuner.records.results import LevelMetrics
+from tuner.records.policy import LadderRun
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.records.storage import StudySettings
 
 DIRECTIONS = ["maximize", "minimize"]
@@ -269,3 +270,17 @@ def aligned_study(*, storage: Any = None, name: str = "aligned", **meta: Any) ->
                  repeats=[levels(k3, 2.9, 3, 0.99), levels(k3, 2.9, 3, 1.01)])
     add_complete(study, ngram(5, 2, 5), levels(k5, 3.2, 5))
     return study
+
+
+def ladder_runs(key: str, figures: dict[int, list[float]]) -> list[LadderRun]:
+    """Stored policy runs of one config (tuner.records.policy.LadderRun), one per repeat, with
+    these output throughputs per level (a level drops out of a repeat its list is too short
+    for); mean TPOT 1000 / throughput, request throughput a tenth of it."""
+    n = max(len(xs) for xs in figures.values())
+    return [LadderRun(key=key, result=BenchResult(
+        config=TrialConfig(), engine=EngineInfo(start_s=1.0), levels=tuple(
+            LevelMetrics.model_validate({**fake_level(c, output_throughput=xs[i],
+                                                      mean_tpot_ms=1000.0 / xs[i]),
+                                         "request_throughput": xs[i] / 10})
+            for c, xs in figures.items() if i < len(xs))))
+        for i in range(n)]

@@ -98,28 +98,27 @@ def test_verify_measures_every_band_edge_open_loop(tmp_path):
     out = _study(tmp_path)
     said: list[str] = []
     doc = api.policy(POLICY, study_dir=out, say=said.append)
-    assert doc["verification"]["honoured"]
-    block = doc["open_loop"]
-    edges = block["edges"]
-    assert [e["edge"] for e in edges] == [s[1] for s in block["schedule_verified"][:-1]]
+    assert doc.verification.honoured
+    block = doc.open_loop
+    edges = block.edges
+    assert [e.edge for e in edges] == [s[1] for s in block.schedule_verified[:-1]]
     for e in edges:
-        assert e["concurrency"] > e["edge"] and e["rate"] > 0
-        assert e["policy"]["throughput"] > 0 and len(e["static"]) == 2
-        assert e["dips"] is not None and e["best_k"] in (e["k_below"], e["k_above"])
+        assert e.concurrency > e.edge and e.rate > 0
+        assert e.policy.throughput > 0 and len(e.static) == 2
+        assert e.dips is not None and e.best_k in (e.k_below, e.k_above)
     # Each open-loop level records its rate; the runs are a phase of the ladder's companion.
     from tuner.search import study as st
 
     runs = ladder.stored_runs(st.open_existing(out, None, None), ladder.OPEN_LOOP)
-    ks = {k for e in edges for k in (e["k_below"], e["k_above"])}
-    assert sorted(r["role"] for r in runs) == sorted(
+    ks = {k for e in edges for k in (e.k_below, e.k_above)}
+    assert sorted(r.role for r in runs) == sorted(
         ["policy"] + ["baseline" if k == 0 else "static" for k in ks])
-    rates = {e["concurrency"]: e["rate"] for e in edges}
+    rates = {e.concurrency: e.rate for e in edges}
     for r in runs:
-        assert {lv["concurrency"]: lv["request_rate"] for lv in r["result"]["levels"]} \
-            == rates
+        assert {lv.concurrency: lv.request_rate for lv in r.result.levels} == rates
     assert any(f"[open_loop 1/{len(runs)}]" in m and "req/s" in m for m in said)
     text = (out / "report.md").read_text()
-    assert "open-loop check" in text and f"edge {edges[0]['edge']}/" in text
+    assert "open-loop check" in text and f"edge {edges[0].edge}/" in text
 
 
 def test_a_dip_at_an_edge_merges_its_bands(tmp_path, monkeypatch):
@@ -140,17 +139,17 @@ def test_a_dip_at_an_edge_merges_its_bands(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ladder.Campaign, "measure_run", dips_when_k_flips)
     doc = api.policy(POLICY, study_dir=out, say=lambda _m: None)
-    block = doc["open_loop"]
-    assert block["dipped_at"] == [e["edge"] for e in block["edges"]]
-    assert all(e["dips"] and e["ratio"] < 1 - e["noise"] for e in block["edges"])
+    block = doc.open_loop
+    assert block.dipped_at == tuple(e.edge for e in block.edges)
+    assert all(e.dips and e.ratio < 1 - e.noise for e in block.edges)
     # Each dipping edge is merged into its better K, unless that gives up a closed-loop gain
     # (then it is kept, and says what it would give up).
-    kept = [e["edge"] for e in block["edges"] if e["gives_up"]]
-    assert block["kept_at"] == kept
-    assert block["revised"] == (len(kept) < len(block["edges"]))
-    assert doc["schedule"] == (block["schedule_revised"] if block["revised"]
-                               else block["schedule_verified"])
-    for e in block["edges"]:
-        if e["gives_up"]:
-            assert e["gives_up"]["merged_k"] == e["best_k"]
-            assert e["gives_up"]["speedup"] > (e["gives_up"]["merged_speedup"] or 0)
+    kept = tuple(e.edge for e in block.edges if e.gives_up)
+    assert block.kept_at == kept
+    assert block.revised == (len(kept) < len(block.edges))
+    assert doc.schedule == (block.schedule_revised if block.revised
+                            else block.schedule_verified)
+    for e in block.edges:
+        if e.gives_up:
+            assert e.gives_up.merged_k == e.best_k
+            assert e.gives_up.speedup > (e.gives_up.merged_speedup or 0)

@@ -15,6 +15,7 @@ from tuner.engine_cmdline import EMBEDDED_HUB_ID, EMBEDDED_SERVE_NOTE
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions, PolicyOptions
+from tuner.records.policy import BreakEvenStatus, PolicyDocument
 
 
 def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
@@ -31,27 +32,29 @@ def test_policy_finds_break_even_and_verifies_the_schedule(tmp_path):
         constraints={}), engine=engine, say=lambda _m: None)
     doc = api.policy(PolicyOptions(ladder=(1, 2, 4, 8, 16), repeats=2, leaders=1,
                                    k_values=(5, 2)), study_dir=out, say=lambda _m: None)
-    k5 = next(c for c in doc["configs"] if "k=5" in c["label"])
+    k5 = next(c for c in doc.configs if "k=5" in c.label)
     # Model: speedup(c) = 4 / (1 + 0.3 c) for K=5: pays at 1-2, loses from about 10.
-    assert k5["break_even"]["status"] == "crosses"
-    assert 2 <= k5["break_even"]["concurrency"] <= 16
-    sched = doc["schedule"]
+    assert k5.break_even.status is BreakEvenStatus.CROSSES
+    assert 2 <= k5.break_even.concurrency <= 16
+    sched = [list(b) for b in doc.schedule]
     assert sched[0][0] == 1 and sched[0][2] > 0 and sched[-1][2] == 0
-    assert not doc["schedule_problems"]
+    assert not doc.schedule_problems
     # The replay predicted every K of the chosen config on the ladder; measured Ks stay.
-    k_top = max(doc["k_measured"])  # the leader's own K, with the --k-values 5 and 2
-    assert {2, 5} <= set(doc["k_measured"])
-    assert set(doc["predicted_speedups"]) == {str(k) for k in range(1, k_top + 1)}
-    assert not set(doc["k_predicted"]) & set(doc["k_measured"])
-    spec = doc["speculative_config"]
+    k_top = max(doc.k_measured)  # the leader's own K, with the --k-values 5 and 2
+    assert {2, 5} <= set(doc.k_measured)
+    assert set(doc.predicted_speedups) == set(range(1, k_top + 1))
+    assert not set(doc.k_predicted) & set(doc.k_measured)
+    spec = doc.speculative_config
     assert spec["num_speculative_tokens_per_batch_size"] == sched
-    ver = doc["verification"]
-    assert not ver["engine_rejected"] and ver["honoured"]
-    assert not ver["worse_at"], ver["rows"]
-    assert ver["rows"][0]["policy_speedup"] > 1.5
-    assert doc["serve_command"].startswith(f"vllm serve {EMBEDDED_HUB_ID} --speculative-config")
-    assert doc["serve_note"] == EMBEDDED_SERVE_NOTE
-    assert (out / "policy.json").exists() and (out / "plots" / "policy_speedup.png").exists()
+    ver = doc.verification
+    assert not ver.engine_rejected and ver.honoured
+    assert not ver.worse_at, ver.rows
+    assert ver.rows[0].policy_speedup > 1.5
+    assert doc.serve_command.startswith(f"vllm serve {EMBEDDED_HUB_ID} --speculative-config")
+    assert doc.serve_note == EMBEDDED_SERVE_NOTE
+    assert (out / "plots" / "policy_speedup.png").exists()
+    # policy.json is the document as returned, read back into the same record.
+    assert PolicyDocument.model_validate(json.loads((out / "policy.json").read_text())) == doc
     # The report embeds the policy; resuming the policy step measures nothing new.
     r = subprocess.run([sys.executable, "-m", "tuner", "policy", str(out), "--ladder",
                         "1,2,4,8,16", "--policy-repeats", "2", "--leaders", "1", "--k-values",

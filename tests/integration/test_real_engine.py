@@ -172,10 +172,12 @@ def test_per_batch_size_schedule_is_honoured_by_the_real_engine(engine_spec, tmp
     from tuner.analysis import policy as rules
     from tuner.measure import trial as runner
     from tuner.measure import workloads
+    from tuner.records.policy import LevelSpeedup
 
-    per_k = {5: {1: {"speedup": 2.0, "noise": 0.03}, 2: {"speedup": 0.9, "noise": 0.03}}}
+    per_k = {5: {1: LevelSpeedup(speedup=2.0, noise=0.03),
+                 2: LevelSpeedup(speedup=0.9, noise=0.03)}}
     schedule = rules.bands(rules.choose_k(per_k), per_k, max_batch=256)
-    spec = rules.policy_config(NGRAM, schedule)
+    spec = rules.policy_config(TrialConfig(speculative_config=NGRAM), schedule).speculative_config
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 256, 0]]
     settings = MeasureSettings(concurrencies=(1, 4), num_requests=8)
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=4, output_len=48),

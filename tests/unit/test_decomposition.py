@@ -128,12 +128,18 @@ def test_a_recommendation_carries_the_split_and_says_it_in_one_line():
 
 # --- the policy's ladder ----------------------------------------------------------------------
 def test_the_ladder_keeps_each_ratio_with_its_relative_noise():
-    stat = {"speedup": 10.65 / 10.1, "noise": 0.02}
+    from tuner.records.policy import LevelStat
+
+    stat = LevelStat(speedup=10.65 / 10.1, noise=0.02, throughput=10.65, baseline=10.1, n=2,
+                     n_baseline=2)
     split = SpeedupSplit.of(m(10.65, 0.01), plain=m(10.1, 0.02), aligned=m(8.3, 0.03))
     out = decomposition.policy_stats(stat, split)
-    assert list(out) == ["speedup", "noise", "path_cost", "path_noise", "speculation_gain",
-                         "gain_noise"]
-    assert out["path_cost"] == 8.3 / 10.1 and out["path_noise"] == 0.03
+    # policy.json keys each level's split after its speedup and counts, as it always has.
+    assert list(out.model_dump()) == ["speedup", "noise", "throughput", "baseline", "n",
+                                      "n_baseline", "path_cost", "path_noise",
+                                      "speculation_gain", "gain_noise"]
+    assert "path_cost" not in stat.model_dump()
+    assert out.path_cost == 8.3 / 10.1 and out.path_noise == 0.03
     assert decomposition.policy_stats(stat, None) is stat
     line = decomposition.policy_line("ngram k=3", {8: stat, 1: out})
     assert line == ("ngram k=3 over the plain baseline, split into the engine path's cost "

@@ -303,8 +303,11 @@ def test_the_embedded_defaults_serve_command_says_it_names_other_weights(aligned
     lines = format_recommendation(rec).splitlines()
     assert lines[lines.index(f"  serve:  {rec.serve_command}") + 1] == \
         f"  note:   {EMBEDDED_SERVE_NOTE}"
-    policy = console.format_policy({"serve_command": "vllm serve x",
-                                    "serve_note": EMBEDDED_SERVE_NOTE}).splitlines()
+    from tuner.records.policy import PolicyDocument
+
+    policy = console.format_policy(PolicyDocument(
+        method="ngram", chosen="ngram k=3", serve_command="vllm serve x",
+        serve_note=EMBEDDED_SERVE_NOTE)).splitlines()
     assert policy[policy.index("  serve:  vllm serve x") + 1] == f"  note:   {EMBEDDED_SERVE_NOTE}"
     # A model the user named is served as measured: no note.
     mine_study = realistic_study()

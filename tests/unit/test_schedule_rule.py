@@ -9,9 +9,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
+from tuner.outputs import policy_verdicts
 from tuner.records.configs import TrialConfig
+from tuner.records.policy import PolicyDocument
 from tuner.speculative import varying_k
 
 # method -> (accepted on the V1 runner, accepted on the V2 runner)
@@ -97,11 +100,8 @@ def test_v2_does_not_run_the_fixed_k_methods():
 
 
 # --- the policy reads the rule ----------------------------------------------------------------
-def _ladder_runs(key: str, speedups: dict[int, list[float]]) -> list[dict]:
-    n = len(next(iter(speedups.values())))
-    return [{"key": key, "result": {"levels": [{"concurrency": c, "output_throughput": 10 * s[i]}
-                                               for c, s in speedups.items()]}}
-            for i in range(n)]
+def _ladder_runs(key: str, speedups: dict[int, list[float]]):
+    return ladder_runs(key, {c: [10 * x for x in s] for c, s in speedups.items()})
 
 
 SPECS = {
@@ -115,38 +115,38 @@ SPECS = {
 }
 
 
-def _policy(method: str, *, runner: str | None = None) -> dict:
+def _policy(method: str, *, runner: str | None = None) -> PolicyDocument:
     """A ladder where K=8 pays best at c=1, K=4 at c=4, and neither at c=16."""
     k8 = TrialConfig(speculative_config=SPECS[method])
     k4 = k8.with_k(4)
-    runs = [("baseline", TrialConfig()), ("leader", k8), ("k_variant", k4)]
+    lineup = [("baseline", TrialConfig()), ("leader", k8), ("k_variant", k4)]
     measured = (_ladder_runs(TrialConfig().key(), {1: [1.0, 1.0], 4: [1.0, 1.0], 16: [1.0, 1.0]})
                 + _ladder_runs(k8.key(), {1: [2.0, 2.02], 4: [1.1, 1.1], 16: [0.8, 0.8]})
                 + _ladder_runs(k4.key(), {1: [1.6, 1.6], 4: [1.3, 1.31], 16: [0.9, 0.9]}))
-    return P.draft_policy(measured, runs, max_batch=64, context={}, where="x",
-                          varying_k=varying_k(method, runner=runner))
+    return policy_verdicts.worded(P.draft_policy(measured, lineup, max_batch=64, where="x",
+                                                 varying_k=varying_k(method, runner=runner)))
 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle", "draft_model"])
 def test_a_method_that_takes_a_changing_k_gets_a_schedule(method):
     doc = _policy(method)
-    spec = doc["speculative_config"]
-    assert doc["schedule"] == [[1, 1, 8], [2, 11, 4], [12, 64, 0]]
-    assert spec["num_speculative_tokens_per_batch_size"] == doc["schedule"]
+    spec = doc.speculative_config
+    assert doc.schedule == ((1, 1, 8), (2, 11, 4), (12, 64, 0))
+    assert spec["num_speculative_tokens_per_batch_size"] == [list(b) for b in doc.schedule]
     assert spec["num_speculative_tokens"] == 8
-    assert doc["schedule_refused"] is None and doc["fallback_bands"] is None
+    assert doc.schedule_refused is None and doc.fallback_bands is None
 
 
 @pytest.mark.parametrize("method", ["suffix", "medusa", "ngram_gpu"])
 def test_a_method_that_takes_no_changing_k_gets_bands_and_why(method):
     doc = _policy(method)
     # No schedule, and no config a verify launch would spend an engine on.
-    assert doc["schedule"] is None and doc["speculative_config"] is None
-    assert doc["bands"] == [[1, 1, 8], [2, 11, 4], [12, 64, 0]]
-    assert doc["schedule_refused"] == varying_k(method).why
-    assert doc["fallback_bands"][0].startswith("concurrency 1-")
-    assert doc["fallback_bands"][-1].endswith("speculation off")
-    verdict = doc["verdict"]
+    assert doc.schedule is None and doc.speculative_config is None
+    assert doc.bands == ((1, 1, 8), (2, 11, 4), (12, 64, 0))
+    assert doc.schedule_refused == varying_k(method).why
+    assert doc.fallback_bands[0].startswith("concurrency 1-")
+    assert doc.fallback_bands[-1].endswith("speculation off")
+    verdict = doc.verdict
     assert verdict.startswith("No per-batch-size schedule for")
     assert varying_k(method).why in verdict and "static K per band" in verdict
     assert "speculation stops paying from concurrency" in verdict
@@ -155,16 +155,19 @@ def test_a_method_that_takes_no_changing_k_gets_bands_and_why(method):
 
 def test_ngram_gpu_on_a_known_v2_runner_gets_its_schedule():
     doc = _policy("ngram_gpu", runner="V2")
-    assert doc["speculative_config"]["num_speculative_tokens_per_batch_size"] == doc["schedule"]
+    assert doc.speculative_config["num_speculative_tokens_per_batch_size"] == [
+        list(b) for b in doc.schedule]
 
 
 def test_one_k_everywhere_needs_no_schedule_and_stays_a_static_config():
     spec = SPECS["suffix"]
-    assert P.policy_config(spec, [(1, 64, 8)], varying_k=varying_k("suffix")) == spec
+    suffix = TrialConfig(speculative_config=spec)
+    assert P.policy_config(suffix, [(1, 64, 8)], varying_k=varying_k("suffix")
+                           ).speculative_config == spec
     assert P.schedule_refused([(1, 4, 8), (5, 64, 8)], varying_k("suffix")) is None
     # Without the rule (an older caller) the schedule is emitted as before.
     assert "num_speculative_tokens_per_batch_size" in P.policy_config(
-        spec, [(1, 4, 8), (5, 64, 4)])
+        suffix, [(1, 4, 8), (5, 64, 4)]).speculative_config
 
 
 # --- the replay reads the rule ----------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from tuner.analysis import frame
+from tuner.records.policy import LevelStat
 from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
 
 # Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
@@ -109,29 +110,29 @@ def recommendation_line(split: Mapping[str, Any]) -> str:
 
 
 # --- the policy's ladder ----------------------------------------------------------------------
-def policy_stats(stat: dict[str, float], split: SpeedupSplit | None) -> dict[str, float]:
+def policy_stats(stat: LevelStat, split: SpeedupSplit | None) -> LevelStat:
     """One ladder level's stats (speedup and noise over the plain baseline) with the split
     added under POLICY_KEYS, each ratio's noise its relative spread; unchanged without one."""
     if split is None:
         return stat
-    out = dict(stat)
+    update = {}
     for name, (value_key, noise_key) in POLICY_KEYS.items():
         ratio: Measured = getattr(split, name)
-        out[value_key], out[noise_key] = ratio.value, ratio.relative_spread
-    return out
+        update[value_key], update[noise_key] = ratio.value, ratio.relative_spread
+    return stat.model_copy(update=update)
 
 
-def policy_line(label: str, stats: Mapping[int, Mapping[str, float]]) -> str | None:
+def policy_line(label: str, stats: Mapping[int, LevelStat]) -> str | None:
     """One sentence over the ladder: per level, the total speedup as path cost x speculation
     gain, each with its spread in the ratio's units as the recommendation and the report
     write them; None when no level is split."""
     parts = []
     for c, s in sorted(stats.items()):
-        if "path_cost" not in s:
+        if s.path_cost is None:
             continue
-        total = Measured(value=s["speedup"], relative_spread=s["noise"])
+        total = Measured(value=s.speedup, relative_spread=s.noise)
         split = SpeedupSplit(total_speedup=total, **{
-            name: Measured(value=s[value_key], relative_spread=s[noise_key])
+            name: Measured(value=getattr(s, value_key), relative_spread=getattr(s, noise_key))
             for name, (value_key, noise_key) in POLICY_KEYS.items()})
         parts.append(f"c={c} {ratio_text(total.value, total.spread)} = {split}")
     if not parts:

@@ -25,6 +25,7 @@ from tuner.outputs.text import (
     with_noise,
     with_pm,
 )
+from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
 from tuner.records.results import BenchResult, Recommendation
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
@@ -170,22 +171,22 @@ def format_recommendation(rec: Recommendation) -> str:
     return "\n".join(lines)
 
 
-def format_policy(policy: dict[str, Any]) -> str:
+def format_policy(policy: PolicyDocument) -> str:
     """Terminal lines: verdict, break-evens, the schedule and the serve command."""
-    lines = ["Load-aware policy: " + str(policy.get("verdict", ""))]
-    for cfg in policy.get("configs", []):
-        lines.append(f"  {cfg['label']}: {break_even_text(cfg)}")
-    lines.append(f"  K by measured concurrency: {policy.get('k_by_level')}")
-    if policy.get("schedule") is None and policy.get("bands"):
+    lines = ["Load-aware policy: " + (policy.verdict or "")]
+    for cfg in policy.configs:
+        lines.append(f"  {cfg.label}: {break_even_text(cfg)}")
+    lines.append(f"  K by measured concurrency: {policy.k_by_level}")
+    if policy.schedule is None and policy.bands:
         # The method's proposer takes no changing K (the verdict says why): bands, no schedule.
-        lines.append(f"  schedule: none; bands (a static K each): {json.dumps(policy['bands'])}")
+        lines.append(f"  schedule: none; bands (a static K each): {json.dumps(policy.bands)}")
     else:
-        lines.append(f"  schedule: {json.dumps(policy.get('schedule'))}")
-    if policy.get("serve_command"):
-        lines.append(f"  serve:  {policy['serve_command']}")
-    if policy.get("serve_note"):
-        lines.append(f"  note:   {policy['serve_note']}")
-    for band in policy.get("fallback_bands") or []:
+        lines.append(f"  schedule: {json.dumps(policy.schedule)}")
+    if policy.serve_command:
+        lines.append(f"  serve:  {policy.serve_command}")
+    if policy.serve_note:
+        lines.append(f"  note:   {policy.serve_note}")
+    for band in policy.fallback_bands or ():
         lines.append(f"  router band: {band}")
     lines += ["  " + line for line in open_loop_lines(policy)]
     head, rows = policy_rows(policy)
@@ -195,76 +196,77 @@ def format_policy(policy: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def open_loop_lines(policy: dict[str, Any]) -> list[str]:
+def open_loop_lines(policy: PolicyDocument) -> list[str]:
     """The open-loop check in words (tuner.analysis.policy.with_open_loop's figures): per band
     edge, the schedule's throughput against the best static K under Poisson arrivals there,
     and what changed where it dipped beyond the spread; [] where no check ran."""
-    block = policy.get("open_loop")
-    if not block:
+    block = policy.open_loop
+    if block is None:
         return []
     lines = ["open-loop check (Poisson arrivals; vLLM keys the schedule on scheduled requests, "
              "prefills included):"]
-    for e in block.get("edges", []):
-        head = (f"  edge {e['edge']}/{e['edge'] + 1} (K {e['k_below']} to {e['k_above']}), "
-                f"{e['rate']:.2f} req/s, at most {e['concurrency']} in flight: ")
-        pol, best = e.get("policy"), (e.get("static") or {}).get(str(e.get("best_k")))
-        if e.get("dips") is None or pol is None or best is None:
+    for e in block.edges:
+        head = (f"  edge {e.edge}/{e.edge + 1} (K {e.k_below} to {e.k_above}), "
+                f"{e.rate:.2f} req/s, at most {e.concurrency} in flight: ")
+        pol = e.policy
+        best = None if e.best_k is None else e.static.get(e.best_k)
+        if e.dips is None or pol is None or best is None or e.ratio is None \
+                or e.noise is None:
             lines.append(head + "not measured (a run failed)")
             continue
-        figures = (f"schedule {_tok(pol)} vs best static K={e['best_k']} {_tok(best)} "
-                   f"({e['ratio']:.2f}x, spread ±{100 * e['noise']:.0f}%)")
-        lines.append(head + figures + (": dips beyond the spread" if e["dips"]
+        figures = (f"schedule {_tok(pol)} vs best static K={e.best_k} {_tok(best)} "
+                   f"({e.ratio:.2f}x, spread ±{100 * e.noise:.0f}%)")
+        lines.append(head + figures + (": dips beyond the spread" if e.dips
                                        else ": no dip beyond the spread"))
-        if cost := e.get("gives_up"):
-            merged = cost["merged_speedup"]
-            lines.append(f"    kept: merging into K={cost['merged_k']} would give up the "
-                         f"closed-loop {cost['speedup']:.2f}x of K={cost['k']} at concurrency "
-                         f"{cost['concurrency']} (" + ("not measured" if merged is None
-                                                      else f"{merged:.2f}x") + ")")
-    if block.get("revised"):
-        lines.append(f"  bands merged at the dipping edge(s) {block['dipped_at']} into the K "
-                     f"that measured better there: schedule {json.dumps(block['schedule_revised'])}"
-                     f" (was {json.dumps(block['schedule_verified'])}, verified on the ladder "
+        if cost := e.gives_up:
+            merged = cost.merged_speedup
+            lines.append(f"    kept: merging into K={cost.merged_k} would give up the "
+                         f"closed-loop {cost.speedup:.2f}x of K={cost.k} at concurrency "
+                         f"{cost.concurrency} (" + ("not measured" if merged is None
+                                                   else f"{merged:.2f}x") + ")")
+    if block.revised:
+        lines.append(f"  bands merged at the dipping edge(s) {list(block.dipped_at)} into the K "
+                     f"that measured better there: schedule {json.dumps(block.schedule_revised)}"
+                     f" (was {json.dumps(block.schedule_verified)}, verified on the ladder "
                      f"above)")
-    elif not block.get("unmeasured_at") and not block.get("kept_at"):
+    elif not block.unmeasured_at and not block.kept_at:
         lines.append("  the schedule holds at every edge")
     return lines
 
 
-def _tok(figure: dict[str, Any]) -> str:
-    tpot = figure.get("mean_tpot_ms")
-    return (f"{figure['throughput']:.1f} ±{figure['spread']:.1f} tok/s"
+def _tok(figure: Figure) -> str:
+    tpot = figure.mean_tpot_ms
+    return (f"{figure.throughput:.1f} ±{figure.spread:.1f} tok/s"
             + ("" if tpot is None else f" (TPOT {tpot:.1f} ms)"))
 
 
-def policy_rows(policy: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    configs = policy.get("configs", [])
-    ver = {int(r["concurrency"]): r for r in (policy.get("verification") or {}).get("rows", [])}
-    head = ["concurrency"] + [c["label"] for c in configs] + (["policy"] if ver else [])
+def policy_rows(policy: PolicyDocument) -> tuple[list[str], list[list[str]]]:
+    ver = {r.concurrency: r for r in (policy.verification.rows if policy.verification else ())}
+    head = ["concurrency"] + [c.label for c in policy.configs] + (["policy"] if ver else [])
     rows = []
-    for c in policy.get("ladder", []):
+    for c in policy.ladder:
         row = [str(c)]
-        for cfg in configs:
-            st = (cfg.get("stats") or {}).get(str(c)) or (cfg.get("stats") or {}).get(c)
-            row.append("-" if not st else with_noise(st["speedup"], st["noise"]))
+        for cfg in policy.configs:
+            st = cfg.stats.get(c)
+            row.append("-" if not st else with_noise(st.speedup, st.noise))
         if ver:
-            r = ver.get(int(c))
-            row.append("-" if not r else with_noise(r["policy_speedup"], r["policy_noise"])
-                       + (" (below baseline)" if r["below_baseline_beyond_noise"] else ""))
+            r = ver.get(c)
+            row.append("-" if not r else with_noise(r.policy_speedup, r.policy_noise)
+                       + (" (below baseline)" if r.below_baseline_beyond_noise else ""))
         rows.append(row)
     return head, rows
 
 
-def break_even_text(cfg: dict[str, Any]) -> str:
-    be = cfg.get("break_even") or {}
-    if be.get("status") == "always_pays":
-        return f"pays at every measured level (up to {be.get('last_paying')})"
-    if be.get("status") == "never_pays":
+def break_even_text(cfg: ConfigCurve) -> str:
+    be = cfg.break_even
+    if be is None:
+        return "not measured"
+    if be.status is BreakEvenStatus.ALWAYS_PAYS:
+        return f"pays at every measured level (up to {be.last_paying})"
+    if be.status is BreakEvenStatus.NEVER_PAYS:
         return "does not pay beyond the noise even at the lowest level"
-    if be.get("status") == "crosses":
-        return (f"break-even at concurrency ~{be['concurrency']:.1f} (pays at "
-                f"{be['last_paying']}, not at {be['first_not_paying']})")
-    return "not measured"
+    return (f"break-even at concurrency ~{be.concurrency:.1f} (pays at "
+            f"{be.last_paying}, not at {be.first_not_paying})")
 
 
 # --- the replay's predicted table -----------------------------------------------------------

@@ -22,6 +22,7 @@ import pandas as pd
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
 from tuner.outputs import text
+from tuner.records.policy import BreakEvenStatus, PolicyDocument
 from tuner.records.results import Recommendation, Role
 
 if TYPE_CHECKING:
@@ -509,25 +510,24 @@ def _note(notes: list[str] | None, text: str) -> None:
         notes.append(text)
 
 
-def policy_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def policy_frame(doc: PolicyDocument) -> pd.DataFrame:
     """Speedup against concurrency from a policy document: static configs from the ladder
     phase and the policy from its verification runs; the baseline is 1.0 by definition."""
     rows = []
-    for cfg in doc.get("configs", []):
-        for c, st in (cfg.get("stats") or {}).items():
-            rows.append({"series": cfg["label"], "concurrency": int(c),
-                         "speedup": st["speedup"], "noise": st["noise"]})
-    ver = doc.get("verification") or {}
-    for r in ver.get("rows", []):
-        rows.append({"series": "policy (per-batch-size K)", "concurrency": int(r["concurrency"]),
-                     "speedup": r["policy_speedup"], "noise": r["policy_noise"]})
-    for c in doc.get("ladder", []):
+    for cfg in doc.configs:
+        for c, st in cfg.stats.items():
+            rows.append({"series": cfg.label, "concurrency": c,
+                         "speedup": st.speedup, "noise": st.noise})
+    for r in doc.verification.rows if doc.verification else ():
+        rows.append({"series": "policy (per-batch-size K)", "concurrency": r.concurrency,
+                     "speedup": r.policy_speedup, "noise": r.policy_noise})
+    for c in doc.ladder:
         rows.append({"series": "baseline (no speculation)", "concurrency": int(c),
                      "speedup": 1.0, "noise": 0.0})
     return pd.DataFrame(rows)
 
 
-def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None = None
+def policy_plot(doc: PolicyDocument, out_dir: Path, *, notes: list[str] | None = None
                 ) -> list[Path]:
     """Speedup over the baseline against concurrency for the baseline, the static configs and
     the policy, with a band for the noise and each config's break-even point marked."""
@@ -553,20 +553,19 @@ def policy_plot(doc: dict[str, Any], out_dir: Path, *, notes: list[str] | None =
                 ax.fill_between(part["concurrency"], part["speedup"] * (1 - part["noise"]),
                                 part["speedup"] * (1 + part["noise"]), color=palette[name],
                                 alpha=0.12, lw=0)
-        for cfg in doc.get("configs", []):
-            be = cfg.get("break_even") or {}
-            if be.get("status") == "crosses" and be.get("concurrency"):
-                ax.axvline(be["concurrency"], color=palette.get(cfg["label"], "0.5"), lw=1,
-                           ls=":")
-                ax.annotate(f"break-even ~{be['concurrency']:.1f}", (be["concurrency"], 1.0),
+        for cfg in doc.configs:
+            be = cfg.break_even
+            if be is not None and be.status is BreakEvenStatus.CROSSES and be.concurrency:
+                ax.axvline(be.concurrency, color=palette.get(cfg.label, "0.5"), lw=1, ls=":")
+                ax.annotate(f"break-even ~{be.concurrency:.1f}", (be.concurrency, 1.0),
                             xytext=(4, 18), textcoords="offset points", fontsize="small",
-                            color=palette.get(cfg["label"], "0.3"), rotation=90, va="bottom")
+                            color=palette.get(cfg.label, "0.3"), rotation=90, va="bottom")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(doc.get("ladder", []))
-        ax.set_xticklabels([str(c) for c in doc.get("ladder", [])])
+        ax.set_xticks(list(doc.ladder))
+        ax.set_xticklabels([str(c) for c in doc.ladder])
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel("output throughput speedup over baseline (x)")
-        ax.set_title(_title("Where speculation stops paying", str(doc.get("workload", "")))
+        ax.set_title(_title("Where speculation stops paying", str(doc.workload or ""))
                      .strip())
         _legend_outside(ax)
         return [_save(fig, out_dir / "policy_speedup.png")]

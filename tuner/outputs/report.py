@@ -22,6 +22,7 @@ from tuner.outputs.console import HEADLINES, break_even_text, open_loop_lines, p
 from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, prediction_tables
 from tuner.outputs.text import num, times
 from tuner.records.configs import RequestSchedule
+from tuner.records.policy import PolicyDocument
 from tuner.records.results import LevelMetrics, PredictionMiss
 from tuner.records.storage import StudySettings
 
@@ -171,7 +172,7 @@ class _Doc:
         self.device = fp.device or engine.device
         self.levels = sorted({int(c) for c in df["concurrency"].dropna()})
         self.chosen = {r.trial for r in recs if r.status == "recommend"}
-        self.policy: dict[str, Any] | None = None
+        self.policy: PolicyDocument | None = None
         self.predictions: pd.DataFrame | None = None
         self.decisions: list[tuple[str, list[str]]] = []  # "How it was decided"
         # The engine path / speculation table (tuner.outputs.split_table.table)
@@ -520,42 +521,48 @@ summary{cursor:pointer}.kv th{background:#fafafa;width:14em}
 
 
 # --- load-aware policy ----------------------------------------------------------------------
-def _load_policy(out_dir: Path) -> dict[str, Any] | None:
+def _load_policy(out_dir: Path) -> PolicyDocument | None:
+    """policy.json as the record it was written from (tuner.api.policy); None where there is
+    none, or it cannot be read."""
     path = Path(out_dir) / "policy.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return PolicyDocument.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
 
 
-def _policy_summary(policy: dict[str, Any] | None) -> dict[str, Any] | None:
+def _policy_summary(policy: PolicyDocument | None) -> dict[str, Any] | None:
+    """The policy's part of recommendation.json."""
     if not policy:
         return None
     keys = ("verdict", "method", "chosen", "ladder", "repeats", "schedule", "speculative_config",
             "serve_command", "serve_note", "fallback_bands", "schedule_problems")
-    out = {k: policy.get(k) for k in keys}
-    out["break_even"] = {c["label"]: c.get("break_even") for c in policy.get("configs", [])}
-    ver = policy.get("verification") or {}
-    out["verification"] = ver.get("rows")
+    out = policy.model_dump(include=set(keys))
+    out = {k: out.get(k) for k in keys}
+    out["break_even"] = {c.label: None if c.break_even is None else c.break_even.model_dump()
+                         for c in policy.configs}
+    ver = policy.verification
+    out["verification"] = (None if ver is None or ver.engine_rejected
+                           else [r.model_dump() for r in ver.rows])
     return out
 
 
-def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
+def policy_markdown(policy: PolicyDocument | None, out_dir: Path) -> list[str]:
     if not policy:
         return []
     e = _md
-    out = ["## Load-aware policy", "", e(str(policy.get("verdict", ""))), ""]
-    out += [f"- {e(c['label'])}: {e(break_even_text(c))}" for c in policy.get("configs", [])]
+    out = ["## Load-aware policy", "", e(policy.verdict or ""), ""]
+    out += [f"- {e(c.label)}: {e(break_even_text(c))}" for c in policy.configs]
     out.append("")
-    if policy.get("speculative_config"):
+    if policy.speculative_config:
         out += ["`--speculative-config` with the per-batch-size schedule:", "",
-                _fence(json.dumps(policy["speculative_config"])), ""]
-    if policy.get("serve_command"):
-        out += [_fence(policy["serve_command"]), ""]
-    if policy.get("serve_note"):
-        out += [f"Note: {e(policy['serve_note'])}.", ""]
-    if policy.get("fallback_bands"):
-        out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy["fallback_bands"]]
+                _fence(json.dumps(policy.speculative_config)), ""]
+    if policy.serve_command:
+        out += [_fence(policy.serve_command), ""]
+    if policy.serve_note:
+        out += [f"Note: {e(policy.serve_note)}.", ""]
+    if policy.fallback_bands:
+        out += ["Band table for a router:", ""] + [f"- {e(b)}" for b in policy.fallback_bands]
         out.append("")
     if lines := open_loop_lines(policy):
         out += [e(lines[0]), ""] + [f"- {e(line.strip())}" for line in lines[1:]] + [""]
@@ -566,25 +573,24 @@ def policy_markdown(policy: dict[str, Any] | None, out_dir: Path) -> list[str]:
     return out
 
 
-def policy_html(policy: dict[str, Any] | None) -> str:
+def policy_html(policy: PolicyDocument | None) -> str:
     if not policy:
         return ""
     e = html.escape
-    parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(str(policy.get('verdict', '')))}</b></p>",
+    parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(policy.verdict or '')}</b></p>",
              "<ul>"]
-    parts += [f"<li>{e(c['label'])}: {e(break_even_text(c))}</li>"
-              for c in policy.get("configs", [])]
+    parts += [f"<li>{e(c.label)}: {e(break_even_text(c))}</li>" for c in policy.configs]
     parts.append("</ul>")
-    if policy.get("speculative_config"):
+    if policy.speculative_config:
         parts.append("<p>--speculative-config with the per-batch-size schedule:</p><pre>"
-                     + e(json.dumps(policy["speculative_config"])) + "</pre>")
-    if policy.get("serve_command"):
-        parts.append(f"<pre>{e(policy['serve_command'])}</pre>")
-    if policy.get("serve_note"):
-        parts.append(f"<p>Note: {e(policy['serve_note'])}.</p>")
-    if policy.get("fallback_bands"):
+                     + e(json.dumps(policy.speculative_config)) + "</pre>")
+    if policy.serve_command:
+        parts.append(f"<pre>{e(policy.serve_command)}</pre>")
+    if policy.serve_note:
+        parts.append(f"<p>Note: {e(policy.serve_note)}.</p>")
+    if policy.fallback_bands:
         parts.append("<p>Band table for a router:</p><ul>" + "".join(
-            f"<li>{e(b)}</li>" for b in policy["fallback_bands"]) + "</ul>")
+            f"<li>{e(b)}</li>" for b in policy.fallback_bands) + "</ul>")
     if lines := open_loop_lines(policy):
         parts.append(f"<p>{e(lines[0])}</p><ul>" + "".join(
             f"<li>{e(line.strip())}</li>" for line in lines[1:]) + "</ul>")

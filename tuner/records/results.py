@@ -493,4 +493,9 @@ class StudyOutcome(Frozen):
     failed: str | None = None
     paths: dict[str, Path] = {}
     recommendations: tuple[Recommendation, ...] = ()
-    policy: dict[str, Any] | None = None
+    policy: _policy.PolicyDocument | None = None
+
+
+# The policy document's ladder runs hold this module's records: imported last, so that either
+# module may be imported first (StudyOutcome resolves the name when first used).
+from tuner.records import policy as _policy  # noqa: E402

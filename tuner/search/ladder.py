@@ -6,8 +6,10 @@ repeat) so slow drift of a shared machine hits every config alike. Each run is o
 launch measured at every ladder level and is stored as a trial of a companion Optuna study
 (`<study>.policy`) in the same storage, so a killed campaign resumes where it stopped and
 reports regenerate from storage. A run that fails is recorded with its reason, never fatal;
-a run's token capture stays in its folder, named in its attrs. The phase "open_loop"
-(measure_open_loop) drives chosen levels at a request rate instead of the closed loop.
+a run's token capture stays in its folder, named in its attrs. Stored runs are read back as
+tuner.records.policy.LadderRun, parsed from the attrs once (stored_runs). The phase
+"open_loop" (measure_open_loop) drives chosen levels at a request rate instead of the closed
+loop.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tuner.records.configs import (
     TrialConfig,
     Workload,
 )
+from tuner.records.policy import LadderRun
 from tuner.records.results import TrialOutcome
 from tuner.records.storage import TrialAttr
 from tuner.search import optuna_compat
@@ -33,7 +36,7 @@ from tuner.search import study as st
 # One run measured into its folder: a result or a failure, never an exception.
 MeasureRun = Callable[[TrialConfig, Path], TrialOutcome]
 RunKey = tuple[Any, Any, Any]  # (phase, config key, repeat) as a run's attrs store them
-# A run's attrs that stored_runs returns, by name (TrialAttr values).
+# A run's attrs that stored_runs reads, by name (TrialAttr values, LadderRun's fields).
 RUN_FIELDS = (TrialAttr.PHASE, TrialAttr.ROLE, TrialAttr.LABEL, TrialAttr.CONFIG_KEY,
               TrialAttr.REPEAT, TrialAttr.CONFIG, TrialAttr.RESULT, TrialAttr.FAILURE,
               TrialAttr.TOKENS)
@@ -63,7 +66,7 @@ class Campaign:
 
 
 @dataclass(frozen=True)
-class Run:
+class Launch:
     """One launch of a phase: the n-th of its schedule (from 1), repeat `repeat` of `config`."""
 
     n: int
@@ -81,19 +84,19 @@ def companion(study: Any) -> Any:
                                load_if_exists=True)
 
 
-def measure(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]], phase: str,
-            measure_run: MeasureRun | None = None) -> list[dict[str, Any]]:
-    """Measure each (role, config) `campaign.repeats` times on the ladder, interleaved; a run
-    this phase already holds complete is not measured again. `measure_run`: how one run is
-    measured (default: Campaign.measure_run). Returns every stored run of this phase as
-    {role, label, key, repeat, config, result | failure, tokens}."""
+def measure(campaign: Campaign, *, lineup: Sequence[tuple[str, TrialConfig]], phase: str,
+            measure_run: MeasureRun | None = None) -> list[LadderRun]:
+    """Measure each (role, config) of `lineup` `campaign.repeats` times on the ladder,
+    interleaved; a run this phase already holds complete is not measured again.
+    `measure_run`: how one run is measured (default: Campaign.measure_run). Returns every
+    stored run of this phase."""
     comp = companion(campaign.study)
     fail_left_running(comp)
     done = done_keys(comp)
-    plan = schedule(runs, campaign.repeats)
-    for run in plan:
-        if run_key(phase, run.config, run.repeat) not in done:
-            _measure(comp, campaign, run, phase=phase, total=len(plan),
+    plan = schedule(lineup, campaign.repeats)
+    for launch in plan:
+        if run_key(phase, launch.config, launch.repeat) not in done:
+            _measure(comp, campaign, launch, phase=phase, total=len(plan),
                      measure_run=measure_run or campaign.measure_run)
     return stored_runs(campaign.study, phase)
 
@@ -101,9 +104,9 @@ def measure(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]], phas
 OPEN_LOOP = "open_loop"
 
 
-def measure_open_loop(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConfig]],
+def measure_open_loop(campaign: Campaign, *, lineup: Sequence[tuple[str, TrialConfig]],
                       rates: dict[int, float], measure_run: MeasureRun | None = None
-                      ) -> list[dict[str, Any]]:
+                      ) -> list[LadderRun]:
     """measure() in the phase "open_loop": each run's engine measured at the levels of
     `rates` only ({concurrency cap: requests/s}), their measured requests (the same the
     ladder sends at those levels) arriving Poisson at that rate, at most the level's
@@ -114,14 +117,14 @@ def measure_open_loop(campaign: Campaign, *, runs: Sequence[tuple[str, TrialConf
                                    "concurrencies": tuple(sorted(rates)),
                                    "request_rates": dict(rates)})
     open_loop = dataclasses.replace(campaign, settings=settings)
-    return measure(open_loop, runs=runs, phase=OPEN_LOOP, measure_run=measure_run)
+    return measure(open_loop, lineup=lineup, phase=OPEN_LOOP, measure_run=measure_run)
 
 
-def schedule(runs: Sequence[tuple[str, TrialConfig]], repeats: int) -> list[Run]:
+def schedule(lineup: Sequence[tuple[str, TrialConfig]], repeats: int) -> list[Launch]:
     """Every launch in order: each repeat measures every config once before the next repeat
     starts (baseline, A, B, baseline, A, B)."""
-    order = [(rep, role, config) for rep in range(repeats) for role, config in runs]
-    return [Run(n, rep, role, config) for n, (rep, role, config) in enumerate(order, 1)]
+    order = [(rep, role, config) for rep in range(repeats) for role, config in lineup]
+    return [Launch(n, rep, role, config) for n, (rep, role, config) in enumerate(order, 1)]
 
 
 def run_key(phase: str | None, config: TrialConfig, repeat: int) -> RunKey:
@@ -148,26 +151,27 @@ def fail_left_running(comp: Any) -> None:
         storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
 
 
-def _run_attrs(run: Run, phase: str, settings: MeasureSettings) -> dict[str, Any]:
-    return {TrialAttr.PHASE: phase, TrialAttr.ROLE: run.role,
-            TrialAttr.CONFIG_KEY: run.config.key(), TrialAttr.REPEAT: run.repeat,
-            TrialAttr.LABEL: run.config.label(), "ladder": list(settings.concurrencies),
-            TrialAttr.CONFIG: run.config.model_dump(mode="json")}
+def _run_attrs(launch: Launch, phase: str, settings: MeasureSettings) -> dict[str, Any]:
+    """The attrs a run's trial is stored with (read back by stored_runs)."""
+    return {TrialAttr.PHASE: phase, TrialAttr.ROLE: launch.role,
+            TrialAttr.CONFIG_KEY: launch.config.key(), TrialAttr.REPEAT: launch.repeat,
+            TrialAttr.LABEL: launch.config.label(), "ladder": list(settings.concurrencies),
+            TrialAttr.CONFIG: launch.config.model_dump(mode="json")}
 
 
-def _measure(comp: Any, campaign: Campaign, run: Run, *, phase: str, total: int,
+def _measure(comp: Any, campaign: Campaign, launch: Launch, *, phase: str, total: int,
              measure_run: MeasureRun) -> None:
-    """Measure one run as a trial of the companion study and say how it went."""
+    """Measure one launch as a trial of the companion study and say how it went."""
     from optuna.trial import TrialState
 
     trial = comp.ask()
-    for key, value in _run_attrs(run, phase, campaign.settings).items():
+    for key, value in _run_attrs(launch, phase, campaign.settings).items():
         trial.set_user_attr(key, value)
     if rates := getattr(campaign.settings, "request_rates", None):
         trial.set_user_attr("request_rates", {str(c): r for c, r in sorted(rates.items())})
     run_dir = campaign.out_dir / "policy" / f"run{trial.number}"
-    outcome = measure_run(run.config, run_dir)
-    head = f"  [{phase} {run.n}/{total}] {run.config.label()}: "
+    outcome = measure_run(launch.config, run_dir)
+    head = f"  [{phase} {launch.n}/{total}] {launch.config.label()}: "
     if outcome.failure is not None:
         trial.set_user_attr(TrialAttr.FAILURE, outcome.failure.model_dump())
         comp.tell(trial, state=TrialState.FAIL)
@@ -185,10 +189,9 @@ def _measure(comp: Any, campaign: Campaign, run: Run, *, phase: str, total: int,
         for lv in result.levels))
 
 
-def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
+def stored_runs(study: Any, phase: str | None = None) -> list[LadderRun]:
     """Every finished run of the companion study (of `phase` only, when given), in launch
-    order, as {phase, role, label, key, repeat, config, result, failure, tokens}; [] before
-    the first campaign."""
+    order; [] before the first campaign."""
     import optuna
     from optuna.trial import TrialState
 
@@ -197,6 +200,6 @@ def stored_runs(study: Any, phase: str | None = None) -> list[dict[str, Any]]:
                                  storage=optuna_compat.storage_of(study))
     except KeyError:
         return []
-    return [{k: t.user_attrs.get(k) for k in RUN_FIELDS}
+    return [LadderRun.model_validate({k: t.user_attrs.get(k) for k in RUN_FIELDS})
             for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
             if phase is None or t.user_attrs.get(TrialAttr.PHASE) == phase]

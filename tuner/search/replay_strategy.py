@@ -36,6 +36,7 @@ from tuner import intervals
 from tuner.errors import ConfigError
 from tuner.measure import enginepath
 from tuner.records.configs import EngineLimits, TrialConfig
+from tuner.records.policy import LadderRun
 from tuner.records.results import BenchResult, LevelMetrics, Role
 from tuner.records.storage import TrialAttr
 from tuner.replay import acceptance, sampling
@@ -771,7 +772,7 @@ def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return sorted(picked, key=ranked.index)
 
 
-def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study_dir: Path,
+def ladder_predictions(ladder_runs: list[LadderRun], chosen: TrialConfig, *, study_dir: Path,
                        limits: EngineLimits, k_max: int | None = None,
                        temperature: float = 0.0) -> dict[int, dict[int, float]] | None:
     """The load-aware policy's predicted curves: for every K from 1 to k_max (default: the
@@ -782,7 +783,7 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
     Returns {K: {concurrency: predicted speedup}}."""
     if not acceptance.replayable(chosen) or chosen.engine_args:
         return None
-    measured, base_capture = _ladder_measured(runs, study_dir)
+    measured, base_capture = _ladder_measured(ladder_runs, study_dir)
     if base_capture is None:
         return None
     configs = [chosen.with_k(k) for k in range(1, (k_max or chosen.k or 1) + 1)]
@@ -797,18 +798,18 @@ def ladder_predictions(runs: list[dict[str, Any]], chosen: TrialConfig, *, study
     return out or None
 
 
-def _ladder_measured(runs: list[dict[str, Any]], study_dir: Path
+def _ladder_measured(ladder_runs: list[LadderRun], study_dir: Path
                      ) -> tuple[list[MeasuredTrial], TokenCapture | None]:
     """The ladder's measured runs as the predictor takes them (numbered by their place in
-    `runs`), and the first baseline run's token capture."""
+    `ladder_runs`), and the first baseline run's token capture."""
     measured, base_capture = [], None
-    for i, run in enumerate(runs):
-        if not run.get("result"):
+    for i, run in enumerate(ladder_runs):
+        result = run.result
+        if result is None:
             continue
-        result = BenchResult.model_validate(run["result"])
         capture = _run_capture(run, study_dir)
         role = "baseline" if not result.config.speculative_config else "search"
-        if run.get("role") == Role.ALIGNED_BASELINE.value:
+        if run.role == Role.ALIGNED_BASELINE.value:
             role = Role.ALIGNED_BASELINE.value  # anchors the step cost on the speculative path
         if role == "baseline" and base_capture is None:
             base_capture = capture
@@ -819,12 +820,11 @@ def _ladder_measured(runs: list[dict[str, Any]], study_dir: Path
     return measured, base_capture
 
 
-def _run_capture(run: dict[str, Any], study_dir: Path) -> TokenCapture | None:
+def _run_capture(run: LadderRun, study_dir: Path) -> TokenCapture | None:
     """A ladder run's token capture, or None when it has none or its file cannot be read."""
-    meta = run.get("tokens")
-    if not (isinstance(meta, dict) and isinstance(meta.get("file"), str)):
+    if run.tokens is None:
         return None
     try:
-        return TokenCapture.load(study_dir / meta["file"])
+        return TokenCapture.load(study_dir / run.tokens.file)
     except (OSError, ValueError, KeyError):
         return None

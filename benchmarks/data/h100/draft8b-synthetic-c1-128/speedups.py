@@ -31,9 +31,9 @@ def launches(study) -> dict[str, list[dict]]:
         if r:
             out["baseline" if st.is_baseline(t) else "draft"].append(r)
     for run in ladder.stored_runs(study):
-        r = run.get("result")
-        if r:
-            out[{"baseline": "baseline", "leader": "draft"}.get(run["role"], run["role"])].append(r)
+        if run.result is not None:
+            out[{"baseline": "baseline", "leader": "draft"}.get(run.role, run.role)].append(
+                run.result.model_dump(mode="json"))
     return out
 
 

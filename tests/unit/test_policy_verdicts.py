@@ -1,0 +1,58 @@
+"""The load-aware policy in words (tuner.outputs.policy_verdicts): each sentence follows from
+the document's figures, which tuner.analysis.policy decides."""
+
+from __future__ import annotations
+
+from tuner.outputs import policy_verdicts as words
+from tuner.records.policy import PolicyDocument, Verification, VerificationRow
+
+BANDS = ((1, 6, 5), (7, 128, 0))
+
+
+def _row(c: int, speedup: float, *, below: bool = False) -> VerificationRow:
+    return VerificationRow(concurrency=c, policy_speedup=speedup, policy_noise=0.01,
+                           static_speedup=speedup - 0.01, below_baseline_beyond_noise=below)
+
+
+def _doc(**fields) -> PolicyDocument:
+    return PolicyDocument(**{"method": "ngram", "chosen": "ngram k=5", "bands": BANDS, **fields})
+
+
+def test_band_table_fallback_wording():
+    # The last band runs to the engine's batch limit, whatever that is.
+    for limit in (128, 1024):
+        lines = words.band_table([(1, 6, 5), (7, limit, 0)], "ngram k=5")
+        assert lines == ["concurrency 1-6: speculate with ngram k=5, K=5",
+                         "concurrency 7 and above: speculation off"]
+
+
+def test_a_verified_schedule_says_how_it_fared_and_needs_no_router():
+    ver = Verification(engine_rejected=False, rows=(_row(1, 1.88), _row(4, 0.93, below=True)),
+                       worse_at=(4,))
+    doc = words.worded(_doc(schedule=BANDS, speculative_config={"method": "ngram"},
+                            verification=ver, decomposition="The split."))
+    assert doc.verification.verdict == (
+        "The policy fell below the baseline beyond the noise at concurrency 4; at concurrency "
+        "1 it keeps 1.88x against the static config's 1.87x.")
+    assert doc.verdict == doc.verification.verdict + " The split."
+    assert not doc.needs_router and doc.fallback_bands is None
+
+
+def test_an_ignored_or_refused_schedule_words_the_router_table():
+    ignored = Verification(engine_rejected=False, honoured=False, rows=(_row(1, 1.5),))
+    doc = words.worded(_doc(schedule=BANDS, speculative_config={"method": "ngram"},
+                            verification=ignored))
+    assert doc.needs_router and doc.verdict.startswith("Verified on the ladder")
+    assert doc.verdict.endswith("it ignored the schedule; use the band table in a router.")
+    assert doc.fallback_bands == tuple(words.band_table(BANDS, "ngram k=5"))
+    rejected = Verification(engine_rejected=True, reason="vLLM exited with status 1")
+    doc = words.worded(_doc(schedule=BANDS, speculative_config={"method": "ngram"},
+                            verification=rejected))
+    assert doc.verdict == ("The installed vLLM did not run the schedule (vLLM exited with "
+                           "status 1); use the band table below in a router instead.")
+    assert doc.needs_router and len(doc.fallback_bands) == 2
+
+
+def test_speculation_off_and_a_schedule_not_yet_verified():
+    assert words.worded(_doc(bands=((1, 128, 0),))).verdict == words.SPECULATION_OFF
+    assert words.verdict(_doc(schedule=BANDS, speculative_config={"method": "ngram"})) is None
