@@ -84,7 +84,7 @@ class Priced:
     speedup: float | None = None
 
 
-def baseline_row(lv: Level, sample: TokenCapture, c: int) -> Priced:
+def baseline(lv: Level, sample: TokenCapture, c: int) -> Priced:
     """The plain baseline's predicted figures over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
     played = predict.play(lv.step, schedule.baseline_drafts(lengths), lengths, prompts, k=0,
@@ -96,8 +96,8 @@ def baseline_row(lv: Level, sample: TokenCapture, c: int) -> Priced:
                   speedup=1.0 if thr else None)
 
 
-def config_row(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
-               base_throughput: float | None) -> Priced:
+def config(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
+           base_throughput: float | None) -> Priced:
     """A config's predicted figures: its drafts over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
     played = predict.play(lv.step, acc.request_drafts, lengths, prompts, k=acc.k,
