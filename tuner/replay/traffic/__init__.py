@@ -186,7 +186,7 @@ class _Pricer:
         lv = self.level(c)
         if lv is None:
             return price.Priced()
-        return price.baseline_row(lv, self.sample(c), c)
+        return price.baseline(lv, self.sample(c), c)
 
     def config(self, cfg: TrialConfig, c: int, base: TrafficRow
                ) -> tuple[price.Priced, acceptance.Acceptance | None]:
@@ -198,7 +198,7 @@ class _Pricer:
         sample = self.sample(c)
         acc = acceptance.replay(sample, cfg.speculative_config, max_model_len=self.max_model_len,
                                 max_num_seqs=self.max_num_seqs, levels=[c])[c]
-        return price.config_row(lv, sample, c, acc, base.pred_output_throughput), acc
+        return price.config(lv, sample, c, acc, base.pred_output_throughput), acc
 
 
 def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
