@@ -106,8 +106,8 @@ def main() -> None:
         configs = [TrialConfig(speculative_config=c) for c in CONFIGS]
         first = predict(base_cap, configs, [], max_model_len=max_model_len, max_num_seqs=256)
         top = max(levels)
-        calib_row = max((r for r in first.rows if r["concurrency"] == top and r["method"] != "none"),
-                        key=lambda r: r["drafted_per_step"])
+        calib_row = max((r for r in first.rows if r.concurrency == top and r.method != "none"),
+                        key=lambda r: r.drafted_per_step)
         measured = [MeasuredTrial(0, TrialConfig(), "baseline",
                                   {lv.concurrency: lv for lv in base_result.levels}, base_cap)]
         diverged, own = {}, {}
@@ -119,7 +119,7 @@ def main() -> None:
                                               {lv.concurrency: lv for lv in result.levels}, cap))
             for i, cfg in enumerate(configs, start=1):
                 result, cap = launch(engine, cfg, wl, ms, sub / f"{i:02d}")
-                role = "calibration" if cfg.key() == calib_row["key"] else "search"
+                role = "calibration" if cfg.key() == calib_row.key else "search"
                 measured.append(MeasuredTrial(len(measured), cfg, role,
                                               {lv.concurrency: lv for lv in result.levels}, cap))
                 if p == 1:
@@ -137,14 +137,15 @@ def main() -> None:
         print(f"baseline drift over the run (last vs first launch, throughput): "
               f"{', '.join(f'c={c} {d:+.1f}%' for c, d in drift.items())}")
         pred = predict(base_cap, configs, measured, max_model_len=max_model_len, max_num_seqs=256)
-        print(f"calibration: {calib_row['label']}")
+        print(f"calibration: {calib_row.label}")
         for c in sorted(pred.costs):
             print("  " + pred.costs[c].describe())
         header = (f"{'config':44} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'err':>6} "
                   f"{'tok/s pred':>10} {'meas':>6} {'err':>6} {'TPOT pred':>9} {'meas':>6} "
                   f"{'err':>6} {'spread':>6} {'diverged':>8} {'alt':>3} {'AL own':>6} {'err':>6}")
         print(header)
-        rows = [r for r in pred.rows if r["method"] != "none"]
+        # each row as predicted.csv has it, with the launch's own figures added below
+        rows = [r.csv_row() for r in pred.rows if r.method != "none"]
         for r in rows:
             d, n = diverged[r["key"]]
             tag = " (calibration)" if r["calibration"] else ""

@@ -120,8 +120,8 @@ def refit(root: Path, calibration: list[int] | None = None) -> dict:
     else:
         first = predict(base_cap, configs, [], max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
         top = max(base_cap.levels())
-        calib = {max((r for r in first.rows if r["concurrency"] == top
-                      and r["method"] != "none"), key=lambda r: r["drafted_per_step"])["key"]}
+        calib = {max((r for r in first.rows if r.concurrency == top
+                      and r.method != "none"), key=lambda r: r.drafted_per_step).key}
     print("packing (duration / (sum of latencies / c)), per launch:")
     measured = []
     for name, cfg, folder in runs:
@@ -147,22 +147,23 @@ def refit(root: Path, calibration: list[int] | None = None) -> dict:
     judged: list[tuple[float, float]] = []  # (|error|, the config's own spread) where repeated
     spreads = _spreads(measured)
     for r in pred.rows:
-        if r["method"] == "none":
+        if r.method == "none":
             continue
-        tag = " (calibration)" if r["calibration"] else ""
-        print(f"{(r['label'] + tag)[:46]:46} {r['concurrency']:>2} "
-              f"{r['pred_output_throughput']:10.1f} {r['meas_output_throughput']:6.1f} "
-              f"{r['err_output_throughput_pct']:+6.1f}% {r['pred_mean_tpot_ms']:9.1f} "
-              f"{r['meas_mean_tpot_ms']:6.1f} {r['err_mean_tpot_pct']:+6.1f}% "
-              f"{r['pred_mean_ttft_ms']:9.0f} {r['meas_mean_ttft_ms']:6.0f} "
-              f"{r['err_acceptance_length_pct']:+6.1f}% {r['alternate_stream_requests']:>3}")
-        if r["concurrency"] == 1:
-            al_errors.append((r["method"], abs(r["err_acceptance_length_pct"])))
-        if not r["calibration"]:
-            for metric in ("output_throughput", "mean_tpot"):
-                err = abs(r[f"err_{metric}_pct"])
+        tag = " (calibration)" if r.calibration else ""
+        print(f"{(r.label + tag)[:46]:46} {r.concurrency:>2} "
+              f"{r.pred_output_throughput:10.1f} {r.meas_output_throughput:6.1f} "
+              f"{r.err_output_throughput_pct:+6.1f}% {r.pred_mean_tpot_ms:9.1f} "
+              f"{r.meas_mean_tpot_ms:6.1f} {r.err_mean_tpot_pct:+6.1f}% "
+              f"{r.pred_mean_ttft_ms:9.0f} {r.meas_mean_ttft_ms:6.0f} "
+              f"{r.err_acceptance_length_pct:+6.1f}% {r.alternate_stream_requests:>3}")
+        if r.concurrency == 1:
+            al_errors.append((r.method, abs(r.err_acceptance_length_pct)))
+        if not r.calibration:
+            for metric, signed in (("output_throughput", r.err_output_throughput_pct),
+                                   ("mean_tpot", r.err_mean_tpot_pct)):
+                err = abs(signed)
                 errors.append(err)
-                spread = spreads.get((r["key"], r["concurrency"], metric))
+                spread = spreads.get((r.key, r.concurrency, metric))
                 if spread is not None:
                     judged.append((err, spread))
     summary = {"out_of_sample_errors": len(errors),

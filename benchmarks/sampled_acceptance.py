@@ -436,14 +436,14 @@ def prediction_rows(out: Path, plan: dict[str, Any], limits: dict) -> list[dict[
                                   {case.level: _level(base / "result.json")}, cap)]
         pred = _predict(cap, list(configs.values()), measured, limits=limits, case=case,
                         memo=memo)
-        by_key = {r["key"]: r for r in pred.rows if r["concurrency"] == case.level}
+        by_key = {r.key: r for r in pred.rows if r.concurrency == case.level}
         for name, cfg in configs.items():
             doc = read_json(out / name / case.name / "case.json")
-            row = by_key.get(cfg.key(), {})
+            row = by_key.get(cfg.key())
             rows.append({"temperature": case.temperature, "workload": case.workload,
                          "concurrency": case.level, "rep": case.rep, "config": name,
-                         "pred": row.get("acceptance_length"),
-                         "pm": row.get("acceptance_length_pm"),
+                         "pred": row.acceptance_length if row else None,
+                         "pm": row.acceptance_length_pm if row else None,
                          "measured": doc["acceptance_length"] if doc else None,
                          "own_replay": _own_replay(out / name / case.name, cfg.speculative_config,
                                                    limits=limits, level=case.level)

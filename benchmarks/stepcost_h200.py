@@ -133,23 +133,23 @@ def compare(data: Path) -> tuple[dict[str, Prediction], list[dict],
     level the errors of the configs neither model was fitted on."""
     preds = {name: run(data, graphs) for name, graphs in (("line", None), ("plane", GRAPHS))}
     errors: dict[str, dict[int, list[float]]] = {"line": {}, "plane": {}}
-    line_rows = {(r["key"], r["concurrency"]): r for r in preds["line"][0].rows}
+    line_rows = {(r.key, r.concurrency): r for r in preds["line"][0].rows}
     bench = preds["plane"][1]
     rows = []
     for r in preds["plane"][0].rows:
-        if r["method"] == "none":
+        if r.method == "none":
             continue
-        c, key = r["concurrency"], r["key"]
+        c, key = r.concurrency, r.key
         measured = bench.get(key, {}).get(c, {}).get("output_throughput") or \
-            r["meas_output_throughput"]
+            r.meas_output_throughput
         meas_al = bench.get(key, {}).get(c, {}).get("spec_decode_acceptance_length") or \
-            r["meas_acceptance_length"]
-        row = {"label": r["label"], "concurrency": c, "al_pred": r["acceptance_length"],
-               "al_meas": meas_al, "measured": measured, "calibration": r["calibration"]}
+            r.meas_acceptance_length
+        row = {"label": r.label, "concurrency": c, "al_pred": r.acceptance_length,
+               "al_meas": meas_al, "measured": measured, "calibration": r.calibration}
         for name, model_row in (("line", line_rows[(key, c)]), ("plane", r)):
-            p = model_row["pred_output_throughput"]
+            p = model_row.pred_output_throughput
             err = 100.0 * (p / measured - 1) if p and measured else math.nan
-            if not model_row["calibration"] and not math.isnan(err):
+            if not model_row.calibration and not math.isnan(err):
                 errors[name].setdefault(c, []).append(err)
             row[name], row[f"{name}_err"] = p, err
         rows.append(row)

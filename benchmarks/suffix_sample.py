@@ -53,8 +53,8 @@ def fitted_on(root: Path) -> list[MeasuredTrial]:
 
 
 def best_suffix(pred, c: int) -> tuple[float, str]:
-    row = next(r for r in pred.leaders(c, 1 << 20) if r["method"] == "suffix")
-    return row["pred_output_throughput"], row["label"]
+    row = next(r for r in pred.leaders(c, 1 << 20) if r.method == "suffix")
+    return row.pred_output_throughput, row.label
 
 
 def check(root: Path, seeds: list[int]) -> None:
@@ -91,7 +91,7 @@ def check(root: Path, seeds: list[int]) -> None:
             print(f"    {cell}")
     print(f"  whole grid: {len(grid)} suffix configs predicted in {whole_s:.0f} s")
     for c in levels:
-        ranked = [r["pred_output_throughput"] for r in whole.leaders(c, 1 << 20)]
+        ranked = [r.pred_output_throughput for r in whole.leaders(c, 1 << 20)]
         print(f"    c={c}: best {ranked[0]:6.1f} ({best_suffix(whole, c)[1][:60]}); 10th "
               f"{ranked[9]:6.1f}, 100th {ranked[99]:6.1f}, median {ranked[len(ranked) // 2]:6.1f}")
 

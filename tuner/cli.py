@@ -584,7 +584,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                        study_name=args.study_name, space_name=args.space, levels=levels,
                        say=_say(args))
     if args.json:
-        print(json.dumps({"rows": pred.rows, "seconds": round(pred.seconds, 3),
+        print(json.dumps({"rows": [r.csv_row() for r in pred.rows],
+                          "seconds": round(pred.seconds, 3),
                           "step_cost": {c: s.describe() for c, s in pred.costs.items()},
                           "skipped": pred.skipped, "streams": pred.streams,
                           "temperature": pred.temperature}, indent=2,
@@ -610,7 +611,8 @@ def _predict_traffic(args: argparse.Namespace) -> int:
                           "Give the one that prices the traffic once.")
     out = api.predict_traffic(TrafficOptions.from_cli_args(args), say=_say(args))
     if args.json:
-        print(json.dumps({"rows": out.rows, "notes": out.notes, "seconds": round(out.seconds, 3),
+        print(json.dumps({"rows": [r.csv_row() for r in out.rows], "notes": out.notes,
+                          "seconds": round(out.seconds, 3),
                           "files": {k: str(v) for k, v in out.paths.items()}}, indent=2,
                          default=str))
         return 0

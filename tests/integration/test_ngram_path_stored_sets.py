@@ -57,8 +57,8 @@ def test_the_h100_studys_predictions_say_they_replay_v1(tmp_path: Path) -> None:
     shutil.copytree(H100_STUDY, study_dir)
     pred = api.predict(study_dir=study_dir, say=lambda *_: None)
     assert pred.ngram_path == ngram_v2.V1
-    ngram = [r for r in pred.rows if r["method"] == "ngram"]
-    assert ngram and {r["ngram_path"] for r in ngram} == {ngram_v2.V1}
+    ngram = [r for r in pred.rows if r.method == "ngram"]
+    assert ngram and {r.ngram_path for r in ngram} == {ngram_v2.V1}
 
 
 def _ngram_path(log: str, method: str) -> str | None:

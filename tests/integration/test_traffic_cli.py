@@ -97,8 +97,9 @@ def test_priced_rows_carry_the_half_widths_predict_gives_a_sampled_baseline(stud
                                  str(tmp_path / "p")])["rows"], 2)
     capture = TokenCapture.load(requests.parent / "tokens.npz")
     configs = replay_strategy.candidates(spaces.load("ngram"))
-    want = _by_key(predict(capture, configs, [], max_model_len=None, max_num_seqs=256,
-                           levels=[2], temperature=0.8).rows, 2)
+    want = _by_key([r.csv_row() for r in predict(
+        capture, configs, [], max_model_len=None, max_num_seqs=256, levels=[2],
+        temperature=0.8).rows], 2)
     spread = 0
     for cfg in configs:
         g, w = got[cfg.key()], want[cfg.key()]
@@ -131,8 +132,8 @@ def test_stored_real_tokens_replay_as_the_baseline_capture_predicts(tmp_path, ca
                                  "--levels", "4", "--json", "--output-dir",
                                  str(tmp_path / "t")])["rows"], 4)
     configs = replay_strategy.candidates(spaces.load("ngram"))
-    want = _by_key(predict(capture, configs, [], max_model_len=None, max_num_seqs=256,
-                           levels=[4]).rows, 4)
+    want = _by_key([r.csv_row() for r in predict(
+        capture, configs, [], max_model_len=None, max_num_seqs=256, levels=[4]).rows], 4)
     for cfg in configs:
         w, g = want[cfg.key()], got[cfg.key()]
         assert g["acceptance_length"] == pytest.approx(w["acceptance_length"], rel=0.005)

@@ -4,6 +4,7 @@ terminal table of `tuner predict`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,9 +22,11 @@ from tuner.outputs.console import predict_table
 from tuner.outputs.predictions import (
     PREDICTION_COLUMNS,
     load_predictions,
+    read_rows,
     write_predictions,
 )
 from tuner.records.configs import TrialConfig
+from tuner.records.predictions import PredictedRow
 
 PATH = "speculative path (anchored on the aligned baseline)"
 # realistic_study's measured medians, per level: baseline, ngram k=5, suffix k=8.
@@ -38,44 +41,39 @@ def _tpot(c: int, thr: float) -> float:
 
 def row(spec: dict[str, Any] | None, c: int, *, thr: float | None, acc: float | None,
         measured: tuple[float, float] | None = None, calibration: bool = False,
-        spread: float | None = 2.0) -> dict[str, Any]:
-    """A predicted row as tuner.replay.predict writes it; `measured` = (tok/s, acc. length),
+        spread: float | None = 2.0) -> PredictedRow:
+    """A predicted row as tuner.replay.predict makes it; `measured` = (tok/s, acc. length),
     `spread` its own launches' half-range in percent (None: launched once; the level's
-    pooled SD is 1.5%)."""
+    pooled SD is 1.5%). No sampling error: none at temperature 0 (tuner.replay.sampling)."""
     cfg = TrialConfig(speculative_config=spec)
     k = (spec or {}).get("num_speculative_tokens", 0)
-    r: dict[str, Any] = {
-        "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
-        "speculative_config": json.dumps(spec, sort_keys=True) if spec else "",
-        "concurrency": c, "acceptance_rate": (acc - 1) / k if acc and k else None,
-        "acceptance_length": acc, "drafted_per_step": float(k), "tokens_per_step": acc or 1.0,
-        "uniform_share": 0.5 if k else 1.0, "alternate_stream_requests": 0,
-        "pred_output_throughput": thr, "pred_mean_tpot_ms": _tpot(c, thr) if thr else None,
-        "pred_mean_ttft_ms": 50.0 if thr else None,
-        "pred_speedup": thr / BASE[c] if thr else None, "path": PATH if thr else None,
-        "measured_trials": 0, "meas_output_throughput": None, "meas_mean_tpot_ms": None,
-        "meas_mean_ttft_ms": None, "meas_acceptance_length": None,
-        "err_output_throughput_pct": None, "err_mean_tpot_pct": None,
-        "err_acceptance_length_pct": None, "meas_output_throughput_spread_pct": None,
-        "level_output_throughput_sd_pct": 1.5, "calibration": calibration,
-        "per_position": "[0.7, 0.5]", "steps_per_request": 60.0,
-        # sampling error: none at temperature 0 (tuner.replay.sampling)
-        **dict.fromkeys(("acceptance_rate_pm", "acceptance_length_pm",
-                         "pred_output_throughput_pm", "pred_mean_tpot_ms_pm"))}
+    r = PredictedRow(
+        key=cfg.key(), label=cfg.label(), method=cfg.method,
+        speculative_config=json.dumps(spec, sort_keys=True) if spec else "",
+        concurrency=c, acceptance_rate=(acc - 1) / k if acc and k else None,
+        acceptance_length=acc, drafted_per_step=float(k), tokens_per_step=acc or 1.0,
+        uniform_share=0.5 if k else 1.0, alternate_stream_requests=0,
+        pred_output_throughput=thr, pred_mean_tpot_ms=_tpot(c, thr) if thr else None,
+        pred_mean_ttft_ms=50.0 if thr else None,
+        pred_speedup=thr / BASE[c] if thr else None, path=PATH if thr else None,
+        level_output_throughput_sd_pct=1.5, calibration=calibration,
+        per_position="[0.7, 0.5]", steps_per_request=60.0)
     if measured is not None:
         m_thr, m_acc = measured
-        r.update(measured_trials=3, meas_output_throughput=m_thr,
-                 meas_mean_tpot_ms=_tpot(c, m_thr), meas_mean_ttft_ms=45.0,
-                 meas_acceptance_length=m_acc, meas_output_throughput_spread_pct=spread)
+        r = dataclasses.replace(
+            r, measured_trials=3, meas_output_throughput=m_thr,
+            meas_mean_tpot_ms=_tpot(c, m_thr), meas_mean_ttft_ms=45.0,
+            meas_acceptance_length=m_acc, meas_output_throughput_spread_pct=spread)
         if thr:
-            r.update(err_output_throughput_pct=100 * (thr - m_thr) / m_thr,
-                     err_mean_tpot_pct=100 * (_tpot(c, thr) - _tpot(c, m_thr)) / _tpot(c, m_thr))
+            r = dataclasses.replace(
+                r, err_output_throughput_pct=100 * (thr - m_thr) / m_thr,
+                err_mean_tpot_pct=100 * (_tpot(c, thr) - _tpot(c, m_thr)) / _tpot(c, m_thr))
         if acc and spec:
-            r["err_acceptance_length_pct"] = 100 * (acc - m_acc) / m_acc
+            r = dataclasses.replace(r, err_acceptance_length_pct=100 * (acc - m_acc) / m_acc)
     return r
 
 
-def predicted_rows(*, priced: bool = True) -> list[dict[str, Any]]:
+def predicted_rows(*, priced: bool = True) -> list[PredictedRow]:
     """Baseline, the two measured configs (n-gram k=5 the calibration launch) and twelve
     n-gram configs never launched, at both levels of realistic_study. Unpriced: no step
     cost yet, so every pred_* is None (the baseline's own row keeps its measurement)."""
@@ -90,32 +88,33 @@ def predicted_rows(*, priced: bool = True) -> list[dict[str, Any]]:
             rows.append(row(ngram(k, lo, 6), c, thr=30.3 + 2.5 * i if c == 1 else 100.0 + 3 * i,
                             acc=1.5 + 0.2 * i))
     if not priced:
-        for r in rows:
-            if r["method"] != "none":
-                r.update(pred_output_throughput=None, pred_mean_tpot_ms=None,
-                         pred_mean_ttft_ms=None, pred_speedup=None, path=None,
-                         err_output_throughput_pct=None, err_mean_tpot_pct=None)
+        rows = [r if r.method == "none" else dataclasses.replace(
+            r, pred_output_throughput=None, pred_mean_tpot_ms=None, pred_mean_ttft_ms=None,
+            pred_speedup=None, path=None, err_output_throughput_pct=None,
+            err_mean_tpot_pct=None) for r in rows]
     return rows
 
 
 # --- predicted.csv ----------------------------------------------------------------------------
 def test_predictions_round_trip_through_predicted_csv(tmp_path):
     rows = predicted_rows()
-    rows[3]["pred_output_throughput"] = math.nan  # NaN and None both come back missing
+    # NaN and None both come back missing
+    rows[3] = dataclasses.replace(rows[3], pred_output_throughput=math.nan)
     path = write_predictions(rows, tmp_path / "study")
     assert path == tmp_path / "study" / "predicted.csv"
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     header = path.read_text().splitlines()[0].split(",")
     assert tuple(header[:len(PREDICTION_COLUMNS)]) == PREDICTION_COLUMNS
-    assert header[len(PREDICTION_COLUMNS):] == ["per_position", "steps_per_request"]
+    assert header[len(PREDICTION_COLUMNS):] == ["per_position", "steps_per_request", "path_cost",
+                                                "pred_speculation_gain", "ngram_path"]
 
     df = load_predictions(tmp_path / "study")
     assert df is not None and len(df) == len(rows)
     assert df["concurrency"].dtype.kind == "i" and df["measured_trials"].dtype.kind == "i"
-    assert df["calibration"].tolist() == [r["calibration"] for r in rows]
+    assert df["calibration"].tolist() == [r.calibration for r in rows]
     for got, want in zip(df.to_dict("records"), rows, strict=True):
         for col in PREDICTION_COLUMNS:
-            w, g = want[col], got[col]
+            w, g = getattr(want, col), got[col]
             if w is None or (isinstance(w, float) and math.isnan(w)):
                 assert g is None or (isinstance(g, float) and math.isnan(g)), (col, g)
             elif isinstance(w, float):
@@ -124,6 +123,18 @@ def test_predictions_round_trip_through_predicted_csv(tmp_path):
                 assert g == w, col
     assert df.loc[0, "speculative_config"] == ""  # the baseline's, not NaN
     assert json.loads(df.loc[1, "speculative_config"]) == ngram(5)
+    # read back as records: the same rows, a missing cell (NaN or None) as None
+    back = read_rows(df)
+    assert back[3].pred_output_throughput is None
+    for got_row, want in zip(back, rows, strict=True):
+        for f in dataclasses.fields(PredictedRow):
+            w, g = getattr(want, f.name), getattr(got_row, f.name)
+            if w is None or (isinstance(w, float) and math.isnan(w)):
+                assert g is None, f.name
+            elif isinstance(w, float):
+                assert g == pytest.approx(w), f.name
+            else:
+                assert g == w and type(g) is type(w), f.name
 
 
 def test_an_empty_prediction_still_writes_the_header(tmp_path):
@@ -140,10 +151,11 @@ def test_load_predictions_is_none_when_absent_or_unreadable(tmp_path, content):
 
 
 def test_a_column_left_out_by_another_writer_reads_as_missing(tmp_path):
-    pd.DataFrame(predicted_rows()).drop(columns=["path", "calibration"]).to_csv(
-        tmp_path / "predicted.csv", index=False)
+    pd.DataFrame([r.csv_row() for r in predicted_rows()]).drop(
+        columns=["path", "calibration"]).to_csv(tmp_path / "predicted.csv", index=False)
     df = load_predictions(tmp_path)
     assert df is not None and df["path"].isna().all() and not df["calibration"].any()
+    assert all(r.path is None and not r.calibration for r in read_rows(df))
 
 
 # --- the report and the Pareto plots ----------------------------------------------------------

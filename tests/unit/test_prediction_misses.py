@@ -11,15 +11,16 @@ import pytest
 from study_fakes import fake_settings
 
 from tuner.analysis import recommend
+from tuner.records.predictions import PredictedRow
 from tuner.records.results import PredictionMiss
 from tuner.replay.predict import ACCEPTANCE_ACCURACY_PCT, misses
 
 
-def _row(method: str, predicted: float, measured: float | None, c: int = 1) -> dict:
+def _row(method: str, predicted: float, measured: float | None, c: int = 1) -> PredictedRow:
     err = None if measured is None else 100.0 * (predicted - measured) / measured
-    return {"key": f"{method}-{predicted}", "label": f"{method} k=5", "method": method,
-            "concurrency": c, "acceptance_length": predicted,
-            "meas_acceptance_length": measured, "err_acceptance_length_pct": err}
+    return PredictedRow(key=f"{method}-{predicted}", label=f"{method} k=5", method=method,
+                        concurrency=c, acceptance_length=predicted,
+                        meas_acceptance_length=measured, err_acceptance_length_pct=err)
 
 
 def test_a_miss_beyond_the_stated_accuracy_is_found_per_method():

@@ -79,7 +79,7 @@ def _predict(engine: str, recorded: str | None):
 
 
 def _small(pred) -> list[dict]:
-    return [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    return [r for r in pred.rows if r.label == TrialConfig(speculative_config=SMALL).label()]
 
 
 def test_a_v2_engine_is_predicted_on_v2_drafts_k_every_step_and_out_of_sample_exactly():
@@ -88,35 +88,35 @@ def test_a_v2_engine_is_predicted_on_v2_drafts_k_every_step_and_out_of_sample_ex
     for c in (1, 2):
         assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
     for r in _small(pred):
-        assert r["ngram_path"] == "V2"
-        assert r["drafted_per_step"] == pytest.approx(3.0)  # the cost side: K every step
-        assert r["uniform_share"] == pytest.approx(1.0)
-        assert r["err_acceptance_length_pct"] == pytest.approx(0.0, abs=1e-9)
-        assert r["err_output_throughput_pct"] == pytest.approx(0.0, abs=0.5)
-    assert next(r for r in pred.rows if r["method"] == "none")["ngram_path"] is None
+        assert r.ngram_path == "V2"
+        assert r.drafted_per_step == pytest.approx(3.0)  # the cost side: K every step
+        assert r.uniform_share == pytest.approx(1.0)
+        assert r.err_acceptance_length_pct == pytest.approx(0.0, abs=1e-9)
+        assert r.err_output_throughput_pct == pytest.approx(0.0, abs=0.5)
+    assert next(r for r in pred.rows if r.method == "none").ngram_path is None
 
 
 def test_a_v2_engine_replayed_as_v1_misses_what_it_drafts():
     """The path matters: V1's drafts of the same tokens are fewer, and their acceptance
     length differs from what the V2 engine measured."""
     v1 = _small(_predict("V2", "V1"))
-    assert all(r["drafted_per_step"] < 3.0 for r in v1)
-    assert any(abs(r["err_acceptance_length_pct"]) > 1.0 for r in v1)
+    assert all(r.drafted_per_step < 3.0 for r in v1)
+    assert any(abs(r.err_acceptance_length_pct) > 1.0 for r in v1)
 
 
 def test_no_recorded_path_replays_v1_and_every_ngram_row_says_unknown():
     unknown, known = _predict("V1", None), _predict("V1", "V1")
     assert unknown.ngram_path is None and known.ngram_path == "V1"
     for a, b in zip(unknown.rows, known.rows, strict=True):
-        assert a["ngram_path"] == (ngram_v2.UNKNOWN if a["method"] == "ngram" else None)
-        assert b["ngram_path"] == ("V1" if b["method"] == "ngram" else None)
+        assert a.ngram_path == (ngram_v2.UNKNOWN if a.method == "ngram" else None)
+        assert b.ngram_path == ("V1" if b.method == "ngram" else None)
         # ... and the figures are V1's, as every replay before V2 was modeled.
-        for key in ("acceptance_length", "drafted_per_step", "pred_output_throughput"):
-            assert a[key] == b[key], key
+        assert (a.acceptance_length, a.drafted_per_step, a.pred_output_throughput) == \
+            (b.acceptance_length, b.drafted_per_step, b.pred_output_throughput)
     note = ngram_path_note(unknown.rows)
     assert note is not None and "may not be the engine's" in note and "V1" in note
     assert "V2" in ngram_path_note(_predict("V2", "V2").rows)
-    assert ngram_path_note([r for r in known.rows if r["method"] == "none"]) is None
+    assert ngram_path_note([r for r in known.rows if r.method == "none"]) is None
 
 
 def test_launches_that_disagree_on_the_path_leave_it_unknown():

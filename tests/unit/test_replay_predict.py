@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tuner.records.configs import TrialConfig
+from tuner.records.predictions import PredictedRow
 from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, cost, schedule
 from tuner.replay.predict import MeasuredTrial, predict
@@ -132,16 +133,16 @@ def test_predictions_recover_a_known_step_cost_out_of_sample():
         assert pred.costs[c].a == pytest.approx(A_MS[c], rel=1e-3)
         assert pred.costs[c].prefill.ms_per_token == pytest.approx(PREFILL.ms_per_token, rel=0.05)
         assert pred.costs[c].prefill.overhead_ms == pytest.approx(PREFILL.overhead_ms, rel=0.05)
-    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    small = [r for r in pred.rows if r.label == TrialConfig(speculative_config=SMALL).label()]
     for r in small:  # not a calibration point, yet predicted exactly: the model is the engine
-        assert not r["calibration"]
-        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=0.5)
-        assert r["err_output_throughput_pct"] == pytest.approx(0.0, abs=0.5)
-        assert r["pred_mean_ttft_ms"] == pytest.approx(r["meas_mean_ttft_ms"], rel=0.02)
-        assert r["err_acceptance_length_pct"] == pytest.approx(0.0, abs=1e-9)
-        assert r["pred_speedup"] > 1.0  # copied spans: speculation pays on this engine
+        assert not r.calibration
+        assert r.err_mean_tpot_pct == pytest.approx(0.0, abs=0.5)
+        assert r.err_output_throughput_pct == pytest.approx(0.0, abs=0.5)
+        assert r.pred_mean_ttft_ms == pytest.approx(r.meas_mean_ttft_ms, rel=0.02)
+        assert r.err_acceptance_length_pct == pytest.approx(0.0, abs=1e-9)
+        assert r.pred_speedup > 1.0  # copied spans: speculation pays on this engine
     best = pred.leaders(1, 1)[0]
-    assert best["method"] == "ngram"
+    assert best.method == "ngram"
 
 
 def test_each_error_has_the_measured_spread_between_launches_beside_it():
@@ -158,11 +159,11 @@ def test_each_error_has_the_measured_spread_between_launches_beside_it():
                    measured, max_model_len=4096, max_num_seqs=16)
     sd = 100 * abs(math.log(1.04)) / math.sqrt(2)  # two launches: |log ratio| / sqrt(2)
     for r in pred.rows:
-        assert r["level_output_throughput_sd_pct"] == pytest.approx(sd)
-        if r["method"] == "none":
-            assert r["meas_output_throughput_spread_pct"] == pytest.approx(100 * 0.04 / 2.04)
+        assert r.level_output_throughput_sd_pct == pytest.approx(sd)
+        if r.method == "none":
+            assert r.meas_output_throughput_spread_pct == pytest.approx(100 * 0.04 / 2.04)
         else:  # launched once: no spread of its own
-            assert r["meas_output_throughput_spread_pct"] is None
+            assert r.meas_output_throughput_spread_pct is None
 
 
 def test_the_fit_reads_decode_time_per_token_not_mean_tpot():
@@ -195,8 +196,8 @@ def test_a_table_extended_with_more_configs_equals_one_predicted_at_once():
     assert parts.configs == whole.configs == 2
 
     def table(pred):
-        return sorted((r["key"], r["concurrency"], r["pred_output_throughput"],
-                       r["pred_mean_tpot_ms"]) for r in pred.rows)
+        return sorted((r.key, r.concurrency, r.pred_output_throughput,
+                       r.pred_mean_tpot_ms) for r in pred.rows)
 
     assert table(parts) == table(whole)
 
@@ -242,12 +243,12 @@ def test_split_cuda_graphs_price_non_uniform_steps_out_of_sample():
         assert pred.costs[c].mixed_fitted
         assert pred.costs[c].m == pytest.approx(6.0, rel=1e-3)
         assert pred.costs[c].b == pytest.approx(B_MS[c], rel=1e-3)
-    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
-    assert small and all(not r["calibration"] for r in small)
-    assert all(0.0 < r["uniform_share"] < 1.0 for r in small)
+    small = [r for r in pred.rows if r.label == TrialConfig(speculative_config=SMALL).label()]
+    assert small and all(not r.calibration for r in small)
+    assert all(0.0 < r.uniform_share < 1.0 for r in small)
     for r in small:
-        assert r["err_mean_tpot_pct"] == pytest.approx(0.0, abs=0.5)
-        assert r["err_output_throughput_pct"] == pytest.approx(0.0, abs=0.5)
+        assert r.err_mean_tpot_pct == pytest.approx(0.0, abs=0.5)
+        assert r.err_output_throughput_pct == pytest.approx(0.0, abs=0.5)
 
 
 def test_without_a_speculative_trial_only_acceptance_is_predicted():
@@ -255,9 +256,9 @@ def test_without_a_speculative_trial_only_acceptance_is_predicted():
     pred = predict(cap, [TrialConfig(speculative_config=NG)],
                    [_synthetic_trial(0, cap, None, "baseline")], max_model_len=4096,
                    max_num_seqs=16)
-    rows = [r for r in pred.rows if r["method"] == "ngram"]
-    assert rows and all(r["pred_output_throughput"] is None for r in rows)
-    assert all(r["acceptance_length"] > 1 for r in rows)
+    rows = [r for r in pred.rows if r.method == "ngram"]
+    assert rows and all(r.pred_output_throughput is None for r in rows)
+    assert all(r.acceptance_length > 1 for r in rows)
     assert not any(c.calibrated for c in pred.costs.values())
     assert pred.leaders(1, 3) == []
 
@@ -281,11 +282,12 @@ def test_spaces_that_replay_cannot_predict_say_why():
 
 
 def test_leaders_to_confirm_take_the_best_of_each_method_first():
-    ranked = [{"method": "suffix", "key": "s1"}, {"method": "suffix", "key": "s2"},
-              {"method": "ngram", "key": "n1"}, {"method": "ngram", "key": "n2"}]
-    assert [r["key"] for r in replay_strategy._diverse(ranked, 2)] == ["s1", "n1"]
-    assert [r["key"] for r in replay_strategy._diverse(ranked, 3)] == ["s1", "s2", "n1"]
-    assert [r["key"] for r in replay_strategy._diverse(ranked[:2], 2)] == ["s1", "s2"]
+    ranked = [PredictedRow(key=key, label=key, method=method, concurrency=1)
+              for method, key in (("suffix", "s1"), ("suffix", "s2"), ("ngram", "n1"),
+                                  ("ngram", "n2"))]
+    assert [r.key for r in replay_strategy._diverse(ranked, 2)] == ["s1", "n1"]
+    assert [r.key for r in replay_strategy._diverse(ranked, 3)] == ["s1", "s2", "n1"]
+    assert [r.key for r in replay_strategy._diverse(ranked[:2], 2)] == ["s1", "s2"]
 
 
 def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_gain():
@@ -302,20 +304,20 @@ def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_ga
     for c in (1, 2):
         assert pred.costs[c].path == cost.PATH_ALIGNED
         assert pred.costs[c].a == pytest.approx(A_MS[c] + 3.0, rel=1e-3)
-    small = [r for r in pred.rows if r["label"] == TrialConfig(speculative_config=SMALL).label()]
+    small = [r for r in pred.rows if r.label == TrialConfig(speculative_config=SMALL).label()]
     for r in small:
-        c = r["concurrency"]
+        c = r.concurrency
         path_cost = aligned.levels[c].output_throughput / plain.levels[c].output_throughput
-        assert r["path_cost"] == pytest.approx(path_cost) and r["path_cost"] < 1.0
-        assert r["path_cost"] * r["pred_speculation_gain"] == pytest.approx(r["pred_speedup"])
-        measured_gain = r["meas_output_throughput"] / aligned.levels[c].output_throughput
-        assert r["pred_speculation_gain"] == pytest.approx(measured_gain, rel=0.05)
-    base_rows = [r for r in pred.rows if r["method"] == "none"]
-    assert base_rows and all(r["path_cost"] is None for r in base_rows)
+        assert r.path_cost == pytest.approx(path_cost) and r.path_cost < 1.0
+        assert r.path_cost * r.pred_speculation_gain == pytest.approx(r.pred_speedup)
+        measured_gain = r.meas_output_throughput / aligned.levels[c].output_throughput
+        assert r.pred_speculation_gain == pytest.approx(measured_gain, rel=0.05)
+    base_rows = [r for r in pred.rows if r.method == "none"]
+    assert base_rows and all(r.path_cost is None for r in base_rows)
 
     without = predict(cap, [TrialConfig(speculative_config=SMALL)], [plain, measured[2]],
                       max_model_len=4096, max_num_seqs=16)
-    assert all(r["path_cost"] is None and r["pred_speculation_gain"] is None
+    assert all(r.path_cost is None and r.pred_speculation_gain is None
                for r in without.rows)
     assert all(c.path == cost.PATH_PLAIN for c in without.costs.values())
 

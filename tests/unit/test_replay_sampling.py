@@ -5,6 +5,7 @@ once, noted, and kept for the recommendation of its level."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from study_fakes import fake_settings
 
 from tuner.records.configs import EngineSpec, TrialConfig
+from tuner.records.predictions import PredictedRow
 from tuner.replay import sampling
 from tuner.replay.predict import Prediction, predict
 from tuner.search import replay_strategy
@@ -41,18 +43,18 @@ def test_rows_carry_their_sampling_error_only_where_the_baseline_sampled():
     greedy = predict(cap, configs, [], max_model_len=None, max_num_seqs=16)
     hot = predict(cap, configs, [], max_model_len=None, max_num_seqs=16, temperature=0.8)
     assert hot.temperature == 0.8 and greedy.temperature == 0.0
-    for row in greedy.rows + [r for r in hot.rows if r["method"] == "none"]:
-        assert all(row[c] is None for c in sampling.PM_COLUMNS)
-    (spec,) = [r for r in hot.rows if r["method"] == "ngram"]
-    assert 0 < spec["acceptance_length_pm"] < spec["acceptance_length"] - 1
-    assert 0 < spec["acceptance_rate_pm"] < 1
-    assert spec["pred_output_throughput_pm"] is None  # nothing calibrates the step cost
+    for row in greedy.rows + [r for r in hot.rows if r.method == "none"]:
+        assert all(getattr(row, c) is None for c in sampling.PM_COLUMNS)
+    (spec,) = [r for r in hot.rows if r.method == "ngram"]
+    assert 0 < spec.acceptance_length_pm < spec.acceptance_length - 1
+    assert 0 < spec.acceptance_rate_pm < 1
+    assert spec.pred_output_throughput_pm is None  # nothing calibrates the step cost
 
 
-def _row(label: str, thr: float, pm: float | None, method: str = "ngram") -> dict:
-    return {"key": label, "label": label, "method": method, "concurrency": 4,
-            "speculative_config": "{}", "pred_output_throughput": thr,
-            "pred_output_throughput_pm": pm, "pred_speedup": thr / 100}
+def _row(label: str, thr: float, pm: float | None, method: str = "ngram") -> PredictedRow:
+    return PredictedRow(key=label, label=label, method=method, concurrency=4,
+                        speculative_config="{}", pred_output_throughput=thr,
+                        pred_output_throughput_pm=pm, pred_speedup=thr / 100)
 
 
 def _search(study=None) -> types.SimpleNamespace:
@@ -62,7 +64,7 @@ def _search(study=None) -> types.SimpleNamespace:
         leaders=2, study=study, said=said, notes=notes, details=detail, say=said.append,
         note=lambda *a: notes.append(a), detail=detail.append,
         _config_of=lambda r: TrialConfig(speculative_config={**NG, "num_speculative_tokens":
-                                                             int(r["label"][1:])}),
+                                                             int(r.label[1:])}),
         _vllm_version=lambda _key: "0.32.0")
 
 
@@ -78,7 +80,8 @@ def test_leaders_the_replay_cannot_order_are_said_and_at_temperature_0_nothing_c
     (tied,) = search.details
     assert tied.startswith("At temperature 0.8, 2 configs' 90% throughput intervals overlap "
                            "the best's (k3)") and "launched among them: k4;" in tied
-    greedy = Prediction(rows=[{**r, "pred_output_throughput_pm": None} for r in rows],
+    greedy = Prediction(rows=[dataclasses.replace(r, pred_output_throughput_pm=None)
+                              for r in rows],
                         costs={}, seconds=0.0, configs=4)
     search = _search()
     replay_strategy.ReplaySearch._pick_leaders(search, greedy)
@@ -91,12 +94,13 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
 
     study = optuna.create_study()
     st.store_settings(study, fake_settings(workload="sharegpt"))
-    row = {**_row("k3", 120.0, 4.0), "acceptance_length": 1.43, "acceptance_length_pm": 0.05,
-           "meas_acceptance_length": 1.0}
+    row = dataclasses.replace(_row("k3", 120.0, 4.0), acceptance_length=1.43,
+                              acceptance_length_pm=0.05, meas_acceptance_length=1.0)
     search = _search(study)
     check = replay_strategy.ReplaySearch._check_sampling
     check(search, Prediction(rows=[row], costs={}, seconds=0.0, configs=1, temperature=0.8))
-    check(search, Prediction(rows=[{**row, "concurrency": 1}, row], costs={}, seconds=0.0,
+    check(search, Prediction(rows=[dataclasses.replace(row, concurrency=1), row], costs={},
+                             seconds=0.0,
                              configs=1, temperature=0.8))
     (line,) = search.said
     assert line.startswith("vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step (k3, c=4) "
@@ -115,15 +119,16 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
 def test_the_tables_show_each_half_width_and_say_what_it_is(tmp_path):
     from tuner.outputs import console, predictions
 
-    rows = [{**_row(f"k{k}", 100.0 + k, 2.5), "acceptance_length": 1.5, "acceptance_rate": 0.2,
-             "acceptance_length_pm": 0.04, "acceptance_rate_pm": 0.01,
-             "pred_mean_tpot_ms": 20.0, "pred_mean_tpot_ms_pm": 0.5, "measured_trials": 0,
-             "calibration": False} for k in (3, 4)]
+    rows = [dataclasses.replace(
+        _row(f"k{k}", 100.0 + k, 2.5), acceptance_length=1.5, acceptance_rate=0.2,
+        acceptance_length_pm=0.04, acceptance_rate_pm=0.01, pred_mean_tpot_ms=20.0,
+        pred_mean_tpot_ms_pm=0.5, measured_trials=0, calibration=False) for k in (3, 4)]
     table = console.predict_table(rows)
     assert "1.50 \u00b10.04" in table and "104.0 \u00b12.5" in table and "20.0 \u00b10.5" in table
     assert table.endswith(console.SAMPLED_NOTE)
     predictions.write_predictions(rows, tmp_path)
     intro, tables = predictions.prediction_tables(predictions.load_predictions(tmp_path))
     assert console.SAMPLED_NOTE in intro and tables[0][2][0][1] == "1.50 \u00b10.04"
-    plain = [{**r, **dict.fromkeys(sampling.PM_COLUMNS)} for r in rows]
+    plain = [sampling.with_half_widths(r, None) for r in rows]
+    assert all(getattr(r, c) is None for r in plain for c in sampling.PM_COLUMNS)
     assert "\u00b1" not in console.predict_table(plain)

@@ -93,16 +93,16 @@ def test_predict_replays_each_config_over_the_stream_it_follows():
                 _synthetic_trial(1, alt_cap, HEAVY, "calibration")]
     configs = [TrialConfig(speculative_config=HEAVY), TrialConfig(speculative_config=NEVER)]
     pred = predict(base, configs, measured, max_model_len=4096, max_num_seqs=16)
-    rows = {(r["label"], r["concurrency"]): r for r in pred.rows}
+    rows = {(r.label, r.concurrency): r for r in pred.rows}
     heavy = rows[(configs[0].label(), 1)]
     own = replay_spec(alt_cap, HEAVY)[1]
     # the calibration config follows its own stream: its predicted acceptance is its own
-    assert heavy["alternate_stream_requests"] == 1
-    assert heavy["acceptance_length"] == pytest.approx(own.acceptance_length)
-    assert heavy["acceptance_length"] < replay_spec(base, HEAVY)[1].acceptance_length
-    assert rows[(configs[1].label(), 1)]["alternate_stream_requests"] == 0
+    assert heavy.alternate_stream_requests == 1
+    assert heavy.acceptance_length == pytest.approx(own.acceptance_length)
+    assert heavy.acceptance_length < replay_spec(base, HEAVY)[1].acceptance_length
+    assert rows[(configs[1].label(), 1)].alternate_stream_requests == 0
     assert "1 of 6 measured requests part" in pred.streams
     # without a speculative launch's tokens there is nothing to follow
     alone = predict(base, configs, measured[:1], max_model_len=4096, max_num_seqs=16)
     assert alone.streams == ""
-    assert all(r["alternate_stream_requests"] == 0 for r in alone.rows)
+    assert all(r.alternate_stream_requests == 0 for r in alone.rows)

@@ -13,11 +13,13 @@ covers another run, and the truth, at about the stated 90%.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from tuner.records.predictions import PredictedFigure, PredictedRow
 from tuner.replay import sampling
 from tuner.replay.acceptance import Acceptance
 
@@ -162,13 +164,13 @@ def test_a_sampler_that_accepts_the_argmax_greedily_is_told_apart(runs):
     assert "vLLM #55005" in line and line.endswith("reflect this build, not the method.")
 
 
-def _row(acc: Acceptance, *, measured: float | None = None) -> dict:
-    row = {"label": "ngram k3", "concurrency": 1, "speculative_config": '{"method":"ngram"}',
-           "acceptance_length": acc.acceptance_length, "acceptance_rate": acc.acceptance_rate,
-           "pred_output_throughput": 100.0, "pred_mean_tpot_ms": 20.0,
-           "meas_acceptance_length": measured}
-    row.update(sampling.columns(row, acc, temperature=0.8))
-    return row
+def _row(acc: Acceptance, *, measured: float | None = None) -> PredictedRow:
+    row = PredictedRow(key="k3", label="ngram k3", method="ngram", concurrency=1,
+                       speculative_config='{"method":"ngram"}',
+                       acceptance_length=acc.acceptance_length,
+                       acceptance_rate=acc.acceptance_rate, pred_output_throughput=100.0,
+                       pred_mean_tpot_ms=20.0, meas_acceptance_length=measured)
+    return sampling.with_spread(row, acc, temperature=0.8)
 
 
 # --- the bootstrap half-width ---------------------------------------------------------------
@@ -208,16 +210,21 @@ def test_the_half_width_covers_another_run_and_the_truth_at_about_90_percent():
 
 def test_no_half_width_at_temperature_0_nor_for_the_baseline():
     acc = _synthetic(np.random.default_rng(5), 30)
-    row = {"speculative_config": '{"method":"ngram"}', "pred_output_throughput": 100.0,
-           "pred_mean_tpot_ms": 20.0}
-    assert sampling.columns(row, acc, temperature=0.0) == dict.fromkeys(sampling.PM_COLUMNS)
-    assert sampling.columns({**row, "speculative_config": ""}, acc, temperature=0.8) == \
-        dict.fromkeys(sampling.PM_COLUMNS)
-    sampled = sampling.columns(row, acc, temperature=0.8)
-    assert all(v is not None and v > 0 for v in sampled.values())
+    row = PredictedRow(key="k", label="k", method="ngram", concurrency=1,
+                       speculative_config='{"method":"ngram"}', pred_output_throughput=100.0,
+                       pred_mean_tpot_ms=20.0)
+
+    def half_widths(r: PredictedRow) -> list[float | None]:
+        return [getattr(r, c) for c in sampling.PM_COLUMNS]
+
+    assert half_widths(sampling.with_spread(row, acc, temperature=0.0)) == [None] * 4
+    assert half_widths(sampling.with_spread(dataclasses.replace(row, speculative_config=""),
+                                            acc, temperature=0.8)) == [None] * 4
+    sampled = sampling.with_spread(row, acc, temperature=0.8)
+    assert all(v is not None and v > 0 for v in half_widths(sampled))
     # throughput and TPOT carry the same relative half-width (tokens per step)
-    assert sampled["pred_output_throughput_pm"] / 100.0 == \
-        pytest.approx(sampled["pred_mean_tpot_ms_pm"] / 20.0)
+    assert sampled.pred_output_throughput_pm / 100.0 == \
+        pytest.approx(sampled.pred_mean_tpot_ms_pm / 20.0)
     assert sampling.spread(_synthetic(np.random.default_rng(5), 1)) is None
 
 
@@ -229,11 +236,14 @@ def test_the_same_resamples_give_the_same_half_width_and_more_requests_a_narrowe
 
 
 def test_leaders_within_the_best_interval_are_told():
-    best = {"pred_output_throughput": 100.0, "pred_output_throughput_pm": 3.0}
-    assert sampling.within({"pred_output_throughput": 95.0, "pred_output_throughput_pm": 2.5},
-                           best)
-    assert not sampling.within({"pred_output_throughput": 90.0,
-                                "pred_output_throughput_pm": 2.0}, best)
+    def row(thr: float, pm: float | None) -> PredictedRow:
+        return PredictedRow(key="k", label="k", method="ngram", concurrency=1,
+                            pred_output_throughput=thr, pred_output_throughput_pm=pm)
+
+    best = row(100.0, 3.0)
+    assert sampling.within(row(95.0, 2.5), best)
+    assert not sampling.within(row(90.0, 2.0), best)
     # at temperature 0 there is no interval: nothing is tied
-    assert not sampling.within({"pred_output_throughput": 99.9,
-                                "pred_output_throughput_pm": None}, best)
+    assert not sampling.within(row(99.9, None), best)
+    # by TPOT: the TPOT's own half-widths (none here)
+    assert not sampling.within(row(95.0, 2.5), best, PredictedFigure.MEAN_TPOT)

@@ -7,6 +7,7 @@ import json
 import types
 
 from tuner.records.configs import TrialConfig
+from tuner.records.predictions import PredictedRow
 from tuner.replay.predict import Prediction
 from tuner.search import replay_strategy
 from tuner.search import space as spaces
@@ -62,9 +63,9 @@ def _fake_predictor(peak: dict):
         rows = []
         for cfg in configs:
             dist = sum(abs(_knobs(cfg)[k] - peak[k]) / s for k, s in steps.items())
-            rows.append({"key": cfg.key(), "concurrency": 1, "method": cfg.method,
-                         "pred_output_throughput": 100.0 - dist,
-                         "speculative_config": json.dumps(cfg.speculative_config)})
+            rows.append(PredictedRow(key=cfg.key(), label=cfg.label(), concurrency=1,
+                                     method=cfg.method, pred_output_throughput=100.0 - dist,
+                                     speculative_config=json.dumps(cfg.speculative_config)))
         costs = {1: types.SimpleNamespace(calibrated=True)}
         return Prediction(rows=rows, costs=costs, seconds=0.0, configs=len(configs))
 
@@ -79,7 +80,7 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
     run, calls = _fake_predictor(peak)
     configs, pred, added = replay_strategy.refine(sp, start, run(start), run)
     best = pred.leaders(1, 1)[0]
-    assert json.loads(best["speculative_config"]) == {"method": "suffix", **peak}
+    assert json.loads(best.speculative_config) == {"method": "suffix", **peak}
     assert added == len(configs) - len(start) > 0
     assert len({c.key() for c in configs}) == len(configs)  # nothing replayed twice
     assert len(calls) - 1 <= replay_strategy.REFINE_ROUNDS
@@ -125,8 +126,9 @@ def test_the_policy_curves_replay_at_the_studys_temperature(monkeypatch, tmp_pat
 
     def fake_predict(capture, configs, measured, **kw):
         seen.update(kw)
-        return Prediction(rows=[{"key": configs[0].key(), "concurrency": 1,
-                                 "pred_speedup": 1.2}], costs={}, seconds=0.0, configs=1)
+        return Prediction(rows=[PredictedRow(key=configs[0].key(), label="", method="ngram",
+                                             concurrency=1, pred_speedup=1.2)],
+                          costs={}, seconds=0.0, configs=1)
 
     monkeypatch.setattr(replay_strategy, "predict", fake_predict)
     monkeypatch.setattr(replay_strategy, "_ladder_measured", lambda runs, d: ([], object()))

@@ -293,20 +293,21 @@ def test_predict_rows_per_level_and_configs_it_cannot_replay(tmp_path, stored):
                                             "num_speculative_tokens": 3})
     pred = traffic.predict(t, [ngram, sched, eagle], levels=[1, 4], max_model_len=None,
                            max_num_seqs=8)
-    rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
+    rows = {(r.key, r.concurrency): r for r in pred.rows}
     assert len(pred.rows) == 2 * 3 and pred.configs == 2
     assert any("eagle is not replayable" in s for s in pred.skipped)
     want = acceptance.replay(stored, ngram)[1]
-    assert rows[(ngram.key(), 4)]["acceptance_length"] == pytest.approx(want.acceptance_length)
+    assert rows[(ngram.key(), 4)].acceptance_length == pytest.approx(want.acceptance_length)
     # the schedule turns speculation off at 4 requests in flight: replayed as a closed loop
-    assert rows[(sched.key(), 1)]["acceptance_length"] == pytest.approx(want.acceptance_length)
-    assert rows[(sched.key(), 4)]["num_draft_tokens"] < rows[(ngram.key(), 4)]["num_draft_tokens"]
-    assert rows[(TrialConfig().key(), 1)]["drafted_per_step"] == 0.0
+    assert rows[(sched.key(), 1)].acceptance_length == pytest.approx(want.acceptance_length)
+    assert rows[(sched.key(), 4)].num_draft_tokens < rows[(ngram.key(), 4)].num_draft_tokens
+    assert rows[(TrialConfig().key(), 1)].drafted_per_step == 0.0
     text = traffic_out.table(pred.rows, top=5, levels=[1, 4])
     assert "Concurrency 4: 2 configs replayed; top 2 by acceptance length" in text
     assert "pred tok/s" not in text
     paths = traffic_out.write(pred.rows, {"traffic": "x"}, tmp_path / "out")
-    assert json.loads(paths["json"].read_text())["rows"][0]["concurrency"] == 1
+    doc = json.loads(paths["json"].read_text())
+    assert doc["rows"][0]["concurrency"] == 1 and tuple(doc["rows"][0]) == traffic_out.COLUMNS
 
 
 def test_the_played_sample_spreads_over_the_file():
@@ -354,28 +355,27 @@ def test_traffic_rows_carry_the_half_widths_tuner_predict_gives_a_sampled_baseli
     t = _traffic(stored, tmp_path, sampled=3)  # the rest say no temperature: computed anyway
     pred = traffic.predict(t, [ngram, sched], levels=[1, 4], max_model_len=None,
                            max_num_seqs=8)
-    rows = {(r["key"], r["concurrency"]): r for r in pred.rows}
+    rows = {(r.key, r.concurrency): r for r in pred.rows}
     for cfg in (ngram, sched):  # the sweep's path and the replay's
         for c in (1, 4):
             acc = acceptance.replay(t.capture(c), cfg, max_num_seqs=8,
                                     levels=[c])[c]
             row = rows[(cfg.key(), c)]
-            assert {k: row[k] for k in sampling.PM_COLUMNS} == sampling.columns(
-                row, acc, temperature=0.8)
-            assert row["acceptance_rate_pm"] is not None
-            assert row["pred_output_throughput_pm"] is None  # not priced
-    assert 0 < rows[(ngram.key(), 4)]["acceptance_length_pm"] < 1
-    assert all(rows[(TrialConfig().key(), c)][k] is None for c in (1, 4)
+            assert row == sampling.with_spread(row, acc, temperature=0.8)
+            assert row.acceptance_rate_pm is not None
+            assert row.pred_output_throughput_pm is None  # not priced
+    assert 0 < rows[(ngram.key(), 4)].acceptance_length_pm < 1
+    assert all(getattr(rows[(TrialConfig().key(), c)], k) is None for c in (1, 4)
                for k in sampling.PM_COLUMNS)
     assert "Each ± is the half-width of a 90% interval" in " ".join(pred.notes())
     text = traffic_out.table(pred.rows, top=5, levels=[1, 4])
-    assert f"{rows[(ngram.key(), 1)]['acceptance_length']:.2f} ±" in text
+    assert f"{rows[(ngram.key(), 1)].acceptance_length:.2f} ±" in text
     frame = pd.read_csv(traffic_out.write(pred.rows, {}, tmp_path / "out")["csv"])
     assert frame["acceptance_rate_pm"].notna().sum() == 4
 
     greedy = traffic.predict(_traffic(stored, tmp_path, greedy=len(t)), [ngram, sched],
                              levels=[1], max_model_len=None, max_num_seqs=8)
-    assert all(r[k] is None for r in greedy.rows for k in sampling.PM_COLUMNS)
+    assert all(getattr(r, k) is None for r in greedy.rows for k in sampling.PM_COLUMNS)
     assert "Every request says temperature 0" in " ".join(greedy.notes())
     assert "±" not in traffic_out.table(greedy.rows, top=5, levels=[1])
 

@@ -11,7 +11,7 @@ import json
 import math
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tuner.outputs import verdicts
@@ -26,6 +26,7 @@ from tuner.outputs.text import (
     with_pm,
 )
 from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
+from tuner.records.predictions import PredictedRow, Row
 from tuner.records.results import BenchResult, Recommendation
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
@@ -276,52 +277,52 @@ SAMPLED_NOTE = ("The baseline sampled (temperature > 0): each \u00b1 is the half
                 "tokens per step.")
 
 
-def ranked_predictions(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The speculative predicted rows, best first: by predicted throughput, then (for rows
-    the step cost cannot price yet) by acceptance length; unknown figures last."""
-    def rank(r: dict[str, Any]) -> tuple:
-        thr, acc = _finite(r.get("pred_output_throughput")), _finite(r.get("acceptance_length"))
-        return (thr is None, -(thr or 0.0), acc is None, -(acc or 0.0), str(r.get("label")))
+def ranked_predictions(rows: Iterable[Row]) -> list[Row]:
+    """The speculative predicted rows (tuner.replay.predict's or a traffic's), best first:
+    by predicted throughput, then (for rows the step cost cannot price yet) by acceptance
+    length; unknown figures last."""
+    def rank(r: Row) -> tuple:
+        thr, acc = _finite(r.pred_output_throughput), _finite(r.acceptance_length)
+        return (thr is None, -(thr or 0.0), acc is None, -(acc or 0.0), str(r.label))
 
-    return sorted((r for r in rows if r.get("method") != "none"), key=rank)
+    return sorted((r for r in rows if r.method != "none"), key=rank)
 
 
-def predict_table(rows: list[dict[str, Any]], *, top: int = 10,
+def predict_table(rows: Sequence[PredictedRow], *, top: int = 10,
                   levels: list[int] | None = None) -> str:
     """The replay's predicted table, a block per level: the baseline, then the `top` configs
     by predicted throughput, with measured throughput and the prediction's error where the
     study measured the config. Rows are those of tuner.replay.predict (or predicted.csv)."""
     if not rows:
         return "Nothing predicted: the study needs a baseline with captured tokens."
-    present = sorted({int(c) for r in rows if (c := _finite(r.get("concurrency"))) is not None})
+    present = sorted({r.concurrency for r in rows})
     head = ["config", "acc len", "pred tok/s", "pred TPOT ms", "pred TTFT ms", "speedup",
             "meas tok/s", "err", "spread"]
     blocks, in_sample, sampled, any_measured = [], False, False, False
     for c in levels or present:
-        at = [r for r in rows if _finite(r.get("concurrency")) == c]
+        at = [r for r in rows if r.concurrency == c]
         spec = ranked_predictions(at)
         if not at:
             blocks.append(f"Concurrency {c}: nothing predicted at this level.")
             continue
-        priced = any(_finite(r.get("pred_output_throughput")) is not None for r in spec)
+        priced = any(_finite(r.pred_output_throughput) is not None for r in spec)
         order = "predicted throughput" if priced else (
             "acceptance length (no speculative launch calibrates the step cost yet)")
         table = []
-        for r in [r for r in at if r.get("method") == "none"][:1] + spec[:max(top, 0)]:
-            measured = (_finite(r.get("measured_trials")) or 0) > 0
+        for r in [r for r in at if r.method == "none"][:1] + spec[:max(top, 0)]:
+            measured = r.measured_trials > 0
             any_measured |= measured
-            in_sample |= bool(r.get("calibration")) and r.get("method") != "none"
-            sampled |= _finite(r.get("acceptance_length_pm")) is not None
+            in_sample |= r.calibration and r.method != "none"
+            sampled |= _finite(r.acceptance_length_pm) is not None
             table.append([
-                str(r.get("label")) + (" *" if r.get("calibration") and
-                                       r.get("method") != "none" else ""),
-                with_pm(r.get("acceptance_length"), r.get("acceptance_length_pm"), "{:.2f}"),
-                with_pm(r.get("pred_output_throughput"), r.get("pred_output_throughput_pm")),
-                with_pm(r.get("pred_mean_tpot_ms"), r.get("pred_mean_tpot_ms_pm")),
-                num(r.get("pred_mean_ttft_ms"), "{:.0f}"),
-                times(r.get("pred_speedup")),
-                num(r.get("meas_output_throughput")) if measured else "",
-                signed_pct(r.get("err_output_throughput_pct")) if measured else "",
+                r.label + (" *" if r.calibration and r.method != "none" else ""),
+                with_pm(r.acceptance_length, r.acceptance_length_pm, "{:.2f}"),
+                with_pm(r.pred_output_throughput, r.pred_output_throughput_pm),
+                with_pm(r.pred_mean_tpot_ms, r.pred_mean_tpot_ms_pm),
+                num(r.pred_mean_ttft_ms, "{:.0f}"),
+                times(r.pred_speedup),
+                num(r.meas_output_throughput) if measured else "",
+                signed_pct(r.err_output_throughput_pct) if measured else "",
                 launch_spread(r) if measured else ""])
         widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(head)]
         blocks.append("\n".join(

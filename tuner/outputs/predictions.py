@@ -5,8 +5,11 @@ report keeps them in their own section and the recommendation never reads them.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tuner.outputs import files
 from tuner.outputs.console import SAMPLED_NOTE, ranked_predictions
@@ -18,13 +21,15 @@ from tuner.outputs.text import (
     versus,
     with_pm,
 )
+from tuner.records.predictions import PredictedRow
 
 if TYPE_CHECKING:
     import pandas as pd
 
 PREDICTED_CSV = "predicted.csv"
-# One row per config and level (tuner.replay.predict); the order is predicted.csv's. A `_pm`
-# column is the half-width of a 90% interval where the baseline sampled (tuner.replay.sampling).
+# One row per config and level (tuner.replay.predict's PredictedRow, a column per field); the
+# order is predicted.csv's. A `_pm` column is the half-width of a 90% interval where the
+# baseline sampled (tuner.replay.sampling).
 PREDICTION_COLUMNS = (
     "key", "label", "method", "speculative_config", "concurrency", "acceptance_rate",
     "acceptance_rate_pm", "acceptance_length", "acceptance_length_pm", "drafted_per_step",
@@ -37,15 +42,16 @@ PREDICTION_COLUMNS = (
 _TOP_PREDICTED = 5
 
 
-def write_predictions(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+def write_predictions(rows: Sequence[PredictedRow], out_dir: Path) -> Path:
     """Write the predicted table to `out_dir`/predicted.csv, atomically: PREDICTION_COLUMNS in
-    that order (empty cells for missing values), then any further keys the rows carry."""
+    that order (empty cells for missing values), then the rows' further fields."""
     import pandas as pd
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    extra = list(dict.fromkeys(k for r in rows for k in r if k not in PREDICTION_COLUMNS))
-    frame = pd.DataFrame(rows, columns=[*PREDICTION_COLUMNS, *extra])
+    cells = [r.csv_row() for r in rows]
+    extra = list(dict.fromkeys(k for r in cells for k in r if k not in PREDICTION_COLUMNS))
+    frame = pd.DataFrame(cells, columns=[*PREDICTION_COLUMNS, *extra])
     return files.write_atomic(out_dir / PREDICTED_CSV, frame.to_csv(index=False))
 
 
@@ -79,35 +85,35 @@ def prediction_tables(pred: pd.DataFrame | None
     the top predicted configs per level and every measured config's prediction error."""
     if pred is None or pred.empty:
         return [], []
-    rows = pred.to_dict("records")
+    rows = read_rows(pred)
     spec = ranked_predictions(rows)
-    levels = sorted({int(r["concurrency"]) for r in rows})
-    measured = [r for r in spec if r["measured_trials"] > 0]
-    paths = sorted({r["path"] for r in rows if isinstance(r.get("path"), str) and r["path"]})
-    priced = any(not _isna(r["pred_output_throughput"]) for r in spec)
-    intro = [f"{len({r['key'] for r in spec})} configs predicted from the baseline's own tokens "
+    levels = sorted({r.concurrency for r in rows})
+    measured = [r for r in spec if r.measured_trials > 0]
+    paths = sorted({r.path for r in rows if r.path})
+    priced = any(r.pred_output_throughput is not None for r in spec)
+    intro = [f"{len({r.key for r in spec})} configs predicted from the baseline's own tokens "
              f"at concurrency {', '.join(map(str, levels))}; "
-             f"{len({r['key'] for r in measured})} of them measured. Predictions only decide "
+             f"{len({r.key for r in measured})} of them measured. Predictions only decide "
              f"what to launch: recommendations come from measured trials."]
     intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
                  "No speculative launch calibrates the step cost yet: only acceptance is "
                  "predicted, ranked by acceptance length.")
-    if any(not _isna(r["acceptance_length_pm"]) for r in spec):
+    if any(r.acceptance_length_pm is not None for r in spec):
         intro.append(SAMPLED_NOTE)
     if (note := ngram_path_note(rows)) is not None:
         intro.append(note)
     tables = []
     for c in levels:
-        top = [r for r in spec if r["concurrency"] == c][:_TOP_PREDICTED]
+        top = [r for r in spec if r.concurrency == c][:_TOP_PREDICTED]
         if top:
             tables.append((f"Concurrency {c}: top {len(top)} predicted",
                            ["config", "acceptance length", "pred. tok/s", "pred. TPOT ms",
                             "pred. speedup"],
-                           [[str(r["label"]),
-                             with_pm(r["acceptance_length"], r["acceptance_length_pm"], "{:.2f}"),
-                             with_pm(r["pred_output_throughput"], r["pred_output_throughput_pm"]),
-                             with_pm(r["pred_mean_tpot_ms"], r["pred_mean_tpot_ms_pm"]),
-                             times(r["pred_speedup"])] for r in top]))
+                           [[r.label,
+                             with_pm(r.acceptance_length, r.acceptance_length_pm, "{:.2f}"),
+                             with_pm(r.pred_output_throughput, r.pred_output_throughput_pm),
+                             with_pm(r.pred_mean_tpot_ms, r.pred_mean_tpot_ms_pm),
+                             times(r.pred_speedup)] for r in top]))
     if measured:
         intro.append(LAUNCH_SPREAD_NOTE)
         tables.append((
@@ -115,18 +121,40 @@ def prediction_tables(pred: pd.DataFrame | None
             ["config", "concurrency", "tok/s: predicted / measured (error)",
              "tok/s spread between launches", "TPOT ms: predicted / measured (error)",
              "acceptance length: predicted / measured (error)"],
-            [[str(r["label"]) + (" (calibration, in-sample)" if r["calibration"] else ""),
-              str(r["concurrency"]),
-              versus(r["pred_output_throughput"], r["meas_output_throughput"],
-                      r["err_output_throughput_pct"]), launch_spread(r),
-              versus(r["pred_mean_tpot_ms"], r["meas_mean_tpot_ms"], r["err_mean_tpot_pct"]),
-              versus(r["acceptance_length"], r["meas_acceptance_length"],
-                      r["err_acceptance_length_pct"], "{:.2f}")]
-             for r in sorted(measured, key=lambda r: r["concurrency"])]))
+            [[r.label + (" (calibration, in-sample)" if r.calibration else ""),
+              str(r.concurrency),
+              versus(r.pred_output_throughput, r.meas_output_throughput,
+                     r.err_output_throughput_pct), launch_spread(r),
+              versus(r.pred_mean_tpot_ms, r.meas_mean_tpot_ms, r.err_mean_tpot_pct),
+              versus(r.acceptance_length, r.meas_acceptance_length,
+                     r.err_acceptance_length_pct, "{:.2f}")]
+             for r in sorted(measured, key=lambda r: r.concurrency)]))
     return intro, tables
 
 
-def _isna(value: Any) -> bool:
-    import pandas as pd
+def read_rows(pred: pd.DataFrame) -> list[PredictedRow]:
+    """predicted.csv's rows (as load_predictions reads them) as records: a missing cell reads
+    as None, or as the field's default where that is not None (a column another writer left
+    out); columns no field names are left out."""
+    fields = [f for f in dataclasses.fields(PredictedRow) if f.name in pred.columns]
+    out = []
+    for values in pred[[f.name for f in fields]].itertuples(index=False, name=None):
+        cells = {}
+        for f, value in zip(fields, values, strict=True):
+            cell = _cell(value)
+            if cell is None and f.default is dataclasses.MISSING:
+                cell = ""  # a key, label or method left empty
+            elif cell is None and f.default is not None:
+                continue
+            cells[f.name] = cell
+        out.append(PredictedRow(**cells))
+    return out
 
-    return bool(pd.isna(value)) if not isinstance(value, (list, tuple)) else False
+
+def _cell(value: object) -> object:
+    """A pandas cell as a plain Python value: None for a missing one."""
+    if hasattr(value, "item"):  # a numpy scalar
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

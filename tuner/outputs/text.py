@@ -7,10 +7,11 @@ recommendation.json and policy.json and may not import this stage, so the rows h
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tuner.analysis.frame import number
+from tuner.records.predictions import PredictedRow
 from tuner.records.results import ratio_text, split_text
 
 
@@ -54,13 +55,13 @@ LAUNCH_SPREAD_NOTE = ("Spread: how far the measured throughput moves between lau
                       "SD pooled over the configs launched twice.")
 
 
-def launch_spread(row: Mapping[str, Any]) -> str:
+def launch_spread(row: PredictedRow) -> str:
     """A predicted row's measured noise (tuner.replay.predict): "\u00b14.1%" over the config's
     own launches, "sd 3.0%" pooled over the level's where it ran once, "-" where neither."""
-    own = number(row.get("meas_output_throughput_spread_pct"))
+    own = number(row.meas_output_throughput_spread_pct)
     if not math.isnan(own):
         return f"\u00b1{own:.1f}%"
-    level = number(row.get("level_output_throughput_sd_pct"))
+    level = number(row.level_output_throughput_sd_pct)
     return "-" if math.isnan(level) else f"sd {level:.1f}%"
 
 
@@ -101,10 +102,10 @@ NGRAM_PATH_NOTES = {
 }
 
 
-def ngram_path_note(rows: list[dict[str, Any]]) -> str | None:
+def ngram_path_note(rows: Iterable[PredictedRow]) -> str | None:
     """The sentence on which n-gram proposer the n-gram rows replay (their ngram_path); None
     where no row says (no n-gram row, or a predicted.csv from before the path was kept)."""
-    paths = {r.get("ngram_path") for r in rows if r.get("method") == "ngram"}
+    paths = {r.ngram_path for r in rows if r.method == "ngram"}
     paths = {p for p in paths if isinstance(p, str) and p in NGRAM_PATH_NOTES}
     if not paths:
         return None

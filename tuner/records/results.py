@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from tuner.records.configs import Frozen, TrialConfig
 from tuner.records.migrations import OLD_LEVEL_KEYS
+from tuner.records.predictions import TrafficRow
 
 
 class RequestRecord(Frozen):
@@ -475,7 +476,7 @@ class TrafficOutcome(Frozen):
 
     table: str
     notes: tuple[str, ...] = ()
-    rows: tuple[dict[str, Any], ...] = ()
+    rows: tuple[TrafficRow, ...] = ()
     paths: dict[str, Path] = {}
     requests: int = 0
     configs: int = 0

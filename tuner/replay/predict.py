@@ -30,6 +30,7 @@ import numpy as np
 
 from tuner import intervals
 from tuner.records.configs import TrialConfig
+from tuner.records.predictions import PredictedFigure, PredictedRow
 from tuner.records.results import LevelMetrics, Measured, PredictionMiss, Role, SpeedupSplit
 from tuner.replay import acceptance, cost, ngram_v2, sampling, schedule, streams
 from tuner.tokens import TokenCapture
@@ -69,7 +70,7 @@ class MeasuredTrial:
 class Prediction:
     """The predicted table and how it was made."""
 
-    rows: list[dict[str, Any]]
+    rows: list[PredictedRow]
     costs: dict[int, cost.StepCost]
     seconds: float
     configs: int
@@ -82,19 +83,21 @@ class Prediction:
         """This table with `more`'s configs added: a prediction of other configs from the same
         capture and measured trials (each row depends on its config alone, so nothing here is
         predicted again)."""
-        mine = {(r["key"], r["concurrency"]) for r in self.rows}
-        rows = [r for r in more.rows if (r["key"], r["concurrency"]) not in mine]
+        mine = {(r.key, r.concurrency) for r in self.rows}
+        rows = [r for r in more.rows if (r.key, r.concurrency) not in mine]
         return dataclasses.replace(
             self, rows=[*self.rows, *rows], seconds=self.seconds + more.seconds,
             configs=self.configs + more.configs, skipped=[*self.skipped, *more.skipped])
 
-    def leaders(self, concurrency: int, n: int, *, metric: str = "pred_output_throughput"
-                ) -> list[dict[str, Any]]:
-        """The n best predicted speculative rows at `concurrency`, best first."""
-        rows = [r for r in self.rows if r["concurrency"] == concurrency and r["method"] != "none"
-                and _finite(r.get(metric))]
-        sign = -1 if metric.endswith("throughput") else 1
-        return sorted(rows, key=lambda r: sign * r[metric])[:n]
+    def leaders(self, concurrency: int, n: int, *,
+                metric: PredictedFigure = PredictedFigure.OUTPUT_THROUGHPUT
+                ) -> list[PredictedRow]:
+        """The n best predicted speculative rows at `concurrency` by `metric`, best first."""
+        metric = PredictedFigure(metric)
+        rows = [r for r in self.rows if r.concurrency == concurrency and r.method != "none"
+                and _finite(metric.of(r))]
+        sign = -1 if metric.higher_is_better else 1
+        return sorted(rows, key=lambda r: sign * metric.of(r))[:n]
 
 
 def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
@@ -120,7 +123,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     costs = calibrate(replay, measured, levels)
     by_key = _by_config(measured)
     level_sd = _level_sds(by_key, levels)
-    rows: list[dict[str, Any]] = []
+    rows: list[PredictedRow] = []
     skipped: list[str] = []
     todo = [cfg for cfg in configs if acceptance.replayable(cfg)]
     skipped += [f"{cfg.label()}: method {cfg.method} is not replayable"
@@ -137,14 +140,14 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
         for c in levels:
             row = _row(cfg, c, acc.get(c), costs.get(c), baseline.get(c),
                        replay, slots[c], yardstick.get(c))
-            row.update(sampling.columns(row, acc.get(c), temperature=temperature))
-            row.update(_measured(by_key.get(cfg.key()), c, row, level_sd=level_sd.get(c)))
-            row.update(_decomposed(row, baseline.get(c), aligned.get(c)))
-            row["calibration"] = cfg.label() in calibrated_on
-            row["alternate_stream_requests"] = replay.switched.get(cfg.key(), 0)
-            row["ngram_path"] = (replay.ngram_path or ngram_v2.UNKNOWN) \
-                if cfg.method == "ngram" else None
-            rows.append(row)
+            row = sampling.with_spread(row, acc.get(c), temperature=temperature)
+            row = _measured(by_key.get(cfg.key()), c, row, level_sd=level_sd.get(c))
+            row = _decomposed(row, baseline.get(c), aligned.get(c))
+            rows.append(dataclasses.replace(
+                row, calibration=cfg.label() in calibrated_on,
+                alternate_stream_requests=replay.switched.get(cfg.key(), 0),
+                ngram_path=(replay.ngram_path or ngram_v2.UNKNOWN)
+                if cfg.method == "ngram" else None))
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
                       configs=len(todo), skipped=skipped, streams=_streams_line(replay),
                       temperature=temperature, ngram_path=replay.ngram_path)
@@ -400,39 +403,36 @@ def _prompts(capture: TokenCapture, c: int) -> list[int]:
 
 def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
          step: cost.StepCost | None, base: dict[str, float] | None, replay: _Replayer,
-         slots: int, yardstick: Yardstick | None) -> dict[str, Any]:
+         slots: int, yardstick: Yardstick | None) -> PredictedRow:
+    """A config's row at level c: its identity, its replayed acceptance and, where the step
+    cost prices the level, its predicted figures (the rest is added by `predict`)."""
     spec = cfg.speculative_config
-    row: dict[str, Any] = {
-        "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
-        "speculative_config": json.dumps(spec, sort_keys=True) if spec else "",
-        "concurrency": c, "acceptance_rate": None, "acceptance_length": None,
-        "drafted_per_step": 0.0, "tokens_per_step": 1.0, "uniform_share": 1.0,
-        "per_position": "",
-        "steps_per_request": None,
-        "pred_output_throughput": None, "pred_mean_tpot_ms": None, "pred_mean_ttft_ms": None,
-        "pred_speedup": None, "path": step.path if step else None}
+    row = PredictedRow(key=cfg.key(), label=cfg.label(), method=cfg.method,
+                       speculative_config=json.dumps(spec, sort_keys=True) if spec else "",
+                       concurrency=c, path=step.path if step else None)
     if acc is not None:
-        row.update(acceptance_rate=acc.acceptance_rate, acceptance_length=acc.acceptance_length,
-                   drafted_per_step=acc.drafted_per_step, tokens_per_step=acc.tokens_per_step,
-                   uniform_share=acc.uniform_share,
-                   per_position=json.dumps([round(x, 4) for x in acc.per_position]),
-                   steps_per_request=acc.steps / acc.requests if acc.requests else None)
+        row = dataclasses.replace(
+            row, acceptance_rate=acc.acceptance_rate, acceptance_length=acc.acceptance_length,
+            drafted_per_step=acc.drafted_per_step, tokens_per_step=acc.tokens_per_step,
+            uniform_share=acc.uniform_share,
+            per_position=json.dumps([round(x, 4) for x in acc.per_position]),
+            steps_per_request=acc.steps / acc.requests if acc.requests else None)
     if base is None:
         return row
     if not spec:  # the plain baseline: measured is what it is
-        row.update(pred_output_throughput=base["output_throughput"],
-                   pred_mean_tpot_ms=base["mean_tpot_ms"], pred_mean_ttft_ms=base["mean_ttft_ms"],
-                   pred_speedup=1.0)
-        return row
+        return dataclasses.replace(
+            row, pred_output_throughput=base["output_throughput"],
+            pred_mean_tpot_ms=base["mean_tpot_ms"], pred_mean_ttft_ms=base["mean_ttft_ms"],
+            pred_speedup=1.0)
     if step is None or not step.calibrated or acc is None or yardstick is None:
         return row
     played = play(step, acc.request_drafts, acc.request_lengths, replay.prompt_lengths(c),
                   k=acc.k, slots=slots)
     thr = yardstick.throughput(played)
-    row.update(pred_mean_tpot_ms=played.mean_tpot_ms, pred_mean_ttft_ms=played.mean_ttft_ms,
-               pred_output_throughput=thr, uniform_share=played.uniform_share,
-               pred_speedup=thr / base["output_throughput"] if thr else None)
-    return row
+    return dataclasses.replace(
+        row, pred_mean_tpot_ms=played.mean_tpot_ms, pred_mean_ttft_ms=played.mean_ttft_ms,
+        pred_output_throughput=thr, uniform_share=played.uniform_share,
+        pred_speedup=thr / base["output_throughput"] if thr else None)
 
 
 def play(step: cost.StepCost, drafts: list[np.ndarray], lengths: list[int],
@@ -506,59 +506,57 @@ def _played_baseline(step: cost.StepCost | None, capture: TokenCapture, c: int,
                 slots=slots)
 
 
-def _decomposed(row: dict[str, Any], base: dict[str, float] | None,
-                aligned: dict[str, float] | None) -> dict[str, Any]:
-    """pred_speedup = path_cost x pred_speculation_gain where the study measured an aligned
-    baseline (tuner.records.results.SpeedupSplit): the path's cost is measured (aligned over plain
-    throughput at this level), the gain is the predicted throughput over the aligned
-    baseline's. Both None otherwise."""
-    out: dict[str, Any] = {"path_cost": None, "pred_speculation_gain": None}
-    if base is None or aligned is None or not row["speculative_config"]:
-        return out
-    split = SpeedupSplit.of(_throughput(row["pred_output_throughput"]),
+def _decomposed(row: PredictedRow, base: dict[str, float] | None,
+                aligned: dict[str, float] | None) -> PredictedRow:
+    """The row with pred_speedup = path_cost x pred_speculation_gain where the study measured
+    an aligned baseline (tuner.records.results.SpeedupSplit): the path's cost is measured
+    (aligned over plain throughput at this level), the gain is the predicted throughput over
+    the aligned baseline's. Both None otherwise."""
+    if base is None or aligned is None or not row.speculative_config:
+        return dataclasses.replace(row, path_cost=None, pred_speculation_gain=None)
+    split = SpeedupSplit.of(_throughput(row.pred_output_throughput),
                             plain=_throughput(base["output_throughput"]),
                             aligned=_throughput(aligned["output_throughput"]))
     if split is None:
-        return out
+        return dataclasses.replace(row, path_cost=None, pred_speculation_gain=None)
     gain = split.speculation_gain.value
-    return {"path_cost": split.path_cost.value,
-            "pred_speculation_gain": gain if _finite(gain) else None}
+    return dataclasses.replace(row, path_cost=split.path_cost.value,
+                               pred_speculation_gain=gain if _finite(gain) else None)
 
 
 def _throughput(value: float | None) -> Measured:
     return Measured(value=value if _finite(value) else math.nan)
 
 
-def _measured(group: list[MeasuredTrial] | None, c: int, row: dict[str, Any], *,
-              level_sd: float | None = None) -> dict[str, Any]:
-    """The measured figures beside the prediction, its errors, and the measured noise an
-    error compares with: the config's own between-launch spread (half its launches' range
-    over their median, in percent) and the level's (`level_sd`: _level_sds)."""
-    out: dict[str, Any] = {"measured_trials": 0, "meas_output_throughput": None,
-                           "meas_mean_tpot_ms": None, "meas_mean_ttft_ms": None,
-                           "meas_acceptance_length": None, "err_output_throughput_pct": None,
-                           "err_mean_tpot_pct": None, "err_acceptance_length_pct": None,
-                           "meas_output_throughput_spread_pct": None,
-                           "level_output_throughput_sd_pct": level_sd}
+def _measured(group: list[MeasuredTrial] | None, c: int, row: PredictedRow, *,
+              level_sd: float | None = None) -> PredictedRow:
+    """The row with the measured figures beside the prediction, its errors, and the measured
+    noise an error compares with: the config's own between-launch spread (half its launches'
+    range over their median, in percent) and the level's (`level_sd`: _level_sds)."""
+    row = dataclasses.replace(row, level_output_throughput_sd_pct=level_sd)
     lv = _median_level(group or [], c)
-    if lv is None:
-        return out
-    runs = [m.levels[c].output_throughput for m in group or [] if c in m.levels]
+    if lv is None or group is None:
+        return row
+    runs = [m.levels[c].output_throughput for m in group if c in m.levels]
     runs = [v for v in runs if _finite(v) and v > 0]
-    if len(runs) >= 2:
-        out["meas_output_throughput_spread_pct"] = \
-            100.0 * (max(runs) - min(runs)) / 2 / statistics.median(runs)
-    out.update(measured_trials=len(group), meas_output_throughput=lv["output_throughput"],
-               meas_mean_tpot_ms=lv["mean_tpot_ms"], meas_mean_ttft_ms=lv["mean_ttft_ms"],
-               meas_acceptance_length=lv["spec_decode_acceptance_length"])
-    for name, pred, meas in (
-            ("err_output_throughput_pct", row["pred_output_throughput"], lv["output_throughput"]),
-            ("err_mean_tpot_pct", row["pred_mean_tpot_ms"], lv["mean_tpot_ms"]),
-            ("err_acceptance_length_pct", row["acceptance_length"],
-             lv["spec_decode_acceptance_length"])):
-        if _finite(pred) and _finite(meas) and meas:
-            out[name] = 100.0 * (pred - meas) / meas
-    return out
+    return dataclasses.replace(
+        row, measured_trials=len(group), meas_output_throughput=lv["output_throughput"],
+        meas_mean_tpot_ms=lv["mean_tpot_ms"], meas_mean_ttft_ms=lv["mean_ttft_ms"],
+        meas_acceptance_length=lv["spec_decode_acceptance_length"],
+        meas_output_throughput_spread_pct=100.0 * (max(runs) - min(runs)) / 2
+        / statistics.median(runs) if len(runs) >= 2 else None,
+        err_output_throughput_pct=_error_pct(row.pred_output_throughput,
+                                             lv["output_throughput"]),
+        err_mean_tpot_pct=_error_pct(row.pred_mean_tpot_ms, lv["mean_tpot_ms"]),
+        err_acceptance_length_pct=_error_pct(row.acceptance_length,
+                                             lv["spec_decode_acceptance_length"]))
+
+
+def _error_pct(pred: float | None, meas: float | None) -> float | None:
+    """100 (pred - meas) / meas; None where either is unknown or meas is 0."""
+    if _finite(pred) and _finite(meas) and meas:
+        return 100.0 * (pred - meas) / meas
+    return None
 
 
 def _level_sds(by_key: dict[str, list[MeasuredTrial]], levels: Sequence[int]
@@ -620,7 +618,7 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def misses(rows: Iterable[dict[str, Any]], *, temperature: float = 0.0) -> list[PredictionMiss]:
+def misses(rows: Iterable[PredictedRow], *, temperature: float = 0.0) -> list[PredictionMiss]:
     """The measured rows whose acceptance length the replay missed by more than its stated
     accuracy (ACCEPTANCE_ACCURACY_PCT, for the methods it states one for). At temperature > 0
     the replay carries a sampling interval of its own (tuner.replay.sampling.mismatch)."""
@@ -628,12 +626,12 @@ def misses(rows: Iterable[dict[str, Any]], *, temperature: float = 0.0) -> list[
         return []
     out = []
     for r in rows:
-        allowed = ACCEPTANCE_ACCURACY_PCT.get(r.get("method") or "")
-        err = r.get("err_acceptance_length_pct")
-        if allowed is None or not _finite(err) or abs(err) <= allowed:
+        allowed = ACCEPTANCE_ACCURACY_PCT.get(r.method)
+        err = r.err_acceptance_length_pct
+        if allowed is None or err is None or not _finite(err) or abs(err) <= allowed:
             continue
         out.append(PredictionMiss(
-            key=r["key"], label=r["label"], concurrency=int(r["concurrency"]),
-            predicted=float(r["acceptance_length"]), measured=float(r["meas_acceptance_length"]),
+            key=r.key, label=r.label, concurrency=int(r.concurrency),
+            predicted=float(r.acceptance_length), measured=float(r.meas_acceptance_length),
             error_pct=float(err), accuracy_pct=allowed))
     return out

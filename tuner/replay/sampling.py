@@ -21,6 +21,7 @@ that engine does not sample as the rejection rule says (the CPU build 0.32, vLLM
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.records.predictions import PredictedFigure, PredictedRow, Row
 from tuner.replay.acceptance import Acceptance
 
 DRAWS = 200
@@ -35,7 +37,7 @@ SEED = 0
 Z90 = 1.645  # two-sided 90% of a normal
 REPLAY_ERROR = 0.05  # relative: the replay's acceptance-length error at temperature 0 is ~1-2%
 DEFECT = "vLLM #55005"
-# A predicted row's half-widths, beside the figures they belong to.
+# A predicted row's half-widths, beside the figures they belong to (its `_pm` fields).
 PM_COLUMNS = ("acceptance_rate_pm", "acceptance_length_pm", "pred_output_throughput_pm",
               "pred_mean_tpot_ms_pm")
 
@@ -106,59 +108,64 @@ def _half(draws: np.ndarray) -> float:
     return Z90 * math.sqrt(2.0) * float(finite.std(ddof=1)) if len(finite) > 1 else math.nan
 
 
-def columns(row: dict[str, Any], acc: Acceptance | None, *, temperature: float
-            ) -> dict[str, float | None]:
-    """PM_COLUMNS of one predicted row (tuner.replay.predict): None at temperature 0, for the
-    baseline, and where a figure is not predicted."""
-    return pm_columns(row, spread(acc) if temperature > 0 and row.get("speculative_config")
-                      else None)
+def with_spread(row: Row, acc: Acceptance | None, *, temperature: float) -> Row:
+    """`row` (tuner.replay.predict's) with its PM_COLUMNS from the bootstrap over `acc`:
+    None at temperature 0, for the baseline, and where a figure is not predicted."""
+    return with_half_widths(row, spread(acc) if temperature > 0 and row.speculative_config
+                            else None)
 
 
-def pm_columns(row: dict[str, Any], s: Spread | None) -> dict[str, float | None]:
-    """PM_COLUMNS of one predicted row from its spread `s`: None without one, for the
-    baseline, and where a figure is not predicted."""
-    out: dict[str, float | None] = dict.fromkeys(PM_COLUMNS)
-    if s is None or not row.get("speculative_config"):
-        return out
-    out.update(acceptance_length_pm=_finite(s.acceptance_length),
-               acceptance_rate_pm=_finite(s.acceptance_rate))
-    for name in ("pred_output_throughput", "pred_mean_tpot_ms"):
-        value = row.get(name)
-        if _finite(value) is not None and _finite(s.tokens_per_step_rel) is not None:
-            out[f"{name}_pm"] = abs(value) * s.tokens_per_step_rel
-    return out
+def with_half_widths(row: Row, s: Spread | None) -> Row:
+    """`row` with its PM_COLUMNS from its spread `s`: None without one, for the baseline,
+    and where a figure is not predicted."""
+    if s is None or not row.speculative_config:
+        return dataclasses.replace(row, acceptance_rate_pm=None, acceptance_length_pm=None,
+                                   pred_output_throughput_pm=None, pred_mean_tpot_ms_pm=None)
+    return dataclasses.replace(
+        row, acceptance_rate_pm=_finite(s.acceptance_rate),
+        acceptance_length_pm=_finite(s.acceptance_length),
+        pred_output_throughput_pm=_carried(row.pred_output_throughput, s),
+        pred_mean_tpot_ms_pm=_carried(row.pred_mean_tpot_ms, s))
 
 
-def within(row: dict[str, Any], best: dict[str, Any], metric: str = "pred_output_throughput"
+def _carried(value: float | None, s: Spread) -> float | None:
+    """A throughput's or TPOT's half-width: the relative one of tokens per step."""
+    if _finite(value) is None or _finite(s.tokens_per_step_rel) is None:
+        return None
+    return abs(value) * s.tokens_per_step_rel
+
+
+def within(row: Row, best: Row, metric: PredictedFigure = PredictedFigure.OUTPUT_THROUGHPUT
            ) -> bool:
     """Whether `row`'s 90% interval of `metric` reaches `best`'s: the replay cannot order
     the two (False where either has no interval, as at temperature 0)."""
-    values = [_finite(r.get(k)) for r in (row, best) for k in (metric, f"{metric}_pm")]
+    metric = PredictedFigure(metric)
+    values = [_finite(v) for r in (row, best) for v in (metric.of(r), metric.half_width(r))]
     if any(v is None for v in values):
         return False
     x, dx, b, db = values
     return abs(b - x) <= dx + db
 
 
-def mismatch(row: dict[str, Any], *, temperature: float) -> bool:
+def mismatch(row: PredictedRow, *, temperature: float) -> bool:
     """Whether a measured speculative row's acceptance length lies outside the predicted
     interval by more than its half-width and more than REPLAY_ERROR of the prediction."""
-    pred, pm = _finite(row.get("acceptance_length")), _finite(row.get("acceptance_length_pm"))
-    meas = _finite(row.get("meas_acceptance_length"))
-    if temperature <= 0 or not row.get("speculative_config") or None in (pred, pm, meas):
+    pred, pm = _finite(row.acceptance_length), _finite(row.acceptance_length_pm)
+    meas = _finite(row.meas_acceptance_length)
+    if temperature <= 0 or not row.speculative_config or None in (pred, pm, meas):
         return False
     return abs(meas - pred) > max(2 * pm, REPLAY_ERROR * pred)
 
 
-def mismatch_line(row: dict[str, Any], *, temperature: float, vllm_version: str | None,
+def mismatch_line(row: PredictedRow, *, temperature: float, vllm_version: str | None,
                   device: str) -> str:
     """The one line that says an engine does not sample as the replay assumes."""
     build = f"vLLM {vllm_version or '(version unknown)'} ({device})"
     known = (f" (on the CPU build up to 0.32 a known defect, {DEFECT})"
              if device == "cpu" else "")
-    return (f"{build} accepted {row['meas_acceptance_length']:.2f} tokens per draft step "
-            f"({row['label']}, c={row['concurrency']}) where the replay predicts "
-            f"{row['acceptance_length']:.2f} ± {row['acceptance_length_pm']:.2f} at "
+    return (f"{build} accepted {row.meas_acceptance_length:.2f} tokens per draft step "
+            f"({row.label}, c={row.concurrency}) where the replay predicts "
+            f"{row.acceptance_length:.2f} ± {row.acceptance_length_pm:.2f} at "
             f"temperature {temperature:g}: this build's sampling does not match the "
             f"replay{known}; measured speedups of speculative configs here reflect this "
             f"build, not the method.")

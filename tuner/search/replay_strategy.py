@@ -37,6 +37,7 @@ from tuner.errors import ConfigError
 from tuner.measure import enginepath
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.policy import LadderRun
+from tuner.records.predictions import PredictedRow
 from tuner.records.results import BenchResult, LevelMetrics, Role
 from tuner.records.storage import TrialAttr
 from tuner.replay import acceptance, sampling
@@ -184,7 +185,7 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
     for _ in range(REFINE_ROUNDS):
         if not any(c.calibrated for c in pred.costs.values()):
             break
-        leaders = [by_key[r["key"]] for r in _leading_rows(pred)]
+        leaders = [by_key[r.key] for r in _leading_rows(pred)]
         fresh = [c for c in neighbours(space, leaders) if c.key() not in by_key]
         fresh = fresh[:limit - added]
         if not fresh:
@@ -196,13 +197,13 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
     return configs, pred, added
 
 
-def _leading_rows(pred: Prediction) -> list[dict[str, Any]]:
+def _leading_rows(pred: Prediction) -> list[PredictedRow]:
     """The REFINE_TOP best predicted rows of each method at every level."""
     leaders = []
     for level in sorted(pred.costs):
         ranked = pred.leaders(level, 10_000)
-        for method in dict.fromkeys(r["method"] for r in ranked):  # best method first
-            leaders += [r for r in ranked if r["method"] == method][:REFINE_TOP]
+        for method in dict.fromkeys(r.method for r in ranked):  # best method first
+            leaders += [r for r in ranked if r.method == method][:REFINE_TOP]
     return leaders
 
 
@@ -406,7 +407,7 @@ class ReplaySearch:
         self.say(f"Second calibration launch: {calib.label()} (this engine splits "
                  "CUDA graphs by batch shape).")
         text = (f"{calib.label()} drafts a full K on "
-                f"{row['uniform_share']:.0%} of its steps at c={row['concurrency']}: "
+                f"{row.uniform_share:.0%} of its steps at c={row.concurrency}: "
                 "this engine splits CUDA graphs by batch shape, so the step cost "
                 "needs a point where most steps are not uniform.")
         self.detail(f"Second calibration launch: {text}")
@@ -441,15 +442,15 @@ class ReplaySearch:
             self.say("No predicted leader to confirm.")
             self.note("leaders", "No predicted leader to confirm.")
             return []
-        named = "; ".join(f"{r['label']} {r['pred_output_throughput']:.1f}{_pm(r)} tok/s "
-                          f"({r['pred_speedup']:.2f}x)" for r in top)
+        named = "; ".join(f"{r.label} {r.pred_output_throughput:.1f}{_pm(r)} tok/s "
+                          f"({r.pred_speedup:.2f}x)" for r in top)
         self.say(f"Predicted leaders at c={target}: {named}")
         self.note("leaders", f"At c={target}, launched to confirm them: {named}.")
         tied = [r for r in ranked[1:] if sampling.within(r, ranked[0])]
         if tied:
-            launched = ", ".join(r["label"] for r in tied if r in top) or "none"
+            launched = ", ".join(r.label for r in tied if r in top) or "none"
             text = (f"At temperature {pred.temperature:g}, {len(tied)} configs' 90% throughput "
-                    f"intervals overlap the best's ({ranked[0]['label']}): the replay cannot "
+                    f"intervals overlap the best's ({ranked[0].label}): the replay cannot "
                     f"order them, the confirm launches decide (launched among them: "
                     f"{launched}; --confirm-leaders launches more).")
             self.detail(text)
@@ -572,15 +573,15 @@ class ReplaySearch:
         """At temperature > 0, a launch whose measured acceptance lies outside the replay's
         interval (sampling.mismatch): said once, noted, and kept per level in the study's
         settings (StudySettings.sampling_mismatch), where the recommendation's reason reads it."""
-        lines: dict[str, str] = {}  # by level, the first mismatched row's line
-        for r in sorted(pred.rows, key=lambda r: int(r["concurrency"])):  # stable
-            c = str(int(r["concurrency"]))
-            if c not in lines and sampling.mismatch(r, temperature=pred.temperature):
-                lines[c] = sampling.mismatch_line(
-                    r, temperature=pred.temperature, vllm_version=self._vllm_version(r["key"]),
-                    device=self.loop.engine.device)
-        if not lines:
+        found: dict[int, PredictedRow] = {}
+        for r in pred.rows:
+            if sampling.mismatch(r, temperature=pred.temperature):
+                found.setdefault(r.concurrency, r)
+        if not found:
             return
+        lines = {str(c): sampling.mismatch_line(
+            r, temperature=pred.temperature, vllm_version=self._vllm_version(r.key),
+            device=self.loop.engine.device) for c, r in sorted(found.items())}
         stored = st.settings_of(self.study)
         known = stored.sampling_mismatch
         fresh = {c: text for c, text in lines.items() if c not in known}
@@ -604,31 +605,30 @@ class ReplaySearch:
 
     def _calibration_config(self, pred: Prediction) -> TrialConfig | None:
         top = max(self.loop.settings.concurrencies)
-        rows = [r for r in pred.rows if r["concurrency"] == top and r["method"] != "none"]
+        rows = [r for r in pred.rows if r.concurrency == top and r.method != "none"]
         if not rows:
             return None
-        best = max(rows, key=lambda r: (r["drafted_per_step"], r["acceptance_length"] or 0))
+        best = max(rows, key=lambda r: (r.drafted_per_step, r.acceptance_length or 0))
         return self._config_of(best)
 
-    def _config_of(self, row: dict[str, Any]) -> TrialConfig:
+    def _config_of(self, row: PredictedRow) -> TrialConfig:
         """The replayed config a predicted row is of."""
-        return self._configs[row["key"]]
+        return self._configs[row.key]
 
-    def _mixed_calibration_row(self, pred: Prediction) -> dict[str, Any] | None:
+    def _mixed_calibration_row(self, pred: Prediction) -> PredictedRow | None:
         """The predicted row, at the lowest level, of the candidate whose steps are least
         often uniform there (fewest tokens drafted on ties): with the anchor (all steps
         uniform) and the first calibration (mostly uniform at c=1), it pins the cost of a
         non-uniform step."""
         low = min(self.loop.settings.concurrencies)
         done = {m.config.key() for m in self.measured() if m.role == Role.CALIBRATION.value}
-        rows = [r for r in pred.rows if r["concurrency"] == low and r["method"] != "none"
-                and r["key"] not in done and r["acceptance_length"] is not None]
-        return min(rows, key=lambda r: (r["uniform_share"], r["drafted_per_step"]),
-                   default=None)
+        rows = [r for r in pred.rows if r.concurrency == low and r.method != "none"
+                and r.key not in done and r.acceptance_length is not None]
+        return min(rows, key=lambda r: (r.uniform_share, r.drafted_per_step), default=None)
 
     @staticmethod
     def _drafted(pred: Prediction, cfg: TrialConfig) -> float:
-        return max((r["drafted_per_step"] for r in pred.rows if r["key"] == cfg.key()),
+        return max((r.drafted_per_step for r in pred.rows if r.key == cfg.key()),
                    default=0.0)
 
     def _print_costs(self, pred: Prediction) -> None:
@@ -753,20 +753,20 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
     return out
 
 
-def _pm(row: dict[str, Any]) -> str:
+def _pm(row: PredictedRow) -> str:
     """A predicted throughput's sampling half-width as the leaders line shows it, " ±3.1"
     (tuner.replay.sampling); nothing at temperature 0."""
-    pm = row.get("pred_output_throughput_pm")
+    pm = row.pred_output_throughput_pm
     return f" \u00b1{pm:.1f}" if isinstance(pm, float) and pm == pm else ""
 
 
-def _diverse(ranked: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def _diverse(ranked: list[PredictedRow], n: int) -> list[PredictedRow]:
     """The best predicted config of each method first, then the next best overall: two
     variants of one method predicted within a percent of each other would spend the launches
     on a ranking nobody needs, while the best of each method answers which method to run."""
-    firsts: dict[str, dict[str, Any]] = {}
+    firsts: dict[str, PredictedRow] = {}
     for row in ranked:
-        firsts.setdefault(row["method"], row)
+        firsts.setdefault(row.method, row)
     picked = list(firsts.values())[:n]
     picked += [r for r in ranked if r not in picked][:n - len(picked)]
     return sorted(picked, key=ranked.index)
@@ -792,9 +792,9 @@ def ladder_predictions(ladder_runs: list[LadderRun], chosen: TrialConfig, *, stu
     k_of = {cfg.key(): cfg.k for cfg in configs}
     out: dict[int, dict[int, float]] = {}
     for row in pred.rows:
-        k = k_of.get(row["key"])
-        if k is not None and row["pred_speedup"] is not None:
-            out.setdefault(k, {})[int(row["concurrency"])] = float(row["pred_speedup"])
+        k = k_of.get(row.key)
+        if k is not None and row.pred_speedup is not None:
+            out.setdefault(k, {})[row.concurrency] = float(row.pred_speedup)
     return out or None
 
 

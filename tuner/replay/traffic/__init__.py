@@ -19,12 +19,13 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tuner.records.configs import TrialConfig
+from tuner.records.predictions import TrafficRow
 from tuner.replay import acceptance, sampling
 from tuner.replay.traffic import price, sweep
 from tuner.replay.traffic.capture import Traffic, read
+from tuner.tokens import TokenCapture
 
 __all__ = ["Traffic", "TrafficPrediction", "predict", "read"]
 
@@ -33,7 +34,7 @@ __all__ = ["Traffic", "TrafficPrediction", "predict", "read"]
 class TrafficPrediction:
     """The replayed table of one traffic file, and what went into it."""
 
-    rows: list[dict[str, Any]]
+    rows: list[TrafficRow]
     traffic: Traffic
     levels: list[int]
     configs: int
@@ -90,13 +91,12 @@ def predict(traffic: Traffic, configs: Sequence[TrialConfig], *, levels: Sequenc
     skipped = [f"{cfg.label()}: method {cfg.method} is not replayable"
                for cfg in configs if cfg.method != "none" and cfg not in todo]
     found = _sweep(traffic, [c for c in todo if _sweepable(c)], max_model_len=max_model_len)
-    rows: list[dict[str, Any]] = []
+    rows: list[TrafficRow] = []
     pricer = _Pricer(traffic, calibration, max_model_len=max_model_len,
                      max_num_seqs=max_num_seqs)
     failed: set[str] = set()
     for c in levels:
-        base = _row(TrialConfig(), c, None) | pricer.baseline(c) | dict.fromkeys(
-            sampling.PM_COLUMNS)
+        base = _row(TrialConfig(), c, None, pricer.baseline(c))
         rows.append(base)
         for cfg in todo:
             if cfg.key() in failed:
@@ -109,8 +109,8 @@ def predict(traffic: Traffic, configs: Sequence[TrialConfig], *, levels: Sequenc
                 failed.add(cfg.key())
                 continue
             priced, played = pricer.config(cfg, c, base)
-            row = _row(cfg, c, dataclasses.replace(swept.acceptance, concurrency=c)) | priced
-            rows.append(row | sampling.pm_columns(row, _spread(traffic, swept, played)))
+            row = _row(cfg, c, dataclasses.replace(swept.acceptance, concurrency=c), priced)
+            rows.append(sampling.with_half_widths(row, _spread(traffic, swept, played)))
     return TrafficPrediction(
         rows=rows, traffic=traffic, levels=list(levels), configs=len(todo) - len(failed),
         seconds=time.monotonic() - t0, skipped=list(dict.fromkeys(skipped)),
@@ -167,9 +167,9 @@ class _Pricer:
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.rows = price.sample_rows(len(traffic))
         self._levels: dict[int, price.Level | None] = {}
-        self._samples: dict[int, Any] = {}
+        self._samples: dict[int, TokenCapture] = {}
 
-    def sample(self, c: int) -> Any:
+    def sample(self, c: int) -> TokenCapture:
         """The played requests as level c of a token capture (tuner.replay.traffic.price)."""
         if c not in self._samples:
             self._samples[c] = self.traffic.capture(c, self.rows)
@@ -182,44 +182,43 @@ class _Pricer:
             self._levels[c] = price.level(self.cal, c)
         return self._levels[c]
 
-    def baseline(self, c: int) -> dict[str, Any]:
+    def baseline(self, c: int) -> price.Priced:
         lv = self.level(c)
         if lv is None:
-            return dict(_UNPRICED)
-        return price.baseline_row(lv, self.sample(c), c)
+            return price.Priced()
+        return price.baseline(lv, self.sample(c), c)
 
-    def config(self, cfg: TrialConfig, c: int, base: dict[str, Any]
-               ) -> tuple[dict[str, Any], acceptance.Acceptance | None]:
+    def config(self, cfg: TrialConfig, c: int, base: TrafficRow
+               ) -> tuple[price.Priced, acceptance.Acceptance | None]:
         """The config's predicted figures, and its replay over the played requests (None
         where the level is not priced)."""
         lv = self.level(c)
         if lv is None:
-            return dict(_UNPRICED), None
+            return price.Priced(), None
         sample = self.sample(c)
         acc = acceptance.replay(sample, cfg, max_model_len=self.max_model_len,
                                 max_num_seqs=self.max_num_seqs, levels=[c])[c]
-        return price.config_row(lv, sample, c, acc, base["pred_output_throughput"]), acc
+        return price.config(lv, sample, c, acc, base.pred_output_throughput), acc
 
 
-_UNPRICED = {"pred_output_throughput": None, "pred_mean_tpot_ms": None,
-             "pred_mean_ttft_ms": None, "pred_speedup": None}
-
-
-def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None) -> dict[str, Any]:
+def _row(cfg: TrialConfig, c: int, acc: acceptance.Acceptance | None,
+         priced: price.Priced) -> TrafficRow:
+    """A config's row at level c: its replayed acceptance (none for the baseline) and its
+    predicted figures; no half-widths yet (sampling.with_half_widths)."""
     spec = cfg.speculative_config
-    row: dict[str, Any] = {
-        "key": cfg.key(), "label": cfg.label(), "method": cfg.method,
-        "speculative_config": json.dumps(spec, sort_keys=True) if spec else "",
-        "concurrency": c, "acceptance_rate": None, "acceptance_length": None,
-        "drafted_per_step": 0.0, "tokens_per_step": 1.0, "per_position": "",
-        "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0.0}
-    if acc is not None:
-        row.update(acceptance_rate=acc.acceptance_rate, acceptance_length=acc.acceptance_length,
-                   drafted_per_step=acc.drafted_per_step, tokens_per_step=acc.tokens_per_step,
-                   per_position=json.dumps([round(x, 4) for x in acc.per_position]),
-                   num_drafts=acc.drafts, num_draft_tokens=acc.draft_tokens,
-                   num_accepted_tokens=acc.counted_accepted)
-    return row
+    row = TrafficRow(key=cfg.key(), label=cfg.label(), method=cfg.method,
+                     speculative_config=json.dumps(spec, sort_keys=True) if spec else "",
+                     concurrency=c, pred_output_throughput=priced.output_throughput,
+                     pred_mean_tpot_ms=priced.mean_tpot_ms,
+                     pred_mean_ttft_ms=priced.mean_ttft_ms, pred_speedup=priced.speedup)
+    if acc is None:
+        return row
+    return dataclasses.replace(
+        row, acceptance_rate=acc.acceptance_rate, acceptance_length=acc.acceptance_length,
+        drafted_per_step=acc.drafted_per_step, tokens_per_step=acc.tokens_per_step,
+        per_position=json.dumps([round(x, 4) for x in acc.per_position]),
+        num_drafts=acc.drafts, num_draft_tokens=acc.draft_tokens,
+        num_accepted_tokens=acc.counted_accepted)
 
 
 def _answers_note(t: Traffic) -> str:

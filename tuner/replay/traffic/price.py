@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -74,7 +73,18 @@ def level(cal: Calibration, c: int) -> Level | None:
     return Level(step=step, slots=min(c, cal.max_num_seqs), yard=yard)
 
 
-def baseline_row(lv: Level, sample: TokenCapture, c: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Priced:
+    """A traffic row's predicted figures (a TrafficRow's pred_* fields); all None where no
+    study prices the level."""
+
+    output_throughput: float | None = None
+    mean_tpot_ms: float | None = None
+    mean_ttft_ms: float | None = None
+    speedup: float | None = None
+
+
+def baseline(lv: Level, sample: TokenCapture, c: int) -> Priced:
     """The plain baseline's predicted figures over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
     played = predict.play(lv.step, schedule.baseline_drafts(lengths), lengths, prompts, k=0,
@@ -82,20 +92,20 @@ def baseline_row(lv: Level, sample: TokenCapture, c: int) -> dict[str, Any]:
     ratio = lv.yard.path_ratio
     thr = _scaled(lv.yard.factor * ratio, played.output_throughput)
     tpot = played.mean_tpot_ms / ratio if played.mean_tpot_ms is not None else None
-    return {"pred_output_throughput": thr, "pred_mean_tpot_ms": tpot,
-            "pred_mean_ttft_ms": played.mean_ttft_ms, "pred_speedup": 1.0 if thr else None}
+    return Priced(output_throughput=thr, mean_tpot_ms=tpot, mean_ttft_ms=played.mean_ttft_ms,
+                  speedup=1.0 if thr else None)
 
 
-def config_row(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
-               base_throughput: float | None) -> dict[str, Any]:
+def config(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
+           base_throughput: float | None) -> Priced:
     """A config's predicted figures: its drafts over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
     played = predict.play(lv.step, acc.request_drafts, lengths, prompts, k=acc.k,
                           slots=lv.slots)
     thr = _scaled(lv.yard.factor, played.output_throughput)
-    return {"pred_output_throughput": thr, "pred_mean_tpot_ms": played.mean_tpot_ms,
-            "pred_mean_ttft_ms": played.mean_ttft_ms,
-            "pred_speedup": thr / base_throughput if thr and base_throughput else None}
+    return Priced(output_throughput=thr, mean_tpot_ms=played.mean_tpot_ms,
+                  mean_ttft_ms=played.mean_ttft_ms,
+                  speedup=thr / base_throughput if thr and base_throughput else None)
 
 
 def _lengths(capture: TokenCapture, c: int) -> tuple[list[int], list[int]]:
