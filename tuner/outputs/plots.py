@@ -21,7 +21,6 @@ import pandas as pd
 
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
-from tuner.outputs import text
 from tuner.records.results import Recommendation, Role
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ def _mark_recommended(ax: Any, lv: pd.DataFrame, rec: Recommendation | None) -> 
                facecolor="gold", edgecolor="black", lw=0.8, zorder=5, label="recommended")
     speed = f" ({rec.speedup_throughput:.2f}x baseline)" if rec.speedup_throughput else ""
     if rec.decomposition:  # the aligned baseline's split: path cost x speculation gain
-        speed += "\n= " + text.split(rec.decomposition)
+        speed += "\n= " + rec.decomposition.split_text()
     # The upper right (slow yet fast) stays empty at a fixed concurrency, so the long label
     # goes there, under the front's top line (at 0.885 of the height with these margins),
     # and points at the star.

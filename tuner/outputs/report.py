@@ -316,7 +316,7 @@ class _Doc:
             out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.", ""]
         split = split_table.rec_rows(rec.decomposition)
         if split:
-            out += [f"| {e(rec.decomposition['label'])} | |", "|---|---:|"]
+            out += [f"| {e(rec.decomposition.label)} | |", "|---|---:|"]
             out += [f"| {e(k)} | {e(v)} |" for k, v in split]
             out.append("")
         if rec.metrics or rec.baseline_metrics:
@@ -442,7 +442,7 @@ class _Doc:
         split = split_table.rec_rows(rec.decomposition)
         if split:
             parts.append(f"<table class='split'><tr><th colspan='2'>"
-                         f"{e(rec.decomposition['label'])}</th></tr>" + "".join(
+                         f"{e(rec.decomposition.label)}</th></tr>" + "".join(
                              f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in split)
                          + "</table>")
         if rec.metrics or rec.baseline_metrics:

@@ -9,9 +9,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner import intervals
-from tuner.analysis import decomposition, frame
+from tuner.analysis import decomposition
 from tuner.analysis.recommend import MIN_CANDIDATES, MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
-from tuner.records.results import Basis, Noise, Recommendation, SpeedupInterval, Verdict
+from tuner.records.results import (
+    Basis,
+    ConfigSplit,
+    Noise,
+    Recommendation,
+    SpeedupInterval,
+    Verdict,
+)
 
 
 def reason(rec: Recommendation) -> str:
@@ -211,13 +218,13 @@ def _windows_clause(v: Verdict, gain: float) -> tuple[str, bool]:
     return f"; within one launch the windows spread {' and '.join(parts)}", unsettled
 
 
-def _split_sentence(split: Mapping[str, Any] | None) -> str:
+def _split_sentence(split: ConfigSplit | None) -> str:
     """The decomposition as the reason's last sentence: the line, and what the path costs,
     stated only where the path ratio differs from 1.00 by more than the noise (noise_floor,
     the rule a speedup must pass to count)."""
     if split is None:
         return ""
-    path, spread = split["path_cost"], frame.optional(split.get("path_cost_spread"))
+    path, spread = split.path_cost, split.path_cost_spread
     floor = noise_floor(None if spread is None or path <= 0 else spread / path)
     if abs(path - 1.0) <= floor:
         what = (f"the speculative engine path's own cost is not measurable: {path:.2f}x is "
