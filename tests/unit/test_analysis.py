@@ -281,6 +281,8 @@ def test_refuses_with_too_few_speculative_configs():
     assert rec.status == "insufficient_data" and rec.verdict.basis == Basis.TOO_FEW_CONFIGS
     assert rec.verdict.configs_completed == 1
     assert rec.speculative_config is None
+    # A refusal has no spread; recommendation.json keeps writing it as an empty mapping.
+    assert rec.spread is None and rec.model_dump(mode="json")["spread"] == {}
 
 
 def test_refuses_a_gain_within_the_measured_spread():

@@ -188,7 +188,7 @@ class _Doc:
                 "objectives": m["objectives"],
                 "target_concurrency": m["target_concurrency"],
                 "constraints": m["constraints"],
-                "levels": [{**verdicts.worded(r), "serve_config_file": (
+                "levels": [{**verdicts.worded(r).model_dump(mode="json"), "serve_config_file": (
                     self.config_files[r.concurrency].name
                     if r.concurrency in self.config_files else None)} for r in self.recs],
                 "serve_config_files": {str(c): p.name for c, p in self.config_files.items()},

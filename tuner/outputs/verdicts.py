@@ -6,7 +6,6 @@ report and recommendation.json all say them through here, so they say the same.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from tuner import intervals
 from tuner.analysis import decomposition
@@ -18,6 +17,7 @@ from tuner.records.results import (
     Recommendation,
     SpeedupInterval,
     Verdict,
+    WordedRecommendation,
 )
 
 
@@ -68,9 +68,10 @@ def confidence(rec: Recommendation) -> str:
             f"\u00b1{spread_rel:.1%}{floor}.")
 
 
-def worded(rec: Recommendation) -> dict[str, Any]:
+def worded(rec: Recommendation) -> WordedRecommendation:
     """The recommendation as recommendation.json holds it: its fields and its words."""
-    return {**rec.model_dump(mode="json"), "reason": reason(rec), "confidence": confidence(rec)}
+    return WordedRecommendation.model_construct(
+        **dict(rec), reason=reason(rec), confidence=confidence(rec))
 
 
 # --- the reasons, one per basis --------------------------------------------------------------

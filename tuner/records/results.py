@@ -516,6 +516,14 @@ class Recommendation(Frozen):
         return {} if spread is None else spread
 
 
+class WordedRecommendation(Recommendation):
+    """A Recommendation with its words (tuner.outputs.verdicts says them): each level of
+    recommendation.json, and what `tuner recommend --json` prints."""
+
+    reason: str
+    confidence: str  # "" for a refusal
+
+
 class TrafficOutcome(Frozen):
     """What `tuner predict --traffic` hands the CLI: the table, the notes beside it, the rows
     (for --json) and the files written."""
