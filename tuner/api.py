@@ -36,7 +36,13 @@ from tuner.records.options import (
     PolicyOptions,
     TrafficOptions,
 )
-from tuner.records.results import BenchResult, Recommendation, StudyOutcome, TrafficOutcome
+from tuner.records.results import (
+    BenchHeader,
+    BenchResult,
+    Recommendation,
+    StudyOutcome,
+    TrafficOutcome,
+)
 from tuner.records.storage import StudySettings
 
 Say = Callable[[str], None]
@@ -145,12 +151,10 @@ def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say =
     t0 = time.monotonic()
     result = trial.measure(engine, options.config, wl, settings, trial_dir=out_dir,
                            schedule=schedule, progress=lambda m: say("  " + m), show_bar=show_bar)
-    metadata = dict(options.metadata)
-    files.write_bench_result(out_dir, result, engine=engine, metadata=metadata, header={
-        "workload": workload.model_dump(), "workload_digest": wl.digest,
-        "settings": settings.model_dump(), "schedule": schedule.model_dump(mode="json"),
-        "engine_spec": engine.model_dump(),
-        "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata})
+    files.write_bench_result(out_dir, result, header=BenchHeader(
+        workload=workload, workload_digest=wl.digest, settings=settings, schedule=schedule,
+        engine_spec=engine, wall_s=round(time.monotonic() - t0, 1),
+        metadata=dict(options.metadata)))
     return result
 
 

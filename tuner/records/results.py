@@ -12,7 +12,14 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 
-from tuner.records.configs import Frozen, TrialConfig
+from tuner.records.configs import (
+    EngineSpec,
+    Frozen,
+    MeasureSettings,
+    RequestSchedule,
+    TrialConfig,
+    WorkloadSpec,
+)
 from tuner.records.migrations import OLD_LEVEL_KEYS
 
 
@@ -213,6 +220,19 @@ class BenchResult(Frozen):
         own, unknown here, so it is named as what it is."""
         url = self.engine.details.get("base_url")
         return f"live server at {url} (its own config)" if url else self.config.label()
+
+
+class BenchHeader(Frozen):
+    """What a `tuner bench` run asked and how long it took: result.json's first keys, ahead
+    of its BenchResult (tuner.outputs.files.write_bench_result)."""
+
+    workload: WorkloadSpec
+    workload_digest: str
+    settings: MeasureSettings
+    schedule: RequestSchedule
+    engine_spec: EngineSpec
+    wall_s: float
+    metadata: dict[str, str] = Field(default_factory=dict)
 
 
 # --- across the search: what one trial produced, and why it stands in the study --------------
