@@ -180,14 +180,14 @@ class _Doc:
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        m = self.settings.stored()
+        """recommendation.json: the study, its settings and each level's WordedRecommendation."""
+        s = self.settings
         return {"study": self.study_name, "complete": self.unfinished.empty,
                 "trials": {**self.counts, "answered_from_storage": self.copies},
-                "fingerprint": m["fingerprint"],
-                "workload": m["workload"], "workload_digest": m["workload_digest"],
-                "objectives": m["objectives"],
-                "target_concurrency": m["target_concurrency"],
-                "constraints": m["constraints"],
+                "fingerprint": s.fingerprint.model_dump(mode="json"),
+                "workload": s.workload.model_dump(mode="json"),
+                "workload_digest": s.workload_digest, "objectives": list(s.objectives),
+                "target_concurrency": s.target_concurrency, "constraints": dict(s.constraints),
                 "levels": [{**verdicts.worded(r).model_dump(mode="json"), "serve_config_file": (
                     self.config_files[r.concurrency].name
                     if r.concurrency in self.config_files else None)} for r in self.recs],
