@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.analysis.frame import number
-from tuner.records.results import ratio_text
+from tuner.records.results import ratio_text, split_text
 
 
 def num(value: float | None, fmt: str = "{:.1f}") -> str:
@@ -71,9 +71,16 @@ def versus(predicted: Any, measured: Any, error_pct: Any, fmt: str = "{:.1f}") -
 
 
 def ratio(row: Mapping[str, Any], name: str) -> str:
-    """One ratio of the split (tuner.analysis.decomposition.COLUMNS) from a frame row: its
-    value and `<name>_spread` (a recommendation's ConfigSplit has them as fields)."""
+    """One ratio of the split (tuner.analysis.decomposition.COLUMNS) from a frame row or a
+    recommendation's record: its value and `<name>_spread`."""
     return ratio_text(number(row.get(name)), number(row.get(f"{name}_spread")))
+
+
+def split(row: Mapping[str, Any]) -> str:
+    """The split of a frame row or a recommendation's record: "path 0.83x \u00b10.02 x
+    speculation 1.28x \u00b10.04"."""
+    return split_text(*(number(row.get(c)) for c in (
+        "path_cost", "path_cost_spread", "speculation_gain", "speculation_gain_spread")))
 
 
 # What a prediction row's ngram_path (tuner.replay.predict) means, in words.
