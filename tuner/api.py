@@ -36,13 +36,7 @@ from tuner.records.options import (
     PolicyOptions,
     TrafficOptions,
 )
-from tuner.records.results import (
-    BenchHeader,
-    BenchResult,
-    Recommendation,
-    StudyOutcome,
-    TrafficOutcome,
-)
+from tuner.records.results import BenchResult, Recommendation, StudyOutcome, TrafficOutcome
 from tuner.records.storage import StudySettings
 
 Say = Callable[[str], None]
@@ -132,6 +126,7 @@ def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say =
     `options.engine`. `show_bar`: a bar over each level's requests, for a TTY."""
     from tuner.measure import trial
     from tuner.outputs import files
+    from tuner.records.results import BenchHeader
 
     engine = engine or resolve_engine(options.engine)
     checks.bench_options(options, engine)
