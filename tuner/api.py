@@ -127,6 +127,7 @@ def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say =
     `options.engine`. `show_bar`: a bar over each level's requests, for a TTY."""
     from tuner.measure import trial
     from tuner.outputs import files
+    from tuner.records.results import BenchHeader
 
     engine = engine or resolve_engine(options.engine)
     checks.bench_options(options, engine)
@@ -146,12 +147,10 @@ def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say =
     t0 = time.monotonic()
     result = trial.measure(engine, options.config, wl, settings, trial_dir=out_dir,
                            schedule=schedule, progress=lambda m: say("  " + m), show_bar=show_bar)
-    metadata = dict(options.metadata)
-    files.write_bench_result(out_dir, result, engine=engine, metadata=metadata, header={
-        "workload": workload.model_dump(), "workload_digest": wl.digest,
-        "settings": settings.model_dump(), "schedule": schedule.model_dump(mode="json"),
-        "engine_spec": engine.model_dump(),
-        "wall_s": round(time.monotonic() - t0, 1), "metadata": metadata})
+    files.write_bench_result(out_dir, result, header=BenchHeader(
+        workload=workload, workload_digest=wl.digest, settings=settings, schedule=schedule,
+        engine_spec=engine, wall_s=round(time.monotonic() - t0, 1),
+        metadata=dict(options.metadata)))
     return result
 
 

@@ -17,7 +17,6 @@ Every input is checked before anything is printed or created.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import json
 import logging
@@ -46,17 +45,6 @@ ENGINE_STRING_OPTIONS = ("--engine-args", "--aligned-baseline", "--vllm-cmd")
 _WINDOWS = MeasureSettings.model_fields["stable_windows"].default  # windows that must agree
 
 
-def _defaults(record: type) -> dict[str, Any]:
-    """Every field default of an options record (a pydantic model or a dataclass): the one
-    home of each option's default, which the parser reads (tests/unit/test_cli_defaults.py)."""
-    if dataclasses.is_dataclass(record):
-        return {f.name: f.default if f.default is not dataclasses.MISSING
-                else f.default_factory() if f.default_factory is not dataclasses.MISSING
-                else None for f in dataclasses.fields(record)}
-    return {name: f.get_default(call_default_factory=True)
-            for name, f in record.model_fields.items()}
-
-
 def _joined(values: Sequence[Any]) -> str:
     """A tuple default as its flag is typed: (1, 8) -> "1,8", (99.0,) -> "99"."""
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
@@ -67,8 +55,11 @@ def _percent(fraction: float) -> float:
     return round(100 * fraction, 6)
 
 
-_W, _M = _defaults(WorkloadSpec), _defaults(MeasureSettings)
-_P, _O = _defaults(PolicyOptions), _defaults(OptimizeOptions)
+# The options records built from their own defaults: the one home of each option's default,
+# which the parser reads (tests/unit/test_cli_defaults.py). A workload's name has none (the
+# parser's --workload choice is the default), so its record is built without validation.
+_W, _M, _P = WorkloadSpec.model_construct(), MeasureSettings(), PolicyOptions()
+_O = OptimizeOptions(workload=_W)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -179,9 +170,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
                    help=f"one of {', '.join(checks.WORKLOADS)} (custom: your --dataset-path)")
     g.add_argument("--dataset-path", type=checks.dataset_path,
                    help="local dataset file (jsonl/json/parquet, or .jsonl.xz)")
-    g.add_argument("--num-prompts", type=_opt("num_prompts"), default=_W["num_prompts"],
+    g.add_argument("--num-prompts", type=_opt("num_prompts"), default=_W.num_prompts,
                    help="prompts drawn from the dataset (fewer than requests: reused)")
-    g.add_argument("--seed", type=_opt("seed"), default=_W["seed"], help="prompt sampling seed")
+    g.add_argument("--seed", type=_opt("seed"), default=_W.seed, help="prompt sampling seed")
     g.add_argument("--output-len", type=_opt("output_len"),
                    help="max output tokens per request")
     g.add_argument("--max-input-tokens", type=_opt("max_input_tokens"),
@@ -189,18 +180,18 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     g.add_argument("--category", help="spec_bench only: one of its categories (writing, "
                    "roleplay, reasoning, math, coding, ...; default: all)")
     g.add_argument("--random-input-len", type=_opt("random_input_len"),
-                   default=_W["random_input_len"],
+                   default=_W.random_input_len,
                    help="random workload: prompt tokens")
     g.add_argument("--random-output-len", type=_opt("random_output_len"),
-                   default=_W["random_output_len"],
+                   default=_W.random_output_len,
                    help="random workload: output tokens")
-    g.add_argument("--temperature", type=_opt("temperature"), default=_W["temperature"],
+    g.add_argument("--temperature", type=_opt("temperature"), default=_W.temperature,
                    help="sampling temperature (0: greedy, where replay is exact)")
-    g.add_argument("--top-p", type=_opt("top_p"), default=_W["top_p"],
+    g.add_argument("--top-p", type=_opt("top_p"), default=_W.top_p,
                    help="nucleus sampling, with --temperature > 0 (1: off)")
-    g.add_argument("--top-k", type=_opt("top_k"), default=_W["top_k"],
+    g.add_argument("--top-k", type=_opt("top_k"), default=_W.top_k,
                    help="sample among the k most likely tokens, with --temperature > 0 (0: off)")
-    g.add_argument("--min-p", type=_opt("min_p"), default=_W["min_p"],
+    g.add_argument("--min-p", type=_opt("min_p"), default=_W.min_p,
                    help="drop tokens below this share of the likeliest one's probability, "
                    "with --temperature > 0 (0: off; vLLM refuses it with speculative decoding)")
     g.add_argument("--ignore-eos", action="store_true",
@@ -240,19 +231,19 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 def _add_measure(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--concurrency", type=checks.list_option("concurrency"),
-                   default=_joined(_M["concurrencies"]),
+                   default=_joined(_M.concurrencies),
                    help="levels, e.g. 1,8,32")
     g.add_argument("--num-requests", type=_opt("num_requests"),
                    help="measured requests per level")
     g.add_argument("--requests-per-slot", type=_opt("requests_per_slot"),
-                   default=_M["requests_per_slot"],
+                   default=_M.requests_per_slot,
                    help="without --num-requests: requests per level = this x concurrency (at "
                    "least --num-prompts)")
     g.add_argument("--num-warmups", type=_opt("num_warmups"),
                    help="short warm-up requests before each level, excluded from the figures "
                    "(default: one per slot, i.e. the level's concurrency)")
     g.add_argument("--stability", metavar="PCT", type=_opt("stability"),
-                   default=_M["stability_pct"],
+                   default=_M.stability_pct,
                    help=f"cut each level's measured requests into {_WINDOWS} fixed windows (the "
                    "same requests in every launch) and mark the level unsteady where their "
                    "decode times per token spread more than this many percent; 0: no windows. "
@@ -270,10 +261,10 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
                    "study's settings), e.g. --metadata gpu=H200 run=3")
     g.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     g.add_argument("--percentile-metrics", type=checks.percentile_metrics,
-                   default=_joined(_M["percentile_metrics"]), help="as vLLM's: metrics whose "
+                   default=_joined(_M.percentile_metrics), help="as vLLM's: metrics whose "
                    "--metric-percentiles are reported (ttft, tpot, itl, e2el)")
     g.add_argument("--metric-percentiles", type=checks.metric_percentiles,
-                   default=_joined(_M["metric_percentiles"]),
+                   default=_joined(_M.metric_percentiles),
                    help="as vLLM's, e.g. 50,90,99: keys p50_tpot_ms ...")
 
 
@@ -283,11 +274,11 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
                    help="concurrency ladder, e.g. 1,2,4,8,16 (default: powers of two up to "
                    "--ladder-max)")
     g.add_argument("--ladder-max", "--max-concurrency", action=_Renamed, old="--max-concurrency",
-                   why=_LADDER_MAX_WHY, type=_opt("ladder_max"), default=_P["ladder_max"],
+                   why=_LADDER_MAX_WHY, type=_opt("ladder_max"), default=_P.ladder_max,
                    help="top of the default ladder (--max-concurrency: its old, deprecated name)")
-    g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=_P["repeats"],
+    g.add_argument("--policy-repeats", type=_opt("policy_repeats"), default=_P.repeats,
                    help="measurements of each config on the whole ladder")
-    g.add_argument("--leaders", type=_opt("leaders"), default=_P["leaders"],
+    g.add_argument("--leaders", type=_opt("leaders"), default=_P.leaders,
                    help="leading configs (best per method)")
     g.add_argument("--k-values", type=checks.list_option("k_values", unique=False, blank=True),
                    help="K values of the chosen method to measure, e.g. 5,2")
@@ -296,7 +287,7 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy-output-len", type=_opt("policy_output_len"),
                    help="max output tokens on the ladder (default: the study's)")
     g.add_argument("--policy-requests-per-slot", type=_opt("policy_requests_per_slot"),
-                   default=_P["requests_per_slot"],
+                   default=_P.requests_per_slot,
                    help="requests per ladder level = this x concurrency")
     g.add_argument("--side-by-side", action="store_true",
                    help="re-measure baseline and static config interleaved with the policy")
@@ -304,36 +295,36 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
 
 def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
     """How optimize searches: the space, the budget, the strategy and sampler, what it ranks."""
-    g.add_argument("--space", default=_O["space_name"],
+    g.add_argument("--space", default=_O.space_name,
                    help=f"built-in space ({names['spaces']}) "
                    "or the path of your YAML file")
-    g.add_argument("--n-trials", type=_opt("n_trials"), default=_O["n_trials"],
+    g.add_argument("--n-trials", type=_opt("n_trials"), default=_O.n_trials,
                    help="total trials, resumes count")
     g.add_argument("--timeout", type=_opt("timeout"),
                    help="stop launching trials after this many s")
-    g.add_argument("--strategy", choices=("auto", "replay", "optuna"), default=_O["strategy"],
+    g.add_argument("--strategy", choices=("auto", "replay", "optuna"), default=_O.strategy,
                    help="replay: predict every n-gram/suffix config from the baseline's tokens "
                    "and launch only calibrations (one; two where the engine splits CUDA graphs) "
                    "and the predicted leaders (--n-trials is "
                    "then the launch budget); optuna: sample configs, one launch each; auto "
                    "(default): replay when every method of the space can be replayed")
     g.add_argument("--confirm-leaders", type=_opt("confirm_leaders"),
-                   default=_O["confirm_leaders"],
+                   default=_O.confirm_leaders,
                    help="replay: predicted leaders to confirm with real launches")
     g.add_argument("--confidence", metavar="PCT", type=_opt("confidence"),
-                   default=_percent(_O["confidence"]),
+                   default=_percent(_O.confidence),
                    help="confidence of the speedup intervals that end the confirm launches "
                    "and back the recommendation")
     g.add_argument("--margin", metavar="PCT", type=_opt("margin"),
-                   default=_percent(_O["margin"]),
+                   default=_percent(_O.margin),
                    help="speedups whose interval lies within this many percent of 1.00x count "
                    "as no difference (either config will do)")
     g.add_argument("--sampler", help=f"one of {names['samplers']} (default: tpe); naming one "
                    "asks for the Optuna search (--strategy auto then means optuna)")
-    g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=_O["seed"],
+    g.add_argument("--sampler-seed", type=_opt("sampler_seed"), default=_O.seed,
                    help="seed of the sampler and of the replay's choices")
     g.add_argument("--objectives", type=checks.name_list,
-                   default=_joined(_O["objectives"]),
+                   default=_joined(_O.objectives),
                    help=f"comma-separated, from {names['objectives']}")
     g.add_argument("--target-concurrency", type=_opt("target_concurrency"),
                    help="level the objectives are read at (default: the first --concurrency)")
@@ -341,7 +332,7 @@ def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
                    help="SLO: mean TPOT limit (constraint)")
     g.add_argument("--max-ttft-ms", type=_opt("max_ttft_ms"),
                    help="SLO: p99 TTFT limit (constraint)")
-    g.add_argument("--repeats", type=_opt("repeats"), default=_O["repeats"],
+    g.add_argument("--repeats", type=_opt("repeats"), default=_O.repeats,
                    help="measurements of the leaders")
 
 

@@ -188,8 +188,8 @@ def test_auto_alignment_follows_the_engine_path_the_speculative_trial_took(tmp_p
     repeated = [roles[t.user_attrs["repeat_of"]] for t in trials if "repeat_of" in t.user_attrs]
     assert "aligned_baseline" in repeated and "baseline" in repeated
     # The split is in the full verdict: with -v, and in the report's "How it was decided".
-    ranking = [e["text"] for e in decisions.load_decisions(tmp_path / "study")
-               if e["topic"] == "confirmation"]
+    ranking = [e.text for e in decisions.load_decisions(tmp_path / "study")
+               if e.topic == "confirmation"]
     assert any("engine path" in t and "speculation alone" in t for t in ranking), ranking
     short = [ln for ln in lines if ln.startswith("Ranking")]
     assert len(short) == 1 and "speculation alone" not in short[0]
@@ -249,8 +249,8 @@ def test_the_suffix_sample_is_climbed_around_the_predicted_leaders(tmp_path):
     climbed = [line for line in detail if line.startswith("Searched the sampled grids")]
     assert len(climbed) == 1
     assert not any(line.startswith("Searched the sampled grids") for line in lines)  # -v only
-    assert [e["text"] for e in decisions.load_decisions(tmp_path / "study")
-            if e["topic"] == "climb"] == climbed
+    assert [e.text for e in decisions.load_decisions(tmp_path / "study")
+            if e.topic == "climb"] == climbed
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     keys = pred[pred["method"] == "suffix"]["key"].unique()
     assert len(keys) > replay_strategy.SUFFIX_POINTS + 1  # the sample, its start point, the climb

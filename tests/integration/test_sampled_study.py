@@ -43,7 +43,7 @@ def test_a_sampled_study_carries_its_error_and_says_what_the_engine_did_not_deli
     assert meta.stored()["fingerprint"]["top_k"] == 40 and meta.workload.top_k == 40
     mismatch = meta.sampling_mismatch
     assert set(mismatch) == {"1", "2"}
-    noted = [e["text"] for e in decisions.load_decisions(out) if e["topic"] == "sampling"]
+    noted = [e.text for e in decisions.load_decisions(out) if e.topic == "sampling"]
     assert sorted(noted) == sorted(mismatch.values())
     _, recs = api.report(study_dir=out)
     for rec in recs:

@@ -281,6 +281,8 @@ def test_refuses_with_too_few_speculative_configs():
     assert rec.status == "insufficient_data" and rec.verdict.basis == Basis.TOO_FEW_CONFIGS
     assert rec.verdict.configs_completed == 1
     assert rec.speculative_config is None
+    # A refusal has no spread; recommendation.json keeps writing it as an empty mapping.
+    assert rec.spread is None and rec.model_dump(mode="json")["spread"] == {}
 
 
 def test_refuses_a_gain_within_the_measured_spread():
@@ -296,8 +298,8 @@ def test_refuses_a_gain_within_the_measured_spread():
     assert v.basis == Basis.WITHIN_NOISE
     assert v.subject == "ngram k=5 window 2-5" and v.speedup == pytest.approx(1.04)  # the best
     assert v.noise == Noise.MEASURED and v.noise_spread == pytest.approx(0.10)
-    assert rec.spread["relative_throughput_spread"] == pytest.approx(0.10)
-    assert rec.spread["noise_floor"] == pytest.approx(0.10)
+    assert rec.spread.relative_throughput_spread == pytest.approx(0.10)
+    assert rec.spread.noise_floor == pytest.approx(0.10)
     assert "--speculative-config" not in rec.serve_command
     # Re-measure that config beside the baseline.
     base_line, best_line = rec.verify_command.split(" && ")
@@ -324,8 +326,8 @@ def test_a_gain_beside_a_zero_spread_is_no_finding():
     assert v.basis == Basis.WITHIN_NOISE and v.subject == "ngram k=8 window 3-3"
     assert (v.subject_throughput, v.baseline_throughput) == (327.7, 327.6)
     assert v.noise == Noise.FLOOR and v.noise_spread == 0.0
-    assert rec.spread["relative_throughput_spread"] == 0.0
-    assert rec.spread["noise_floor"] == pytest.approx(0.02)
+    assert rec.spread.relative_throughput_spread == 0.0
+    assert rec.spread.noise_floor == pytest.approx(0.02)
     assert rec.label == "baseline (no speculation)" and rec.speedup_throughput == 1.0
     # Identical launches: the speedup interval has no width and lies within the 2% margin.
     iv = v.interval
@@ -350,7 +352,7 @@ def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
     assert rec.status == "speculation_off" and v.basis == Basis.WITHIN_NOISE
     assert v.subject == "ngram k=8 window 1-2" and v.speedup == pytest.approx(1.075, abs=0.005)
     assert v.noise == Noise.SINGLE_RUN and v.noise_spread == pytest.approx(0.119, abs=5e-4)
-    assert rec.spread["single_run_spread"] == pytest.approx(63.4 / 531.0)
+    assert rec.spread.single_run_spread == pytest.approx(63.4 / 531.0)
     # Peers that repeat within 1%: the single run is held to the 5% floor, and +7.5% passes.
     study = fake_study()
     _twice(study, None, 1, 536.9, 509.5, role="baseline")
@@ -359,7 +361,7 @@ def test_a_single_run_counts_with_the_spread_its_repeated_peers_showed():
     add_complete(study, ngram(8, 1, 2), lv, role="calibration")
     rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.speculative_config is not None and rec.label == "ngram k=8 window 1-2"
-    assert rec.spread["single_run_spread"] == pytest.approx(0.05)
+    assert rec.spread.single_run_spread == pytest.approx(0.05)
 
 
 def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_moved():
@@ -376,8 +378,8 @@ def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_
     v = rec.verdict
     assert rec.status == "speculation_off" and v.basis == Basis.WITHIN_NOISE
     assert v.noise == Noise.UNSETTLED_WINDOWS and v.noise_spread == pytest.approx(0.227)
-    assert rec.spread["unsettled_spread"] == pytest.approx(0.227)
-    assert rec.spread["single_run_spread"] == pytest.approx(0.227)
+    assert rec.spread.unsettled_spread == pytest.approx(0.227)
+    assert rec.spread.single_run_spread == pytest.approx(0.227)
     # The same launch with windows that settled: the 5% taken for one run, and +18.8% counts.
     study = fake_study()
     _twice(study, None, 1, 518.8, 573.9, role="baseline")
@@ -385,7 +387,7 @@ def test_a_single_launch_whose_windows_did_not_settle_counts_no_surer_than_they_
     add_complete(study, ngram(6, 1, 6), [settled])
     add_complete(study, ngram(6, 1, 5), twin)
     rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
-    assert rec.label == "ngram k=6 window 1-6" and rec.spread["unsettled_spread"] is None
+    assert rec.label == "ngram k=6 window 1-6" and rec.spread.unsettled_spread is None
 
 
 def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
@@ -398,7 +400,7 @@ def test_a_one_percent_gain_against_a_smaller_spread_is_no_finding():
     v = rec.verdict
     assert rec.status == "speculation_off" and v.basis == Basis.WITHIN_NOISE
     assert (v.subject_throughput, v.baseline_throughput) == (2600.6, 2577.9)
-    assert rec.spread["relative_throughput_spread"] == pytest.approx(15.5 / 2577.9)
+    assert rec.spread.relative_throughput_spread == pytest.approx(15.5 / 2577.9)
     # Two launches each: the interval is open, so the noise floor decided as before.
     iv = v.interval
     assert iv.decision == "open" and iv.launches == (2, 2)
@@ -519,7 +521,7 @@ def test_repeat_trials_of_one_config_are_pooled_and_the_original_is_chosen():
     assert list(df.loc[df["trial"] >= 2, "output_throughput_mad"]) == [2.0, 2.0, 2.0]
     rec = recommend(df, concurrency=1)
     assert rec.trial == 2 and rec.n_repeats == 2
-    assert rec.spread["output_throughput_mad"] == pytest.approx(2.0)
+    assert rec.spread.output_throughput_mad == pytest.approx(2.0)
     # The baseline ran once: its interval borrows the 2 degrees of freedom suffix's pooled.
     iv = rec.verdict.interval
     assert iv.launches == (3, 1) and iv.decision == "above"
@@ -544,7 +546,7 @@ def test_a_settled_interval_counts_a_gain_the_noise_floor_would_not():
     add_complete(study, ngram(5), [fake_level(1, output_throughput=104.0, mean_tpot_ms=9.6)])
     rec = recommend(trials_frame(study), concurrency=1, settings=settings_of(study))
     assert rec.status == "recommend" and rec.speculative_config == ngram(5)
-    assert rec.spread["noise_floor"] == pytest.approx(0.05)  # what the floor asked for
+    assert rec.spread.noise_floor == pytest.approx(0.05)  # what the floor asked for
     lo, hi = rec.speedup_interval
     assert 1.0 < lo < 1.04 < hi and rec.launches == (1, 3)
     v = rec.verdict
@@ -622,16 +624,16 @@ def test_the_recommendation_says_what_the_path_costs_in_one_line():
     assert on.status == "recommend" and on.label == "ngram k=3 window 1-3"
     assert on.speedup_throughput == pytest.approx(0.83 * 1.28)  # still against the plain one
     split = on.decomposition
-    assert split["path_cost"] == pytest.approx(0.83) and split["speculation_gain"] == \
-        pytest.approx(1.28) and split["path_cost_spread"] == pytest.approx(0.03 * 0.83)
+    assert split.path_cost == pytest.approx(0.83) and split.speculation_gain == \
+        pytest.approx(1.28) and split.path_cost_spread == pytest.approx(0.03 * 0.83)
     # Where speculation loses, the split says whether the path or speculation lost.
     off = recs[32]
     assert off.status == "speculation_off"
-    assert off.decomposition["label"] == "ngram k=5 window 2-5"
-    assert off.decomposition["path_cost"] == pytest.approx(0.92)
-    assert off.decomposition["speculation_gain"] == pytest.approx(0.89)
-    assert recs[8].decomposition["path_cost"] == pytest.approx(1.06)
-    assert recs[8].decomposition["speculation_gain"] == pytest.approx(0.92)
+    assert off.decomposition.label == "ngram k=5 window 2-5"
+    assert off.decomposition.path_cost == pytest.approx(0.92)
+    assert off.decomposition.speculation_gain == pytest.approx(0.89)
+    assert recs[8].decomposition.path_cost == pytest.approx(1.06)
+    assert recs[8].decomposition.speculation_gain == pytest.approx(0.92)
 
 
 def test_a_path_ratio_within_its_spread_of_one_is_no_cost_or_gain():
@@ -645,8 +647,8 @@ def test_a_path_ratio_within_its_spread_of_one_is_no_cost_or_gain():
     add_complete(study, ngram(5), lv(130.0))
     add_complete(study, ngram(3), lv(120.0))
     rec = recommend(pareto_speedups(study), concurrency=1)
-    assert rec.decomposition["path_cost"] == pytest.approx(0.99)
-    assert rec.decomposition["path_cost_spread"] == pytest.approx(0.02, abs=1e-3)
+    assert rec.decomposition.path_cost == pytest.approx(0.99)
+    assert rec.decomposition.path_cost_spread == pytest.approx(0.02, abs=1e-3)
 
 
 def test_without_an_aligned_baseline_the_recommendation_has_no_split():

@@ -1,7 +1,8 @@
 """One home for every default: the options records own them and the parser reads them from
-there (tuner/cli.py `_defaults`), so code that builds a record directly (the integration
-tests, a notebook) measures as a user at the command line does. Each command's options built
-from an empty command line equal the record built from its own defaults.
+there (tuner/cli.py builds each record from its defaults: `_W`, `_M`, `_P`, `_O`), so code
+that builds a record directly (the integration tests, a notebook) measures as a user at the
+command line does. Each command's options built from an empty command line equal the record
+built from its own defaults.
 """
 
 from __future__ import annotations

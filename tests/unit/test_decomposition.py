@@ -114,14 +114,14 @@ def test_a_recommendation_carries_the_split_and_says_it_in_one_line():
     df = decomposition.decompose(trials_frame(aligned_study()))
     row = df[(df["trial"] == 2) & (df["concurrency"] == 1)].iloc[0]
     split = decomposition.record(row)
-    assert list(split) == ["label", *decomposition.COLUMNS]
-    assert split["label"] == "ngram k=3 window 1-3"
-    assert split["path_cost"] == pytest.approx(0.83)
+    assert list(split.model_dump()) == ["label", *decomposition.COLUMNS]
+    assert split.label == "ngram k=3 window 1-3"
+    assert split.path_cost == pytest.approx(0.83)
     assert decomposition.recommendation_line(split) == (
         "ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x "
         "speculation 1.28x \u00b10.04")
-    once = {**split, "path_cost_spread": None, "speculation_gain_spread": None,
-            "total_speedup_spread": None}
+    once = split.model_copy(update={"path_cost_spread": None, "speculation_gain_spread": None,
+                                    "total_speedup_spread": None})
     assert decomposition.recommendation_line(once).endswith(
         "1.06x over plain = path 0.83x x speculation 1.28x")
 

@@ -333,19 +333,30 @@ def test_without_an_aligned_baseline_the_report_has_no_split(outputs):
 
 def test_bench_files_use_vllm_names_and_sweep_reads_summary_json(tmp_path):
     from tuner.outputs import files
-    from tuner.records.configs import EngineSpec, TrialConfig
-    from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
+    from tuner.records.configs import (
+        EngineSpec,
+        MeasureSettings,
+        RequestSchedule,
+        TrialConfig,
+        WorkloadSpec,
+    )
+    from tuner.records.results import BenchHeader, BenchResult, EngineInfo, LevelMetrics
 
     levels = tuple(LevelMetrics.model_validate(fake_level(
         c, output_throughput=50.0 * c, mean_tpot_ms=20.0, acceptance_length=3.0, k=5))
         for c in (1, 4))
     result = BenchResult(config=TrialConfig(speculative_config=ngram(5)),
                          engine=EngineInfo(start_s=61.0), levels=levels)
-    written = files.write_bench_result(tmp_path, result, header={"wall_s": 3.0},
-                                       engine=EngineSpec(model="/abs/m", model_name="org/m"),
-                                       metadata={"gpu": "H200"})
+    header = BenchHeader(workload=WorkloadSpec(name="random"), workload_digest="d",
+                         settings=MeasureSettings(concurrencies=(1, 4)),
+                         schedule=RequestSchedule(workload_digest="d", levels=()),
+                         engine_spec=EngineSpec(model="/abs/m", model_name="org/m"),
+                         wall_s=3.0, metadata={"gpu": "H200"})
+    written = files.write_bench_result(tmp_path, result, header=header)
     doc = json.loads(written["result_json"].read_text())
     assert doc["wall_s"] == 3.0 and doc["levels"][1]["max_concurrency"] == 4
+    assert list(doc)[:7] == ["workload", "workload_digest", "settings", "schedule",
+                             "engine_spec", "wall_s", "metadata"]
     assert BenchResult.model_validate({k: doc[k] for k in ("config", "engine", "levels")}
                                       ).levels == levels  # read back under vLLM's names
     runs = json.loads(written["summary_json"].read_text())

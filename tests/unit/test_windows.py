@@ -83,16 +83,16 @@ def test_a_window_weighs_per_token_latency_by_tokens_so_one_short_stalled_reques
 
 def test_a_level_is_steady_when_its_windows_agree_within_the_target():
     steady = windows.fields(_records(9), ON)
-    assert steady["converged"] is True and steady["stable_windows"] == 3
-    assert len(steady["windows"]) == len(steady["window_tpot_ms"]) == 3
-    assert steady["window_tpot_ms"] == pytest.approx((10.0, 10.0, 10.0))
+    assert steady.converged is True and steady.stable_windows == 3
+    assert len(steady.windows) == len(steady.window_tpot_ms) == 3
+    assert steady.window_tpot_ms == pytest.approx((10.0, 10.0, 10.0))
     drifting = windows.fields(_records(6) + _records(3, tpot_ms=12.0, first=6, start=10.0), ON)
-    assert drifting["converged"] is False and drifting["stability_pct"] == pytest.approx(10.0)
+    assert drifting.converged is False and drifting.stability_pct == pytest.approx(10.0)
     # Fewer requests than windows: as many windows as requests, never steady by default.
     short = windows.fields(_records(2), ON)
-    assert short["stable_windows"] == 2 and short["converged"] is False
-    assert windows.fields(_records(9), ON.model_copy(update={"stability_pct": 0.0})) == {}
-    assert windows.fields([], ON) == {}
+    assert short.stable_windows == 2 and short.converged is False
+    assert windows.fields(_records(9), ON.model_copy(update={"stability_pct": 0.0})) is None
+    assert windows.fields([], ON) is None
 
 
 # --- the records -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pandas as pd
 
 from tuner.analysis import frame
 from tuner.records.policy import LevelStat
-from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
+from tuner.records.results import ConfigSplit, Measured, SpeedupSplit, ratio_text
 
 # Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
 # recommendation's `decomposition` (recommendation.json).
@@ -91,22 +91,26 @@ def _row_split(row: pd.Series, plain: pd.Series | None, aligned: pd.Series | Non
 
 
 # --- a recommendation -------------------------------------------------------------------------
-def record(row: Mapping[str, Any]) -> dict[str, Any] | None:
+def record(row: Mapping[str, Any]) -> ConfigSplit | None:
     """A row of `decompose` as a recommendation carries it (label and COLUMNS); None where the
     study has no aligned baseline at the row's level."""
-    if frame.optional(row.get("path_cost")) is None:
+    path_cost = frame.optional(row.get("path_cost"))
+    if path_cost is None:
         return None
-    return {"label": str(row["label"]), **{c: frame.optional(row.get(c)) for c in COLUMNS}}
+    return ConfigSplit(
+        label=str(row["label"]), total_speedup=frame.optional(row.get("total_speedup")),
+        total_speedup_spread=frame.optional(row.get("total_speedup_spread")),
+        path_cost=path_cost, path_cost_spread=frame.optional(row.get("path_cost_spread")),
+        speculation_gain=frame.optional(row.get("speculation_gain")),
+        speculation_gain_spread=frame.optional(row.get("speculation_gain_spread")))
 
 
-def recommendation_line(split: Mapping[str, Any]) -> str:
+def recommendation_line(split: ConfigSplit) -> str:
     """One line of a `record`, each ratio with its spread as the report's table shows it:
     "ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x speculation
     1.28x \u00b10.04"."""
-    total = ratio_text(split["total_speedup"], split.get("total_speedup_spread"))
-    return (f"{split['label']}: {total} over plain = " + split_text(
-        split["path_cost"], split.get("path_cost_spread"), split["speculation_gain"],
-        split.get("speculation_gain_spread")))
+    total = ratio_text(split.total_speedup, split.total_speedup_spread)
+    return f"{split.label}: {total} over plain = {split.split_text()}"
 
 
 # --- the policy's ladder ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,11 +36,39 @@ LEVEL_FIELDS = tuple(f for f in LevelMetrics.model_fields
 _PERCENTILE_COLUMN = re.compile(r"^p\d+(\.\d+)?_[a-z]+_ms$")
 # Metrics whose run-to-run spread is measured; they are the two objectives of a study.
 SPREAD_METRICS = ("output_throughput", "mean_tpot_ms")
-TRIAL_COLUMNS = (
-    "study", "trial", "state", "role", "method", "label", "spec_json", "engine_args_json",
-    "config_key", "num_speculative_tokens", "duplicate_of", "reason", "failure_kind", "log_tail",
-    "engine_start_s", "vllm_version",
-)
+# A cell of trials_frame as a trial's attrs hold it: a JSON scalar (a param, a figure, a label)
+# or a level's list field (windows, errors, per-position rates).
+Cell = str | int | float | bool | Sequence[float] | Sequence[str] | None
+# An Optuna param's value (optuna.distributions.CategoricalChoiceType and the numeric ones).
+Param = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class _TrialColumns:
+    """A trial's own cells of trials_frame (TRIAL_COLUMNS, in that order), the same on each of
+    its levels' rows."""
+
+    study: str
+    trial: int
+    state: str
+    role: str
+    method: str
+    label: str
+    spec_json: str
+    engine_args_json: str
+    config_key: str
+    # K once, as vLLM resolves it (TrialConfig.k); spec_json and the params are the config's
+    # own text, kept for trials.csv.
+    num_speculative_tokens: int | None
+    duplicate_of: int | None
+    reason: str | None
+    failure_kind: str | None
+    log_tail: str | None
+    engine_start_s: float | None
+    vllm_version: str | None
+
+
+TRIAL_COLUMNS = tuple(f.name for f in fields(_TrialColumns))
 SPREAD_COLUMNS = (
     "n_measurements", "n_repeats",
     *(f"{m}_{s}" for m in SPREAD_METRICS for s in ("median", "mad")),
@@ -147,7 +175,7 @@ class _Trials:
     """The rows of trials_frame as its trials are read, and what the columns need."""
 
     study_name: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Cell]] = field(default_factory=list)
     # (config key, level) -> (throughput, TPOT) of every measurement that is not a copy
     pooled: dict[tuple[str, int], list[tuple[float, float]]] = field(default_factory=dict)
     params: dict[str, None] = field(default_factory=dict)  # `params_<name>` columns, in order
@@ -161,26 +189,29 @@ class _Trials:
         stored = t.user_attrs.get(TrialAttr.CONFIG) or t.user_attrs.get(TrialAttr.CONFIG_OVERRIDE)
         config = _in_key_order(_trial_config(stored, {**fixed, **t.params}))
         self.configs[config.key()] = config
-        base = _trial_base(t, self.study_name, config)
+        own = _trial_columns(t, self.study_name, config)
+        params: dict[str, Param] = {}
         for name, value in t.params.items():
             self.params[f"params_{name}"] = None
-            base[f"params_{name}"] = value
+            params[f"params_{name}"] = value
         result = t.user_attrs.get(TrialAttr.RESULT) if t.state.name == "COMPLETE" else None
         levels = [LevelMetrics.migrate(lv) for lv in (result or {}).get("levels", [])
                   if isinstance(lv, dict)]
         if not levels:
             if t.state.name == "COMPLETE":
-                base["reason"] = "completed without a stored result (nothing to analyse)"
-            self.rows.append(base)
+                own = replace(own, reason="completed without a stored result (nothing to "
+                                          "analyse)")
+            self.rows.append({**asdict(own), **params})
             return
         for lv in levels:
             chosen = {k: v for k, v in (lv.get("percentiles") or {}).items()
                       if k not in LevelMetrics.model_fields}
             self.percentiles.update(dict.fromkeys(chosen))
-            self.rows.append({**base, **{f: lv.get(f) for f in LEVEL_FIELDS}, **chosen})
-        if base["duplicate_of"] is None:  # a copy would count the same measurement twice
+            self.rows.append({**asdict(own), **params, **{f: lv.get(f) for f in LEVEL_FIELDS},
+                              **chosen})
+        if own.duplicate_of is None:  # a copy would count the same measurement twice
             repeats = t.user_attrs.get(TrialAttr.REPEATS) or []
-            self._pool(base["config_key"], [levels, *(r for r in repeats if isinstance(r, list))])
+            self._pool(own.config_key, [levels, *(r for r in repeats if isinstance(r, list))])
 
     def _pool(self, key: str, runs: list[list[Any]]) -> None:
         for run in runs:
@@ -215,7 +246,7 @@ def _add_spreads(df: pd.DataFrame, pooled: dict[tuple[str, int], list[tuple[floa
     df["n_repeats"] = df["n_repeats"].astype("Int64")
 
 
-def _trial_base(t: Any, study_name: str, config: TrialConfig) -> dict[str, Any]:
+def _trial_columns(t: Any, study_name: str, config: TrialConfig) -> _TrialColumns:
     attrs = t.user_attrs
     failure = attrs.get(TrialAttr.FAILURE) or {}
     result = attrs.get(TrialAttr.RESULT) or {}
@@ -226,25 +257,19 @@ def _trial_base(t: Any, study_name: str, config: TrialConfig) -> dict[str, Any]:
         reason = str(failure.get("reason") or "failed without a recorded reason")
     elif state in _NOT_FINISHED:
         reason = _NOT_FINISHED[state]
-    return {
-        "study": study_name, "trial": t.number, "state": state,
-        "role": attrs.get(TrialAttr.ROLE, Role.SEARCH.value), "method": config.method,
-        "label": str(attrs.get(TrialAttr.LABEL) or config.label()),
-        "spec_json": config.spec_json(),
-        "engine_args_json": json.dumps(config.engine_args, sort_keys=True),
-        "config_key": config.key(),
-        # K once, as vLLM resolves it (TrialConfig.k); spec_json and the params are the
-        # config's own text, kept for trials.csv.
-        "num_speculative_tokens": config.k,
-        "duplicate_of": attrs.get(TrialAttr.DUPLICATE_OF),
-        "reason": reason,
-        "failure_kind": failure.get("kind") if state == "FAIL" else None,
-        "log_tail": failure.get("log_tail") if state == "FAIL" else None,
-        "engine_start_s": engine.get("start_s"), "vllm_version": engine.get("vllm_version"),
-    }
+    return _TrialColumns(
+        study=study_name, trial=t.number, state=state,
+        role=attrs.get(TrialAttr.ROLE, Role.SEARCH.value), method=config.method,
+        label=str(attrs.get(TrialAttr.LABEL) or config.label()), spec_json=config.spec_json(),
+        engine_args_json=json.dumps(config.engine_args, sort_keys=True),
+        config_key=config.key(), num_speculative_tokens=config.k,
+        duplicate_of=attrs.get(TrialAttr.DUPLICATE_OF), reason=reason,
+        failure_kind=failure.get("kind") if state == "FAIL" else None,
+        log_tail=failure.get("log_tail") if state == "FAIL" else None,
+        engine_start_s=engine.get("start_s"), vllm_version=engine.get("vllm_version"))
 
 
-def _trial_config(stored: Any, params: dict[str, Any]) -> TrialConfig:
+def _trial_config(stored: Any, params: Mapping[str, Param]) -> TrialConfig:
     """The trial's config as stored; rebuilt from the flat params when the attr is missing."""
     if isinstance(stored, dict):
         try:
@@ -315,19 +340,22 @@ def configs_frame(df: pd.DataFrame) -> pd.DataFrame:
     launched = df[df["duplicate_of"].isna()]
     numeric = [f for f in df.columns if (f in LEVEL_FIELDS or _PERCENTILE_COLUMN.match(f))
                and pd.api.types.is_numeric_dtype(df[f])]
-    rows: list[dict[str, Any]] = []
+    rows: list[pd.Series] = []
     for _, group in launched.groupby("config_key", sort=False, dropna=False):
         group = group.sort_values(["trial", "concurrency"], kind="stable")
-        extra = {"trials": json.dumps(sorted({int(t) for t in group["trial"].dropna()})),
-                 "n_failed": int(group.loc[group["state"] == "FAIL", "trial"].nunique())}
+        extra = pd.Series({
+            "trials": json.dumps(sorted({int(t) for t in group["trial"].dropna()})),
+            "n_failed": int(group.loc[group["state"] == "FAIL", "trial"].nunique())},
+            dtype=object)
         done = group[(group["state"] == "COMPLETE") & group["concurrency"].notna()]
         if done.empty:
-            rows.append({**group.iloc[-1].to_dict(), **extra})
+            rows.append(pd.concat([group.iloc[-1], extra]))
             continue
         for _, level in done.groupby("concurrency", sort=True):
-            row = {**level.iloc[0].to_dict(), **extra}
+            row = pd.concat([level.iloc[0], extra])
             if len(level) > 1:
-                row.update({f: level[f].median() for f in numeric})
+                for f in numeric:
+                    row[f] = level[f].median()
             for metric in SPREAD_METRICS:
                 if pd.notna(row.get(f"{metric}_median")):
                     row[metric] = row[f"{metric}_median"]

@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,8 @@ from tuner.records.results import (
     Recommendation,
     Role,
     SpeedupInterval,
+    Status,
+    ThroughputSpread,
     Verdict,
     WindowSpread,
 )
@@ -88,12 +90,27 @@ class _Level:
         iv = self.interval(row)
         return None if iv is None else intervals.decide(iv, self.margin)
 
-    def answer(self, status: str, verdict: Verdict, **extra: Any) -> Recommendation:
-        return Recommendation(concurrency=self.concurrency, status=status, slos=self.slos,
-                              verdict=verdict.model_copy(update={
-                                  "sampling_mismatch": self.sampling_mismatch,
-                                  "slos_set": any(v is not None for v in self.slos.values())}),
-                              **extra)
+    def answer(self, status: Status, verdict: Verdict, *, serving: TrialConfig | None = None,
+               **extra: Any) -> Recommendation:
+        """The Recommendation: `verdict` with what the level knows, its interval's figures,
+        and where `serving` names the config to serve, its serve command, the same as a `vllm
+        serve --config` mapping and the note beside them (tuner.engine_cmdline.serve_note)."""
+        iv = verdict.interval
+        if serving is not None:
+            s = self.settings
+            extra.update(
+                serve_command=engine_cmdline.serve_command(_shown_engine(s), serving),
+                serve_config=serve_config(s, serving),
+                serve_note=engine_cmdline.serve_note(s.engine_spec if s else None))
+        return Recommendation(
+            concurrency=self.concurrency, status=status, slos=self.slos,
+            verdict=verdict.model_copy(update={
+                "sampling_mismatch": self.sampling_mismatch,
+                "slos_set": any(v is not None for v in self.slos.values())}),
+            speedup_interval=None if iv is None else (iv.lo, iv.hi),
+            confidence_level=None if iv is None else iv.confidence,
+            equivalence_margin=None if iv is None else iv.margin,
+            launches=None if iv is None else iv.launches, **extra)
 
     @property
     def sampling_mismatch(self) -> str | None:
@@ -190,7 +207,7 @@ def _gain(row: pd.Series) -> float:
 
 def _beyond_floor(row: pd.Series, base: pd.Series, at: _Level) -> bool:
     """Whether the row's gain exceeds the noise floor (noise_floor of the MADs)."""
-    return _gain(row) > noise_floor(_spread(row, base, at)["relative_throughput_spread"])
+    return _gain(row) > _spread(row, base, at).noise_floor
 
 
 def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
@@ -201,15 +218,6 @@ def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
     if decision is not None and decision != intervals.OPEN:
         return decision == intervals.ABOVE
     return _beyond_floor(row, base, at)
-
-
-def _interval_fields(row: pd.Series, at: _Level) -> dict[str, Any]:
-    """The Recommendation fields of the row's speedup interval (none where it has none)."""
-    iv = at.interval(row)
-    if iv is None:
-        return {}
-    return {"speedup_interval": (iv.lo, iv.hi), "confidence_level": iv.confidence,
-            "equivalence_margin": at.margin, "launches": (iv.n_a, iv.n_b)}
 
 
 def _interval(row: pd.Series, at: _Level) -> SpeedupInterval | None:
@@ -223,33 +231,34 @@ def _interval(row: pd.Series, at: _Level) -> SpeedupInterval | None:
                            pool_configs=at.pool.configs)
 
 
-def _against(row: pd.Series, base: pd.Series, at: _Level) -> dict[str, Any]:
-    """The Verdict fields of `row` against the plain baseline: its figures, the noise its gain
-    was held against, its interval, its measurements and its windows."""
+def _against(row: pd.Series, base: pd.Series, at: _Level, basis: Basis, *,
+             chosen_by: Literal["knee", "slos"] | None = None,
+             baseline_meets_slos: bool = True) -> Verdict:
+    """The Verdict on `row` against the plain baseline: its figures, the noise its gain was
+    held against, its interval, its measurements and its windows."""
     spread = _spread(row, base, at)
-    spread_rel = spread["relative_throughput_spread"]
-    return {"subject": str(row["label"]),
-            "subject_throughput": float(row["output_throughput"]),
-            "subject_tpot_ms": float(row["mean_tpot_ms"]),
-            "baseline_throughput": float(base["output_throughput"]),
-            "baseline_tpot_ms": float(base["mean_tpot_ms"]),
-            "speedup": float(row["speedup_throughput"]), "noise": _noise(spread),
-            "noise_spread": spread_rel, "noise_floor": spread["noise_floor"],
-            "interval": _interval(row, at),
-            "measurements": (int(_int(row["n_measurements"])),
-                             int(_int(base["n_measurements"]))),
-            "windows": _window_spreads(row, base)}
+    return Verdict(basis=basis, chosen_by=chosen_by, baseline_meets_slos=baseline_meets_slos,
+                   subject=str(row["label"]), subject_throughput=float(row["output_throughput"]),
+                   subject_tpot_ms=float(row["mean_tpot_ms"]),
+                   baseline_throughput=float(base["output_throughput"]),
+                   baseline_tpot_ms=float(base["mean_tpot_ms"]),
+                   speedup=float(row["speedup_throughput"]), noise=_noise(spread),
+                   noise_spread=spread.relative_throughput_spread,
+                   noise_floor=spread.noise_floor, interval=_interval(row, at),
+                   measurements=(int(_int(row["n_measurements"])),
+                                 int(_int(base["n_measurements"]))),
+                   windows=_window_spreads(row, base))
 
 
-def _noise(spread: dict[str, float | None]) -> Noise:
+def _noise(spread: ThroughputSpread) -> Noise:
     """Which spread the gain was held against: the one `_spread` took as the largest."""
-    spread_rel = spread["relative_throughput_spread"]
+    spread_rel = spread.relative_throughput_spread
     if spread_rel is None:
         return Noise.UNMEASURED
-    for key, noise in (("paired_window_spread", Noise.PAIRED_WINDOWS),
-                       ("unsettled_spread", Noise.UNSETTLED_WINDOWS),
-                       ("single_run_spread", Noise.SINGLE_RUN)):
-        if spread.get(key) is not None and spread_rel == spread[key]:
+    for taken, noise in ((spread.paired_window_spread, Noise.PAIRED_WINDOWS),
+                         (spread.unsettled_spread, Noise.UNSETTLED_WINDOWS),
+                         (spread.single_run_spread, Noise.SINGLE_RUN)):
+        if taken is not None and spread_rel == taken:
             return noise
     return Noise.MEASURED if spread_rel >= MIN_DIFFERENCE else Noise.FLOOR
 
@@ -282,13 +291,12 @@ def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: _Level
 def _stays_off(best: pd.Series, base: pd.Series, at: _Level, basis: Basis) -> Recommendation:
     """Leave speculation off: serve the baseline; the verdict is about `best`, the fastest
     speculative config, whose verify command re-measures it beside the baseline."""
-    spread = _spread(best, base, at)
     return at.answer(
-        "speculation_off", Verdict(basis=basis, **_against(best, base, at)),
-        **_serving(at.settings, TrialConfig()), decomposition=decomposition.record(best),
+        "speculation_off", _against(best, base, at, basis), serving=TrialConfig(),
+        decomposition=decomposition.record(best),
         metrics=_metrics(base), baseline_metrics=_metrics(base), label=str(base["label"]),
-        trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0, spread=spread,
-        n_repeats=int(_int(base["n_repeats"])), **_interval_fields(best, at),
+        trial=int(base["trial"]), speedup_throughput=1.0, speedup_tpot=1.0,
+        spread=_spread(best, base, at), n_repeats=int(_int(base["n_repeats"])),
         verify_command=at.verify_against_baseline(at.config(best)))
 
 
@@ -309,23 +317,21 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
     return _stays_off(best, base, at, basis)
 
 
-def _turn_on(win: pd.Series, base: pd.Series, at: _Level, *, chosen_by: str,
-             base_feasible: bool) -> Recommendation:
+def _turn_on(win: pd.Series, base: pd.Series, at: _Level, *,
+             chosen_by: Literal["knee", "slos"], base_feasible: bool) -> Recommendation:
     config = at.config(win)
     # Where the gain is within the noise floor, the settled interval decided (_finding).
     basis = Basis.INTERVAL_ABOVE if base_feasible and not _beyond_floor(win, base, at) \
         else Basis.BEYOND_NOISE
     return at.answer(
-        "recommend", Verdict(basis=basis, chosen_by=chosen_by, baseline_meets_slos=base_feasible,
-                             **_against(win, base, at)),
-        speculative_config=config.speculative_config, label=str(win["label"]),
-        trial=int(win["trial"]), **_serving(at.settings, config),
-        decomposition=decomposition.record(win), metrics=_metrics(win),
-        speedup_throughput=float(win["speedup_throughput"]),
+        "recommend", _against(win, base, at, basis, chosen_by=chosen_by,
+                              baseline_meets_slos=base_feasible),
+        serving=config, speculative_config=config.speculative_config, label=str(win["label"]),
+        trial=int(win["trial"]), decomposition=decomposition.record(win),
+        metrics=_metrics(win), speedup_throughput=float(win["speedup_throughput"]),
         speedup_tpot=float(win["speedup_tpot"]), baseline_metrics=_metrics(base),
         spread=_spread(win, base, at), n_repeats=int(_int(win["n_repeats"])),
-        **_interval_fields(win, at), prediction_misses=at.misses(win),
-        verify_command=at.verify(config))
+        prediction_misses=at.misses(win), verify_command=at.verify(config))
 
 
 def recommendations(df: pd.DataFrame, settings: StudySettings | None = None
@@ -381,7 +387,7 @@ def _single_run_spread(level: pd.DataFrame) -> float:
     return max([UNMEASURED_NOISE, *rels])
 
 
-def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | None]:
+def _spread(win: pd.Series, base: pd.Series, at: _Level) -> ThroughputSpread:
     own = _relative_mad(win)
     rels = [r for r in (own, _relative_mad(base)) if r is not None]
     single = unsettled = paired = None
@@ -393,24 +399,15 @@ def _spread(win: pd.Series, base: pd.Series, at: _Level) -> dict[str, float | No
         unsettled = None if paired is not None else _unsettled_spread(win)
         single = max(at.single_run_spread, paired or unsettled or 0.0)
         rels.append(single)
-    return {
-        "output_throughput_median": frame.optional(win["output_throughput_median"]),
-        "output_throughput_mad": frame.optional(win["output_throughput_mad"]),
-        "mean_tpot_ms_median": frame.optional(win["mean_tpot_ms_median"]),
-        "mean_tpot_ms_mad": frame.optional(win["mean_tpot_ms_mad"]),
-        "baseline_output_throughput_mad": frame.optional(base["output_throughput_mad"]),
-        # The larger relative MAD of the two (tuner.records.results.Measured.over's rule).
-        "relative_throughput_spread": max(rels) if rels else None,
-        # The gain over the baseline a config had to exceed to count (noise_floor).
-        "noise_floor": noise_floor(max(rels) if rels else None),
-        # Where the config ran once: the spread taken for it (_single_run_spread), or how
-        # far its speedup moved across the windows paired with the baseline's where that is
-        # more (paired_window_spread); in a study stored before the schedule, its windows'
-        # spread where they did not settle (unsettled_spread).
-        "single_run_spread": single,
-        "paired_window_spread": paired,
-        "unsettled_spread": unsettled,
-    }
+    return ThroughputSpread(
+        output_throughput_median=frame.optional(win["output_throughput_median"]),
+        output_throughput_mad=frame.optional(win["output_throughput_mad"]),
+        mean_tpot_ms_median=frame.optional(win["mean_tpot_ms_median"]),
+        mean_tpot_ms_mad=frame.optional(win["mean_tpot_ms_mad"]),
+        baseline_output_throughput_mad=frame.optional(base["output_throughput_mad"]),
+        relative_throughput_spread=max(rels) if rels else None,
+        noise_floor=noise_floor(max(rels) if rels else None), single_run_spread=single,
+        paired_window_spread=paired, unsettled_spread=unsettled)
 
 
 def _paired_window_spread(win: pd.Series, base: pd.Series) -> float | None:
@@ -474,32 +471,18 @@ def _shown_engine(settings: StudySettings | None) -> EngineSpec:
     return spec.model_copy(update={"model": spec.model_name or spec.model})
 
 
-def _serving(settings: StudySettings | None, config: TrialConfig) -> dict[str, Any]:
-    """A recommendation's serve fields: the command (`vllm serve MODEL --speculative-config
-    '...'` plus the engine flags it was measured with), the same as a `vllm serve --config`
-    mapping, and the note that goes beside them (tuner.engine_cmdline.serve_note)."""
-    return {"serve_command": engine_cmdline.serve_command(_shown_engine(settings), config),
-            "serve_config": serve_config(settings, config),
-            "serve_note": engine_cmdline.serve_note(settings.engine_spec if settings else None)}
-
-
 def serve_config(settings: StudySettings | None, config: TrialConfig) -> dict[str, Any]:
     """The serve command as the mapping `vllm serve --config FILE.yaml` reads: each option's
     name without its dashes, the speculative config as a mapping, a flag as true (`--no-x`
     as `x: false`), JSON values as mappings. A short flag the mapping cannot name is kept
     under its own spelling, so nothing measured is dropped silently."""
+    import yaml
+
     spec = _shown_engine(settings)
     out: dict[str, Any] = {"model": spec.model}
     if config.speculative_config:
         out["speculative-config"] = dict(config.speculative_config)
-    out.update(_flags_mapping(engine_cmdline.engine_flags(config) + list(spec.extra_args)))
-    return out
-
-
-def _flags_mapping(argv: list[str]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
+    argv = engine_cmdline.engine_flags(config) + list(spec.extra_args)
     for flag in engine_cmdline.parse_flags(argv):
         if flag.value is None:
             if flag.name.startswith("no-"):

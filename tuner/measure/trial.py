@@ -174,10 +174,9 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
                                   warmup_requests=len(warm), counts=counts,
                                   percentile_metrics=settings.percentile_metrics,
                                   metric_percentiles=settings.metric_percentiles)
-    level = level.model_copy(update={
+    level = windows.with_windows(level.model_copy(update={
         "reused_prompts": reused, "prompts_digest": prompts_digest(prompts),
-        "measure_s": time.perf_counter() - t0, "request_rate": request_rate,
-        **windows.fields(records, settings)})
+        "measure_s": time.perf_counter() - t0, "request_rate": request_rate}), records, settings)
     if level.failed > MAX_FAILED_FRACTION * level.num_requests:
         raise MeasurementFailed(
             f"c={c}: {level.failed} of {level.num_requests} requests failed "

@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
 
 from tuner.records.configs import MeasureSettings
-from tuner.records.results import RequestRecord
+from tuner.records.results import LevelMetrics, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -98,15 +97,37 @@ def throughput_spread_pct(windows: Sequence[Window]) -> float:
     return spread_pct([w.output_throughput for w in windows])
 
 
-def fields(records: Sequence[RequestRecord], settings: MeasureSettings) -> dict[str, Any]:
-    """The windows' fields of LevelMetrics for a level's measured `records`; none (the
-    defaults) where --stability is 0."""
+@dataclass(frozen=True)
+class WindowFigures:
+    """The windows' fields of LevelMetrics for one level (LevelMetrics says what each means)."""
+
+    windows: tuple[float, ...]
+    window_tpot_ms: tuple[float, ...]
+    stable_windows: int
+    stability_pct: float | None
+    converged: bool
+
+    def on(self, level: LevelMetrics) -> LevelMetrics:
+        """`level` carrying these figures."""
+        return level.model_copy(update=asdict(self))
+
+
+def fields(records: Sequence[RequestRecord], settings: MeasureSettings) -> WindowFigures | None:
+    """The windows' fields of LevelMetrics for a level's measured `records`; None (the
+    defaults stay) where --stability is 0."""
     if settings.stability_pct <= 0 or not records:
-        return {}
+        return None
     done = slices(records, settings.stable_windows)
     pct = stability_pct(done)
-    return {"windows": tuple(w.output_throughput for w in done),
-            "window_tpot_ms": tuple(w.decode_ms_per_token for w in done),
-            "stable_windows": len(done),
-            "stability_pct": pct if math.isfinite(pct) else None,
-            "converged": len(done) >= settings.stable_windows and pct <= settings.stability_pct}
+    return WindowFigures(
+        windows=tuple(w.output_throughput for w in done),
+        window_tpot_ms=tuple(w.decode_ms_per_token for w in done),
+        stable_windows=len(done), stability_pct=pct if math.isfinite(pct) else None,
+        converged=len(done) >= settings.stable_windows and pct <= settings.stability_pct)
+
+
+def with_windows(level: LevelMetrics, records: Sequence[RequestRecord],
+                 settings: MeasureSettings) -> LevelMetrics:
+    """`level` with the windows' fields of its measured `records` (unchanged without)."""
+    figures = fields(records, settings)
+    return level if figures is None else figures.on(level)

@@ -146,7 +146,7 @@ def bench_table(result: BenchResult) -> str:
 def recommendation_json(rec: Recommendation) -> str:
     """The recommendation as `tuner recommend --json` prints it: as recommendation.json holds
     each level, its fields and its words."""
-    return json.dumps(verdicts.worded(rec), indent=2)
+    return json.dumps(verdicts.worded(rec).model_dump(mode="json"), indent=2)
 
 
 def format_recommendation(rec: Recommendation) -> str:

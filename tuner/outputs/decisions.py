@@ -8,8 +8,8 @@ most of them with -v only, and `tuner report` renders them from this file.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from tuner.outputs import files
 
@@ -33,6 +33,16 @@ INTRO = ("What the search did and why, recorded as it ran (tuner optimize -v pri
          "Predictions only decide what to launch; recommendations come from measured trials.")
 
 
+@dataclass(frozen=True)
+class Decision:
+    """One recorded fact: its topic (a TOPICS key, or a newer writer's), the key it is kept
+    under within the topic ("" for a topic's one fact) and its text."""
+
+    topic: str
+    key: str
+    text: str
+
+
 class Decisions:
     """The facts of one study folder, kept in decisions.json: one text per (topic, key), a
     later record replacing an earlier one, so a resumed study updates what it decides again
@@ -43,9 +53,9 @@ class Decisions:
         self.entries = load_decisions(out_dir)
 
     def record(self, topic: str, text: str, key: str = "") -> None:
-        entry = {"topic": topic, "key": key, "text": text}
+        entry = Decision(topic=topic, key=key, text=text)
         at = next((i for i, e in enumerate(self.entries)
-                   if (e["topic"], e["key"]) == (topic, key)), None)
+                   if (e.topic, e.key) == (topic, key)), None)
         if at is not None and self.entries[at] == entry:
             return
         if at is None:
@@ -53,10 +63,11 @@ class Decisions:
         else:
             self.entries[at] = entry
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(self.path, json.dumps({"entries": self.entries}, indent=1) + "\n")
+        files.write_atomic(self.path, json.dumps(
+            {"entries": [asdict(e) for e in self.entries]}, indent=1) + "\n")
 
 
-def load_decisions(out_dir: Path) -> list[dict[str, str]]:
+def load_decisions(out_dir: Path) -> list[Decision]:
     """The recorded facts of `out_dir`, or none where there is no readable decisions.json (a
     study of an older tuner, or one whose search recorded nothing)."""
     try:
@@ -64,17 +75,17 @@ def load_decisions(out_dir: Path) -> list[dict[str, str]]:
     except (OSError, ValueError):
         return []
     entries = doc.get("entries") if isinstance(doc, dict) else None
-    return [{"topic": str(e["topic"]), "key": str(e.get("key") or ""), "text": str(e["text"])}
+    return [Decision(topic=str(e["topic"]), key=str(e.get("key") or ""), text=str(e["text"]))
             for e in entries or [] if isinstance(e, dict) and "topic" in e and "text" in e]
 
 
-def decision_rows(entries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+def decision_rows(entries: list[Decision]) -> list[tuple[str, list[str]]]:
     """The section's rows, (title, texts), in TOPICS order; a topic no tuner names (a newer
     writer's) comes last under its own name."""
-    order = [*TOPICS, *dict.fromkeys(e["topic"] for e in entries if e["topic"] not in TOPICS)]
+    order = [*TOPICS, *dict.fromkeys(e.topic for e in entries if e.topic not in TOPICS)]
     rows = []
     for topic in order:
-        texts = [e["text"] for e in entries if e["topic"] == topic]
+        texts = [e.text for e in entries if e.topic == topic]
         if texts:
             rows.append((TOPICS.get(topic, topic), texts))
     return rows

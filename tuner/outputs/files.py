@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.records.configs import EngineSpec
-from tuner.records.results import BenchResult
+from tuner.records.results import BenchHeader, BenchResult
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
@@ -39,18 +39,18 @@ def write_json(path: Path, payload: object) -> Path:
     return write_atomic(path, json.dumps(payload, indent=2, default=str))
 
 
-def write_bench_result(out_dir: Path, result: BenchResult, *, header: dict[str, Any],
-                       engine: EngineSpec, metadata: dict[str, str] | None = None
+def write_bench_result(out_dir: Path, result: BenchResult, *, header: BenchHeader
                        ) -> dict[str, Path]:
     """result.json (`header`, then the config, the engine and one dict per level, vLLM's keys)
     and summary.json (one flat record per level, as `vllm bench sweep` stores the runs of one
-    combination). Returns {"result_json": path, "summary_json": path}."""
+    combination, with the header's engine and metadata). Returns {"result_json": path,
+    "summary_json": path}."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {**header, **json.loads(result.model_dump_json(by_alias=True))}
+    doc = {**header.model_dump(mode="json"), **json.loads(result.model_dump_json(by_alias=True))}
+    runs = vllm_runs(result, engine=header.engine_spec, metadata=header.metadata)
     return {"result_json": write_json(out_dir / "result.json", doc),
-            "summary_json": write_json(out_dir / "summary.json",
-                                       vllm_runs(result, engine=engine, metadata=metadata))}
+            "summary_json": write_json(out_dir / "summary.json", runs)}
 
 
 def vllm_runs(result: BenchResult, *, engine: EngineSpec,

@@ -21,7 +21,6 @@ import pandas as pd
 
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
-from tuner.outputs import text
 from tuner.records.policy import BreakEvenStatus, PolicyDocument
 from tuner.records.results import Recommendation, Role
 
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 _METHOD_ORDER = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp", "ngram_gpu",
                  "medusa", "mlp_speculator")
 BASELINE_COLOR = "#3b3b3b"
+# A colour as matplotlib takes it: an RGB triple (seaborn's palettes) or a colour string.
+Color = tuple[float, float, float] | str
 DPI = 130
 
 
@@ -109,7 +110,7 @@ def _mark_recommended(ax: Any, lv: pd.DataFrame, rec: Recommendation | None) -> 
                facecolor="gold", edgecolor="black", lw=0.8, zorder=5, label="recommended")
     speed = f" ({rec.speedup_throughput:.2f}x baseline)" if rec.speedup_throughput else ""
     if rec.decomposition:  # the aligned baseline's split: path cost x speculation gain
-        speed += "\n= " + text.split(rec.decomposition)
+        speed += "\n= " + rec.decomposition.split_text()
     # The upper right (slow yet fast) stays empty at a fixed concurrency, so the long label
     # goes there, under the front's top line (at 0.885 of the height with these margins),
     # and points at the star.
@@ -170,7 +171,7 @@ class _Series:
     data: pd.DataFrame
     order: list[str]
     aligned: pd.DataFrame
-    colors: dict[str, Any]
+    colors: dict[str, Color]
 
     @property
     def split(self) -> bool:
@@ -350,19 +351,19 @@ def draw_all(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    kw: dict[str, Any] = {"workload": workload, "notes": notes}
     drawn = {
         "pareto": pareto_plots(points, out_dir, recommendations=recommendations,
-                               predictions=predictions, **kw),
-        "speedup": speedup_plot(points, out_dir, recommendations=recommendations, **kw),
-        "acceptance": acceptance_plot(points, out_dir, **kw),
+                               predictions=predictions, workload=workload, notes=notes),
+        "speedup": speedup_plot(points, out_dir, recommendations=recommendations,
+                                workload=workload, notes=notes),
+        "acceptance": acceptance_plot(points, out_dir, workload=workload, notes=notes),
         "per_position": per_position_plot(points, out_dir, recommendations=recommendations,
-                                          **kw),
+                                          workload=workload, notes=notes),
     }
     return drawn, notes
 
 
-def method_palette(methods: Iterable[str]) -> dict[str, Any]:
+def method_palette(methods: Iterable[str]) -> dict[str, Color]:
     """A colour per method, the same in every figure; the baseline is dark grey."""
     import seaborn as sns
 
@@ -393,7 +394,7 @@ def _predicted(predictions: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _draw_predicted(ax: Any, pred: pd.DataFrame, measured: pd.DataFrame,
-                    palette: dict[str, Any]) -> None:
+                    palette: dict[str, Color]) -> None:
     """Hollow markers in the method's colour, under the measured points; a thin line from a
     measured config to its own prediction shows the prediction's error at a glance."""
     if pred.empty:

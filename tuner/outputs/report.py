@@ -181,15 +181,15 @@ class _Doc:
 
     # --- shared content -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        m = self.settings.stored()
+        """recommendation.json: the study, its settings and each level's WordedRecommendation."""
+        s = self.settings
         return {"study": self.study_name, "complete": self.unfinished.empty,
                 "trials": {**self.counts, "answered_from_storage": self.copies},
-                "fingerprint": m["fingerprint"],
-                "workload": m["workload"], "workload_digest": m["workload_digest"],
-                "objectives": m["objectives"],
-                "target_concurrency": m["target_concurrency"],
-                "constraints": m["constraints"],
-                "levels": [{**verdicts.worded(r), "serve_config_file": (
+                "fingerprint": s.fingerprint.model_dump(mode="json"),
+                "workload": s.workload.model_dump(mode="json"),
+                "workload_digest": s.workload_digest, "objectives": list(s.objectives),
+                "target_concurrency": s.target_concurrency, "constraints": dict(s.constraints),
+                "levels": [{**verdicts.worded(r).model_dump(mode="json"), "serve_config_file": (
                     self.config_files[r.concurrency].name
                     if r.concurrency in self.config_files else None)} for r in self.recs],
                 "serve_config_files": {str(c): p.name for c, p in self.config_files.items()},
@@ -317,7 +317,7 @@ class _Doc:
             out += [f"Or `vllm serve --config {self.config_files[rec.concurrency].name}`.", ""]
         split = split_table.rec_rows(rec.decomposition)
         if split:
-            out += [f"| {e(rec.decomposition['label'])} | |", "|---|---:|"]
+            out += [f"| {e(rec.decomposition.label)} | |", "|---|---:|"]
             out += [f"| {e(k)} | {e(v)} |" for k, v in split]
             out.append("")
         if rec.metrics or rec.baseline_metrics:
@@ -443,7 +443,7 @@ class _Doc:
         split = split_table.rec_rows(rec.decomposition)
         if split:
             parts.append(f"<table class='split'><tr><th colspan='2'>"
-                         f"{e(rec.decomposition['label'])}</th></tr>" + "".join(
+                         f"{e(rec.decomposition.label)}</th></tr>" + "".join(
                              f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in split)
                          + "</table>")
         if rec.metrics or rec.baseline_metrics:

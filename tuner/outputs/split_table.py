@@ -9,15 +9,16 @@ nothing here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tuner.analysis import frame
 from tuner.outputs import text
+from tuner.records.results import ratio_text
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from tuner.records.results import Recommendation
+    from tuner.records.results import ConfigSplit, Recommendation
 
 _TOP_CONFIGS = 5
 INTRO = ("Speedup over the plain baseline = engine path cost \u00d7 speculation gain. The "
@@ -27,15 +28,16 @@ INTRO = ("Speedup over the plain baseline = engine path cost \u00d7 speculation 
          "run-to-run spread (MAD over repeats), left out where a config was measured once.")
 
 
-def rec_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
+def rec_rows(split: ConfigSplit | None) -> list[tuple[str, str]]:
     """(what, value) rows of one recommendation's decomposition; [] without one."""
-    if not split:
+    if split is None:
         return []
     return [("speedup over the plain baseline (what you get today)",
-             text.ratio(split, "total_speedup")),
-            ("= engine path cost (aligned baseline over plain)", text.ratio(split, "path_cost")),
+             ratio_text(split.total_speedup, split.total_speedup_spread)),
+            ("= engine path cost (aligned baseline over plain)",
+             ratio_text(split.path_cost, split.path_cost_spread)),
             ("\u00d7 speculation gain (this config over the aligned baseline)",
-             text.ratio(split, "speculation_gain"))]
+             ratio_text(split.speculation_gain, split.speculation_gain_spread))]
 
 
 def table(measured: pd.DataFrame, recs: Sequence[Recommendation] = ()

@@ -12,7 +12,7 @@ from typing import Any
 
 from tuner.analysis.frame import number
 from tuner.records.predictions import PredictedRow
-from tuner.records.results import ratio_text, split_text
+from tuner.records.results import ratio_text
 
 
 def num(value: float | None, fmt: str = "{:.1f}") -> str:
@@ -75,13 +75,6 @@ def ratio(row: Mapping[str, Any], name: str) -> str:
     """One ratio of the split (tuner.analysis.decomposition.COLUMNS) from a frame row or a
     recommendation's record: its value and `<name>_spread`."""
     return ratio_text(number(row.get(name)), number(row.get(f"{name}_spread")))
-
-
-def split(row: Mapping[str, Any]) -> str:
-    """The split of a frame row or a recommendation's record: "path 0.83x \u00b10.02 x
-    speculation 1.28x \u00b10.04"."""
-    return split_text(*(number(row.get(c)) for c in (
-        "path_cost", "path_cost_spread", "speculation_gain", "speculation_gain_spread")))
 
 
 # What a prediction row's ngram_path (tuner.replay.predict) means, in words.

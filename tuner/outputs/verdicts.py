@@ -6,12 +6,19 @@ report and recommendation.json all say them through here, so they say the same.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from tuner import intervals
-from tuner.analysis import decomposition, frame
+from tuner.analysis import decomposition
 from tuner.analysis.recommend import MIN_CANDIDATES, MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
-from tuner.records.results import Basis, Noise, Recommendation, SpeedupInterval, Verdict
+from tuner.records.results import (
+    Basis,
+    ConfigSplit,
+    Noise,
+    Recommendation,
+    SpeedupInterval,
+    Verdict,
+    WordedRecommendation,
+)
 
 
 def reason(rec: Recommendation) -> str:
@@ -61,9 +68,10 @@ def confidence(rec: Recommendation) -> str:
             f"\u00b1{spread_rel:.1%}{floor}.")
 
 
-def worded(rec: Recommendation) -> dict[str, Any]:
+def worded(rec: Recommendation) -> WordedRecommendation:
     """The recommendation as recommendation.json holds it: its fields and its words."""
-    return {**rec.model_dump(mode="json"), "reason": reason(rec), "confidence": confidence(rec)}
+    return WordedRecommendation.model_construct(
+        **dict(rec), reason=reason(rec), confidence=confidence(rec))
 
 
 # --- the reasons, one per basis --------------------------------------------------------------
@@ -211,13 +219,13 @@ def _windows_clause(v: Verdict, gain: float) -> tuple[str, bool]:
     return f"; within one launch the windows spread {' and '.join(parts)}", unsettled
 
 
-def _split_sentence(split: Mapping[str, Any] | None) -> str:
+def _split_sentence(split: ConfigSplit | None) -> str:
     """The decomposition as the reason's last sentence: the line, and what the path costs,
     stated only where the path ratio differs from 1.00 by more than the noise (noise_floor,
     the rule a speedup must pass to count)."""
     if split is None:
         return ""
-    path, spread = split["path_cost"], frame.optional(split.get("path_cost_spread"))
+    path, spread = split.path_cost, split.path_cost_spread
     floor = noise_floor(None if spread is None or path <= 0 else spread / path)
     if abs(path - 1.0) <= floor:
         what = (f"the speculative engine path's own cost is not measurable: {path:.2f}x is "

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.records.migrations import RETIRED_SETTINGS
 
@@ -42,9 +42,9 @@ class WorkloadSpec(Frozen):
     # Sampling past the temperature, as vLLM's SamplingParams take it; SAMPLING_OFF values
     # are off, and a dump leaves them out, so a study that does not set them stores and
     # fingerprints as one stored before they existed.
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off (vLLM also takes -1)
-    min_p: float = 0.0
+    top_p: float = Field(1.0, exclude_if=lambda v: v == SAMPLING_OFF["top_p"])
+    top_k: int = Field(0, exclude_if=lambda v: v == SAMPLING_OFF["top_k"])  # vLLM: -1 is off too
+    min_p: float = Field(0.0, exclude_if=lambda v: v == SAMPLING_OFF["min_p"])
     ignore_eos: bool = False
 
     @property
@@ -58,14 +58,6 @@ class WorkloadSpec(Frozen):
         return {"temperature": stored.get("temperature") or 0.0,
                 **{k: v for k, off in SAMPLING_OFF.items()
                    if (v := stored.get(k, off)) is not None and v != off}}
-
-    @model_serializer(mode="wrap")
-    def _without_sampling_off(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        for k, off in SAMPLING_OFF.items():
-            if out.get(k) == off:
-                del out[k]
-        return out
 
 
 # WorkloadSpec's sampling parameters besides the temperature, at the values that turn them off.

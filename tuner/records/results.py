@@ -10,9 +10,16 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_serializer, model_validator
 
-from tuner.records.configs import Frozen, TrialConfig
+from tuner.records.configs import (
+    EngineSpec,
+    Frozen,
+    MeasureSettings,
+    RequestSchedule,
+    TrialConfig,
+    WorkloadSpec,
+)
 from tuner.records.migrations import OLD_LEVEL_KEYS
 from tuner.records.predictions import TrafficRow
 
@@ -216,6 +223,19 @@ class BenchResult(Frozen):
         return f"live server at {url} (its own config)" if url else self.config.label()
 
 
+class BenchHeader(Frozen):
+    """What a `tuner bench` run asked and how long it took: result.json's first keys, ahead
+    of its BenchResult (tuner.outputs.files.write_bench_result)."""
+
+    workload: WorkloadSpec
+    workload_digest: str
+    settings: MeasureSettings
+    schedule: RequestSchedule
+    engine_spec: EngineSpec
+    wall_s: float
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
 # --- across the search: what one trial produced, and why it stands in the study --------------
 class Role(str, Enum):
     """Why a trial is in the study (stored as its plain string value in the trial's attrs)."""
@@ -301,6 +321,26 @@ class SpeedupSplit(Frozen):
                           self.speculation_gain.value, self.speculation_gain.spread)
 
 
+class ConfigSplit(Frozen):
+    """One config's SpeedupSplit at a level as a recommendation carries it (recommendation.json's
+    `decomposition`): its label, and each ratio with its spread in the ratio's units, None
+    where unknown (an unknown throughput leaves the total and the gain unknown; the spread of
+    a config measured once)."""
+
+    label: str
+    total_speedup: float | None = None
+    total_speedup_spread: float | None = None
+    path_cost: float
+    path_cost_spread: float | None = None
+    speculation_gain: float | None = None
+    speculation_gain_spread: float | None = None
+
+    def split_text(self) -> str:
+        """The split in its one wording: "path 0.83x \u00b10.02 x speculation 1.28x \u00b10.04"."""
+        return split_text(self.path_cost, self.path_cost_spread, self.speculation_gain,
+                          self.speculation_gain_spread)
+
+
 # The one wording of a ratio and of the split. It lives with the records because analysis
 # writes it into recommendation.json and policy.json and may not import tuner.outputs, whose
 # tables and plots (tuner.outputs.text) must write it the same.
@@ -372,6 +412,29 @@ class WindowSpread(Frozen):
     label: str
     pct: float
     settled: bool
+
+
+class ThroughputSpread(Frozen):
+    """The run-to-run spread a recommendation's gain over the plain baseline was held against
+    (tuner.analysis.recommend; recommendation.json's `spread`): the config's medians and MADs
+    where it was re-measured, the baseline's throughput MAD, and the larger relative MAD of
+    the two (Measured.over's rule)."""
+
+    output_throughput_median: float | None = None
+    output_throughput_mad: float | None = None
+    mean_tpot_ms_median: float | None = None
+    mean_tpot_ms_mad: float | None = None
+    baseline_output_throughput_mad: float | None = None
+    relative_throughput_spread: float | None = None
+    # The gain over the baseline (a fraction) a config had to exceed to count.
+    noise_floor: float
+    # Where the config ran once: the spread taken for it (the level's repeated configs'
+    # largest, or how far its speedup moved across the windows paired with the baseline's
+    # where that is more: paired_window_spread); in a study stored before the schedule, its
+    # windows' spread where they did not settle (unsettled_spread).
+    single_run_spread: float | None = None
+    paired_window_spread: float | None = None
+    unsettled_spread: float | None = None
 
 
 class Verdict(Frozen):
@@ -446,7 +509,7 @@ class Recommendation(Frozen):
     baseline_metrics: dict[str, float | None] = {}
     speedup_throughput: float | None = None  # > 1: more output tokens per second
     speedup_tpot: float | None = None  # baseline TPOT / this TPOT; > 1: faster per token
-    spread: dict[str, float | None] = {}
+    spread: ThroughputSpread | None = None  # None: a refusal (recommendation.json: {})
     n_repeats: int = 0  # re-measurements of the chosen config beyond the first
     verify_command: str | None = None
     slos: dict[str, float | None] = {}
@@ -456,11 +519,10 @@ class Recommendation(Frozen):
     # With an aligned baseline (tuner.analysis.decomposition): the chosen (or fastest)
     # config's speedup over the plain baseline split into the engine path's cost and
     # speculation's own gain, each with its spread; None without one.
-    decomposition: dict[str, Any] | None = None
-    # The speedup over the plain baseline of the chosen config (where speculation stays off:
-    # of the fastest speculative one) with its interval, from the per-launch throughputs and
-    # the between-launch spread pooled over the level (tuner.intervals); None where too few
-    # launches give one. `launches`: (that config's, the baseline's).
+    decomposition: ConfigSplit | None = None
+    # verdict.interval's bounds, confidence, margin and launches (that config's, the
+    # baseline's) as recommendation.json has always listed them at its top level
+    # (tuner.analysis.recommend copies them from the verdict); None where it has none.
     speedup_interval: tuple[float, float] | None = None
     confidence_level: float | None = None
     equivalence_margin: float | None = None
@@ -468,6 +530,19 @@ class Recommendation(Frozen):
     # Where the replay's prediction of the chosen config's acceptance at this level missed
     # its measurement beyond the stated accuracy (the reason says so too); () otherwise.
     prediction_misses: tuple[PredictionMiss, ...] = ()
+
+    @field_serializer("spread")
+    def _spread_out(self, spread: ThroughputSpread | None) -> ThroughputSpread | dict[str, float]:
+        # A refusal's spread has always been written as an empty mapping.
+        return {} if spread is None else spread
+
+
+class WordedRecommendation(Recommendation):
+    """A Recommendation with its words (tuner.outputs.verdicts says them): each level of
+    recommendation.json, and what `tuner recommend --json` prints."""
+
+    reason: str
+    confidence: str  # "" for a refusal
 
 
 class TrafficOutcome(Frozen):
