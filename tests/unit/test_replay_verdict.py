@@ -52,8 +52,8 @@ def _search(runs: list[tuple[TrialConfig, list[float]]], *, aligned: bool = Fals
             **options: float) -> ReplaySearch:
     search = ReplaySearch(_Loop(), study_dir=Path("."), limits=EngineLimits(
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048), **options)
-    search.runs = {cfg.key(): list(values) for cfg, values in runs}
-    search._runs = lambda: {k: list(v) for k, v in search.runs.items() if v}
+    search.runs = {cfg.key(): list(values) for cfg, values in runs}  # launches by config key
+    search._throughputs = lambda: {k: list(v) for k, v in search.runs.items() if v}
     search.windows = {}  # config key -> [(prompts digest, windows)] per launch
     search._launch_windows = lambda: search.windows
     search._baselines = lambda: [BASE, *([ALIGNED] if aligned else [])]

@@ -638,7 +638,7 @@ class ReplaySearch:
             self.detail("  " + pred.streams)
 
     # -- confirming -------------------------------------------------------------------------
-    def _runs(self) -> dict[str, list[float]]:
+    def _throughputs(self) -> dict[str, list[float]]:
         """Every config's output throughput at the target level, one figure per launch, by
         config key (missing and zero figures are no measurement)."""
         c, out = self.loop.target, {}
@@ -664,9 +664,9 @@ class ReplaySearch:
     def _next(self, leaders: list[TrialConfig]) -> TrialConfig:
         """The least-measured of the baselines and the leaders (the plain baseline first on
         ties, then the aligned one), so launches interleave and every ratio gets repeats."""
-        runs = self._runs()
+        throughputs = self._throughputs()
         pool = [*self._baselines(), *leaders]
-        return min(pool, key=lambda cfg: (len(runs.get(cfg.key(), ())), pool.index(cfg)))
+        return min(pool, key=lambda cfg: (len(throughputs.get(cfg.key(), ())), pool.index(cfg)))
 
     def _verdict(self, leaders: list[TrialConfig]) -> intervals.Ranking:
         """Decided once two comparisons are resolved by their speedup intervals
@@ -675,36 +675,36 @@ class ReplaySearch:
         runner-up. The between-launch spread is pooled over every config launched twice at
         the target level. An aligned baseline is ranked too (its ratio is the engine path's
         cost), with each leader's ratio to it, speculation's own gain, and its interval."""
-        at, runs = self.loop.target, self._runs()
+        at, throughputs = self.loop.target, self._throughputs()
         self._paired = self._launch_windows()
-        pool = intervals.Pool.of(runs.values())
+        pool = intervals.Pool.of(throughputs.values())
         baselines = self._baselines()
         plain, ranked = baselines[0], [*baselines, *leaders]
         status = intervals.RankingStatus
         for cfg in ranked:
-            n = len(runs.get(cfg.key(), ()))
+            n = len(throughputs.get(cfg.key(), ()))
             if not intervals.enough(n, pool):
                 return intervals.Ranking(status.FEW_LAUNCHES, at, self.margin,
                                          short_of=cfg.label(), launches=n)
         if not leaders:
             return intervals.Ranking(status.NO_LEADER, at, self.margin)
-        over = {cfg.key(): self._interval(runs, cfg, plain, pool) for cfg in ranked[1:]}
+        over = {cfg.key(): self._interval(throughputs, cfg, plain, pool) for cfg in ranked[1:]}
         points = {plain.key(): 1.0, **{k: iv.point for k, iv in over.items()}}
         order = sorted(ranked, key=lambda cfg: -points[cfg.key()])  # the plain one on ties
         best = max(leaders, key=lambda cfg: points[cfg.key()])
         first, second = order[0], order[1]
         pairs = [(best, plain, over[best.key()])]
         if {first.key(), second.key()} != {best.key(), plain.key()}:
-            pairs.append((first, second, self._interval(runs, first, second, pool)))
+            pairs.append((first, second, self._interval(throughputs, first, second, pool)))
         compared = tuple(intervals.Compared(x.label(), y.label(), iv,
                                             intervals.decide(iv, self.margin))
                          for x, y, iv in pairs)
         path, gains = None, ()
         if len(baselines) > 1:  # each leader's speedup as path cost x speculation gain
             aligned = baselines[1]
-            path = intervals.Speedup(aligned.label(), self._interval(runs, aligned, plain,
+            path = intervals.Speedup(aligned.label(), self._interval(throughputs, aligned, plain,
                                                                      pool))
-            gains = tuple(intervals.Speedup(cfg.label(), self._interval(runs, cfg, aligned,
+            gains = tuple(intervals.Speedup(cfg.label(), self._interval(throughputs, cfg, aligned,
                                                                         pool))
                           for cfg in leaders)
         opened = any(c.decision == intervals.OPEN for c in compared)
@@ -717,13 +717,13 @@ class ReplaySearch:
                                              for cfg in order if cfg.key() != plain.key()),
             pool=pool, path=path, gains=gains)
 
-    def _interval(self, runs: dict[str, list[float]], a: TrialConfig, b: TrialConfig,
+    def _interval(self, throughputs: dict[str, list[float]], a: TrialConfig, b: TrialConfig,
                   pool: intervals.Pool) -> intervals.Interval | None:
         """A's speedup over B with its interval at the study's --confidence, the paired
         within-level spread of their windows added (tuner.intervals.Within)."""
         within = intervals.Within.paired(self._paired.get(a.key(), ()),
                                          self._paired.get(b.key(), ()))
-        return intervals.speedup(runs.get(a.key(), ()), runs.get(b.key(), ()), pool=pool,
+        return intervals.speedup(throughputs.get(a.key(), ()), throughputs.get(b.key(), ()), pool=pool,
                                  confidence=1 - (1 - self.confidence) / self._looks,
                                  within=within)
 
