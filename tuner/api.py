@@ -36,8 +36,9 @@ from tuner.records.options import (
     PolicyOptions,
     TrafficOptions,
 )
+from tuner.records.outcomes import StudyOutcome, TrafficOutcome
 from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
-from tuner.records.results import BenchResult, Recommendation, StudyOutcome, TrafficOutcome
+from tuner.records.results import BenchResult, Recommendation
 from tuner.records.storage import StudySettings
 
 Say = Callable[[str], None]

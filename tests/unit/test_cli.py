@@ -29,7 +29,7 @@ def _bad_jsonl(tmp_path: Path) -> str:
 ])
 def test_the_strategy_the_command_line_asks_for(monkeypatch, tmp_path, argv, strategy, sampler):
     from tuner import api, cli
-    from tuner.records.results import StudyOutcome
+    from tuner.records.outcomes import StudyOutcome
 
     seen = []
 

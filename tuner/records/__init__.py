@@ -4,9 +4,15 @@
   each level is driven, the requests every launch of a study sends);
 - results: what was measured and decided (requests, levels, launches, trial outcomes, the
   speedup split, recommendations);
+- predictions: a row the replay predicted (a config at a level), as predicted.csv and
+  traffic.csv hold it;
+- policy: the load-aware policy document (policy.json) and the ladder runs it rests on;
+- outcomes: what a command hands the command line once it is done;
 - options: one record per command, built once from the command line;
 - storage: the names a study's settings and its trials' records are stored under;
 - migrations: the keys older study folders stored, read in one place.
 
-Every stage hands the next one of these, never a loose dict.
+Every stage hands the next one of these, never a loose dict: a `dict[str, Any]` is left only
+where JSON, YAML or an HTTP body is read or written (the --speculative-config vLLM takes,
+Optuna's attrs and journal, a user's log record).
 """

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
@@ -21,7 +20,6 @@ from tuner.records.configs import (
     WorkloadSpec,
 )
 from tuner.records.migrations import OLD_LEVEL_KEYS
-from tuner.records.predictions import TrafficRow
 
 
 class RequestRecord(Frozen):
@@ -543,35 +541,3 @@ class WordedRecommendation(Recommendation):
 
     reason: str
     confidence: str  # "" for a refusal
-
-
-class TrafficOutcome(Frozen):
-    """What `tuner predict --traffic` hands the CLI: the table, the notes beside it, the rows
-    (for --json) and the files written."""
-
-    table: str
-    notes: tuple[str, ...] = ()
-    rows: tuple[TrafficRow, ...] = ()
-    paths: dict[str, Path] = {}
-    requests: int = 0
-    configs: int = 0
-    seconds: float = 0.0
-
-
-class StudyOutcome(Frozen):
-    """What `tuner optimize` hands the CLI: where the study is, whether it has anything to
-    compare (`failed`: the one line saying why not), the outputs and recommendations."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-    study_name: str
-    out_dir: Path
-    failed: str | None = None
-    paths: dict[str, Path] = {}
-    recommendations: tuple[Recommendation, ...] = ()
-    policy: _policy.PolicyDocument | None = None
-
-
-# The policy document's ladder runs hold this module's records: imported last, so that either
-# module may be imported first (StudyOutcome resolves the name when first used).
-from tuner.records import policy as _policy  # noqa: E402
