@@ -13,6 +13,7 @@ from study_fakes import H200_GAIN, H200_PATH, aligned_study, realistic_study
 
 from tuner.analysis import decomposition
 from tuner.analysis.frame import trials_frame
+from tuner.outputs import policy_verdicts, verdicts
 from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
 
 
@@ -117,12 +118,12 @@ def test_a_recommendation_carries_the_split_and_says_it_in_one_line():
     assert list(split.model_dump()) == ["label", *decomposition.COLUMNS]
     assert split.label == "ngram k=3 window 1-3"
     assert split.path_cost == pytest.approx(0.83)
-    assert decomposition.recommendation_line(split) == (
+    assert verdicts.split_line(split) == (
         "ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x "
         "speculation 1.28x \u00b10.04")
     once = split.model_copy(update={"path_cost_spread": None, "speculation_gain_spread": None,
                                     "total_speedup_spread": None})
-    assert decomposition.recommendation_line(once).endswith(
+    assert verdicts.split_line(once).endswith(
         "1.06x over plain = path 0.83x x speculation 1.28x")
 
 
@@ -141,8 +142,8 @@ def test_the_ladder_keeps_each_ratio_with_its_relative_noise():
     assert "path_cost" not in stat.model_dump()
     assert out.path_cost == 8.3 / 10.1 and out.path_noise == 0.03
     assert decomposition.policy_stats(stat, None) is stat
-    line = decomposition.policy_line("ngram k=3", {8: stat, 1: out})
+    line = policy_verdicts.split_sentence("ngram k=3", {8: stat, 1: out})
     assert line == ("ngram k=3 over the plain baseline, split into the engine path's cost "
                     "(aligned baseline over plain) and speculation's own gain: c=1 1.05x "
                     "\u00b10.02 = path 0.82x \u00b10.02 x speculation 1.28x \u00b10.04.")
-    assert decomposition.policy_line("ngram k=3", {1: stat}) is None
+    assert policy_verdicts.split_sentence("ngram k=3", {1: stat}) is None

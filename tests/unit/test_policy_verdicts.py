@@ -4,7 +4,13 @@ the document's figures, which tuner.analysis.policy decides."""
 from __future__ import annotations
 
 from tuner.outputs import policy_verdicts as words
-from tuner.records.policy import PolicyDocument, Verification, VerificationRow
+from tuner.records.policy import (
+    ConfigCurve,
+    LevelStat,
+    PolicyDocument,
+    Verification,
+    VerificationRow,
+)
 
 BANDS = ((1, 6, 5), (7, 128, 0))
 
@@ -29,12 +35,24 @@ def test_band_table_fallback_wording():
 def test_a_verified_schedule_says_how_it_fared_and_needs_no_router():
     ver = Verification(engine_rejected=False, rows=(_row(1, 1.88), _row(4, 0.93, below=True)),
                        worse_at=(4,))
+    # The chosen config's ladder split at c=1 (aligned baseline measured): the verdict's last
+    # sentence says whether the path or speculation itself decided.
+    split = LevelStat(speedup=1.88, noise=0.01, throughput=18.8, baseline=10.0, n=2,
+                      n_baseline=2, path_cost=0.9, path_noise=0.01, speculation_gain=1.88 / 0.9,
+                      gain_noise=0.02)
+    curve = ConfigCurve(label="ngram k=5", role="leader", stats={1: split})
     doc = words.worded(_doc(schedule=BANDS, speculative_config={"method": "ngram"},
-                            verification=ver, decomposition="The split."))
+                            verification=ver, configs=(curve,)))
     assert doc.verification.verdict == (
         "The policy fell below the baseline beyond the noise at concurrency 4; at concurrency "
         "1 it keeps 1.88x against the static config's 1.87x.")
-    assert doc.verdict == doc.verification.verdict + " The split."
+    assert doc.decomposition == (
+        "ngram k=5 over the plain baseline, split into the engine path's cost (aligned baseline "
+        "over plain) and speculation's own gain: c=1 1.88x \u00b10.02 = path 0.90x \u00b10.01 x "
+        "speculation 2.09x \u00b10.04.")
+    assert doc.verdict == doc.verification.verdict + " " + doc.decomposition
+    unsplit = words.worded(_doc(configs=(curve.model_copy(update={"stats": {}}),)))
+    assert unsplit.decomposition is None
     assert not doc.needs_router and doc.fallback_bands is None
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from tuner.analysis import frame
 from tuner.records.policy import LevelStat
-from tuner.records.results import ConfigSplit, Measured, SpeedupSplit, ratio_text
+from tuner.records.results import ConfigSplit, Measured, SpeedupSplit
 
 # Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
 # recommendation's `decomposition` (recommendation.json).
@@ -105,14 +105,6 @@ def record(row: Mapping[str, Any]) -> ConfigSplit | None:
         speculation_gain_spread=frame.optional(row.get("speculation_gain_spread")))
 
 
-def recommendation_line(split: ConfigSplit) -> str:
-    """One line of a `record`, each ratio with its spread as the report's table shows it:
-    "ngram k=3 window 1-3: 1.06x \u00b10.02 over plain = path 0.83x \u00b10.02 x speculation
-    1.28x \u00b10.04"."""
-    total = ratio_text(split.total_speedup, split.total_speedup_spread)
-    return f"{split.label}: {total} over plain = {split.split_text()}"
-
-
 # --- the policy's ladder ----------------------------------------------------------------------
 def policy_stats(stat: LevelStat, split: SpeedupSplit | None) -> LevelStat:
     """One ladder level's stats (speedup and noise over the plain baseline) with the split
@@ -124,22 +116,3 @@ def policy_stats(stat: LevelStat, split: SpeedupSplit | None) -> LevelStat:
         ratio: Measured = getattr(split, name)
         update[value_key], update[noise_key] = ratio.value, ratio.relative_spread
     return stat.model_copy(update=update)
-
-
-def policy_line(label: str, stats: Mapping[int, LevelStat]) -> str | None:
-    """One sentence over the ladder: per level, the total speedup as path cost x speculation
-    gain, each with its spread in the ratio's units as the recommendation and the report
-    write them; None when no level is split."""
-    parts = []
-    for c, s in sorted(stats.items()):
-        if s.path_cost is None:
-            continue
-        total = Measured(value=s.speedup, relative_spread=s.noise)
-        split = SpeedupSplit(total_speedup=total, **{
-            name: Measured(value=getattr(s, value_key), relative_spread=getattr(s, noise_key))
-            for name, (value_key, noise_key) in POLICY_KEYS.items()})
-        parts.append(f"c={c} {ratio_text(total.value, total.spread)} = {split}")
-    if not parts:
-        return None
-    return (f"{label} over the plain baseline, split into the engine path's cost (aligned "
-            f"baseline over plain) and speculation's own gain: " + "; ".join(parts) + ".")

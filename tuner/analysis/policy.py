@@ -322,7 +322,6 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
         speculative_config=None if spec is None else spec.speculative_config,
         aligned_baseline=None if aligned is None else AlignedBaseline(
             label=aligned.label(), config=aligned, path_cost=level_stats(aligned_series, base)),
-        decomposition=decomposition.policy_line(chosen.label(), stats.get(chosen.key(), {})),
     )
     return doc
 

@@ -6,20 +6,25 @@ file, the terminal and the report say the same."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from tuner.records.policy import Band, PolicyDocument, Verification
+from tuner.analysis.decomposition import POLICY_KEYS
+from tuner.records.policy import Band, LevelStat, PolicyDocument, Verification
+from tuner.records.results import Measured, SpeedupSplit, ratio_text
 
 SPECULATION_OFF = "Speculation does not pay beyond the noise at any measured level: leave it off."
 
 
 def worded(doc: PolicyDocument) -> PolicyDocument:
-    """The document with its sentences: the verdict, the verification's verdict and, where a
-    router must stand in for the schedule (the method takes no changing K, the engine refused
-    the schedule or ignored it), the band table."""
+    """The document with its sentences: the split of the chosen config's speedup, the verdict,
+    the verification's verdict and, where a router must stand in for the schedule (the method
+    takes no changing K, the engine refused the schedule or ignored it), the band table."""
     ver = doc.verification
     if ver is not None:
         ver = ver.model_copy(update={"verdict": verification_verdict(ver)})
+    chosen = next((c for c in doc.configs if c.label == doc.chosen), None)
+    doc = doc.model_copy(update={
+        "decomposition": None if chosen is None else split_sentence(doc.chosen, chosen.stats)})
     return doc.model_copy(update={
         "verification": ver, "verdict": verdict(doc),
         "fallback_bands": tuple(band_table(doc.bands, doc.chosen)) if doc.needs_router
@@ -82,3 +87,22 @@ def band_table(bands: Sequence[Band], label: str) -> list[str]:
             f"concurrency {s}-{e}"
         lines.append(f"{span}: " + (f"speculate with {label}, K={k}" if k else "speculation off"))
     return lines
+
+
+def split_sentence(label: str, stats: Mapping[int, LevelStat]) -> str | None:
+    """One sentence over the ladder: per level, the total speedup as path cost x speculation
+    gain, each with its spread in the ratio's units as the recommendation and the report
+    write them; None when no level is split."""
+    parts = []
+    for c, s in sorted(stats.items()):
+        if s.path_cost is None:
+            continue
+        total = Measured(value=s.speedup, relative_spread=s.noise)
+        split = SpeedupSplit(total_speedup=total, **{
+            name: Measured(value=getattr(s, value_key), relative_spread=getattr(s, noise_key))
+            for name, (value_key, noise_key) in POLICY_KEYS.items()})
+        parts.append(f"c={c} {ratio_text(total.value, total.spread)} = {split}")
+    if not parts:
+        return None
+    return (f"{label} over the plain baseline, split into the engine path's cost (aligned "
+            f"baseline over plain) and speculation's own gain: " + "; ".join(parts) + ".")
