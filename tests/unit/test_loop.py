@@ -252,7 +252,7 @@ def test_a_resumed_study_never_launches_the_aligned_baseline_twice():
 def test_an_aligned_baseline_a_dead_driver_left_is_launched_again():
     study, executor = _study(), _PathExecutor(differs=True)
     _search(study, executor, [], aligned="auto").run(n_trials=2, timeout_s=None)
-    orphan = st.ask_fresh(study, user_attrs=loop.aligned_attrs(ALIGNED))
+    orphan = st.ask_fresh(study, user_attrs=st.aligned_attrs(ALIGNED))
     study._storage.set_trial_user_attr(orphan._trial_id, TrialAttr.FAILURE,
                                        {"reason": "x", "kind": "driver_died"})
     study._storage.set_trial_state_values(orphan._trial_id, optuna.trial.TrialState.FAIL)

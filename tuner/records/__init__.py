@@ -12,7 +12,7 @@
 - storage: the names a study's settings and its trials' records are stored under;
 - migrations: the keys older study folders stored, read in one place.
 
-Every stage hands the next one of these, never a loose dict: a `dict[str, Any]` is left only
+Every stage hands the next one of these, never a loose dict: a JSON-shaped dict is left only
 where JSON, YAML or an HTTP body is read or written (the --speculative-config vLLM takes,
 Optuna's attrs and journal, a user's log record).
 """

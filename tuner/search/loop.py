@@ -63,14 +63,6 @@ def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
                                     user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
 
 
-def aligned_attrs(config: TrialConfig) -> dict[str, Any]:
-    """A trial's attrs for the aligned baseline: no speculation on the same engine path as the
-    speculative trials (e.g. no async scheduling, V1 runner), so speculation's own effect can
-    be told from the engine-path change it forces."""
-    return {TrialAttr.ROLE: Role.ALIGNED_BASELINE.value,
-            TrialAttr.CONFIG_OVERRIDE: json.loads(config.model_dump_json())}
-
-
 def has_aligned_baseline(study: Any) -> bool:
     """An aligned baseline is measured, queued, running or refused: never launch another. One
     a dead driver left behind does not count (it is launched again)."""
@@ -354,7 +346,7 @@ class SearchLoop:
         if launch.trial is not None:
             return launch.trial  # the strategy labelled it, before asking storage about it
         if launch.role == Role.ALIGNED_BASELINE:
-            trial = st.ask_fresh(self.study, user_attrs=aligned_attrs(launch.config))
+            trial = st.ask_fresh(self.study, user_attrs=st.aligned_attrs(launch.config))
         else:
             attrs = {TrialAttr.ROLE: launch.role.value,
                      TrialAttr.CONFIG_OVERRIDE: launch.config.model_dump(mode="json")}

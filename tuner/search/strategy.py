@@ -135,11 +135,9 @@ class OptunaSearch:
         """The sampler's next trial; the aligned baseline's own one where it is due: it runs
         next, not behind the queued grid points, so the ratios it splits are measured under the
         same conditions as the trials around it."""
-        from tuner.search.loop import aligned_attrs  # the loop imports this module
-
         if aligned is None:
             return self.study.ask()
-        return st.ask_fresh(self.study, user_attrs=aligned_attrs(aligned))
+        return st.ask_fresh(self.study, user_attrs=st.aligned_attrs(aligned))
 
     def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:
         return None  # the loop told the study; the sampler reads it from there

@@ -386,6 +386,14 @@ def method_choices(study: Any) -> tuple[Any, ...] | None:
     return None
 
 
+def aligned_attrs(config: TrialConfig) -> dict[str, Any]:
+    """A trial's attrs for the aligned baseline: no speculation on the same engine path as the
+    speculative trials (e.g. no async scheduling, V1 runner), so speculation's own effect can
+    be told from the engine-path change it forces."""
+    return {TrialAttr.ROLE: Role.ALIGNED_BASELINE.value,
+            TrialAttr.CONFIG_OVERRIDE: json.loads(config.model_dump_json())}
+
+
 def ask_fresh(study: Any, *, user_attrs: dict[str, Any]) -> Any:
     """A new RUNNING trial that is not one of the study's WAITING ones: study.ask() hands out
     the oldest enqueued trial first (a grid point left when --n-trials ran out, say), which a
