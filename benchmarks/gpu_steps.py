@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult
 from tuner.replay.acceptance import replay
 from tuner.tokens import FILE_NAME, TokenCapture
@@ -46,7 +47,8 @@ def drafts_of(folder: Path, spec: dict | None, c: int, recs: list[dict]) -> list
     if not spec:
         return [np.zeros(len(r["chunk_gaps_s"]), int) for r in recs]
     cap = TokenCapture.load(folder / FILE_NAME)
-    return replay(cap, spec, max_model_len=MAX_MODEL_LEN, levels=[c])[c].request_drafts
+    return replay(cap, TrialConfig(speculative_config=spec), max_model_len=MAX_MODEL_LEN,
+                  levels=[c])[c].request_drafts
 
 
 def one_level(folder: Path, spec: dict | None, k: int, c: int) -> str | None:

@@ -195,7 +195,7 @@ def step_shapes(runs: list[tuple[str, TrialConfig, Path]], line) -> None:
         spec = cfg.speculative_config
         if spec:
             cap = TokenCapture.load(folder / FILE_NAME)
-            drafts = replay(cap, spec, max_model_len=MAX_MODEL_LEN, levels=[1])[1].request_drafts
+            drafts = replay(cap, cfg, max_model_len=MAX_MODEL_LEN, levels=[1])[1].request_drafts
         else:
             drafts = [[0] * len(r["chunk_gaps_s"]) for r in recs]
         for r, d in zip(recs, drafts, strict=True):
