@@ -13,7 +13,23 @@ from enum import Enum
 from typing import Any, TypeVar
 
 
+@dataclass(frozen=True, kw_only=True)
 class _Row:
+    """The leading columns of either file: the config at a level, and its replayed acceptance
+    (a subclass's own fields follow these, in its file's column order)."""
+
+    # identity
+    key: str
+    label: str
+    method: str
+    speculative_config: str = ""  # JSON with sorted keys; "" for the baseline
+    concurrency: int
+    # acceptance, replayed
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    drafted_per_step: float = 0.0
+    tokens_per_step: float = 1.0
+
     def csv_row(self) -> dict[str, Any]:
         """The row as predicted.csv, traffic.csv and `tuner predict --json` write it: every
         field, by its name, in the record's order."""
@@ -27,17 +43,6 @@ class PredictedRow(_Row):
     config, the measured medians beside them and the prediction's errors (percent, predicted
     above measured positive). None where a figure is not predicted or not measured."""
 
-    # identity
-    key: str
-    label: str
-    method: str
-    speculative_config: str = ""  # JSON with sorted keys; "" for the baseline
-    concurrency: int
-    # acceptance, replayed
-    acceptance_rate: float | None = None
-    acceptance_length: float | None = None
-    drafted_per_step: float = 0.0
-    tokens_per_step: float = 1.0
     uniform_share: float = 1.0  # the played steps' share in which every request drafted K
     per_position: str = ""  # JSON list: acceptance per draft position
     steps_per_request: float | None = None
@@ -80,15 +85,6 @@ class TrafficRow(_Row):
     prices the level; the half-widths of 90% intervals unless every request says
     temperature 0."""
 
-    key: str
-    label: str
-    method: str
-    speculative_config: str = ""  # JSON with sorted keys; "" for the baseline
-    concurrency: int
-    acceptance_rate: float | None = None
-    acceptance_length: float | None = None
-    drafted_per_step: float = 0.0
-    tokens_per_step: float = 1.0
     per_position: str = ""  # JSON list: acceptance per draft position
     num_drafts: int = 0
     num_draft_tokens: int = 0
