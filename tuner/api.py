@@ -307,7 +307,7 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
                 use_replay: bool) -> None:
     """The replay strategy where it runs (the Optuna search where it cannot go on), else the
     Optuna search; then the leaders' repeats."""
-    from tuner.outputs import ranking
+    from tuner.outputs import ranking, selection
     from tuner.search import loop, replay_strategy, strategy
 
     if use_replay:
@@ -316,7 +316,9 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
             search, study_dir=out_dir, leaders=options.confirm_leaders, seed=options.seed or 0,
             confidence=options.confidence, margin=options.margin,
             limits=engine_cmdline.engine_limits(search.engine),
-            on_prediction=lambda pred: _write_predictions(pred, out_dir))
+            watch=replay_strategy.Watch(
+                prediction=lambda pred: _write_predictions(pred, out_dir),
+                selection=selection.watcher(search.say, search.detail)))
         stop = search.run(replay, n_trials=options.n_trials, timeout_s=options.timeout_s)
         if stop.ranking is not None:
             ranking.say_ranking(stop.ranking, say=search.say, detail=search.detail,
@@ -505,7 +507,7 @@ def _render(study: Any, out_dir: Path) -> tuple[dict[str, Path], list[Recommenda
 
     settings = st.settings_of(study)
     df = pareto.speedups(frame.trials_frame(study))
-    recs = recommend.recommendations(df, settings)
+    recs = recommend.recommendations(df, settings, st.selections_of(study))
     paths = outputs.write_outputs(
         study_name=study.study_name, df=df, configs=pareto.speedups(frame.configs_frame(df)),
         points=pareto.points(df), recs=recs, out_dir=out_dir, settings=settings)
@@ -531,6 +533,12 @@ def recommend(*, study_dir: Path, storage_url: str | None = None,
         raise ConfigError(f"--level {c}: the study measured "
                           f"{', '.join(map(str, levels)) or 'no levels yet'}. Pick one of those.")
     slos = settings.constraints
+    chosen = {s.concurrency: s for s in st.selections_of(study)}.get(c)
+    if chosen is not None and max_tpot_ms is None and max_ttft_ms is None and not any(
+            v is not None for v in slos.values()):
+        answer = rec.selected(df, chosen, settings=settings)
+        if answer is not None:
+            return answer
     return rec.recommend(
         df, concurrency=c, settings=settings,
         max_tpot_ms=max_tpot_ms if max_tpot_ms is not None else slos.get("max_tpot_ms"),

@@ -239,6 +239,11 @@ def _add_measure(p: argparse.ArgumentParser) -> None:
                    default=_M.requests_per_slot,
                    help="without --num-requests: requests per level = this x concurrency (at "
                    "least --num-prompts)")
+    g.add_argument("--sample-prompts", type=_opt("sample_prompts"),
+                   default=_M.sample_prompts,
+                   help="workload prompts, beyond the levels', whose tokens the study's first "
+                   "baseline launch also collects (sent once, after its levels), so the replay "
+                   "predicts every n-gram and suffix config over them; 0: none")
     g.add_argument("--num-warmups", type=_opt("num_warmups"),
                    help="short warm-up requests before each level, excluded from the figures "
                    "(default: one per slot, i.e. the level's concurrency)")

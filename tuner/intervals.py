@@ -19,7 +19,9 @@ from enum import Enum
 from typing import Literal
 
 CONFIDENCE = 0.95  # --confidence 95
-MARGIN = 0.02  # --margin 2: closer to 1.00x than this is no difference that matters
+# --margin 2: closer to 1.00x than this is no difference that matters, and configs this close
+# to each other are one choice (tuner.replay.selection's indifference zone)
+MARGIN = 0.02
 # A config launched once has no spread of its own: its interval borrows the pooled one, but
 # only once the others give it at least this many degrees of freedom.
 ONE_LAUNCH_DF = 2

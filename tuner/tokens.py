@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 FILE_NAME = "tokens.npz"
+# The workload sample's requests (RequestSchedule.sample) are stored at this concurrency: no
+# level is 0, so `levels()` leaves them out and `sample()` reads them.
+SAMPLE_LEVEL = 0
 _COLUMNS = ("concurrency", "index", "warmup", "prompt_len", "output_len", "max_tokens")
 
 
@@ -60,7 +63,16 @@ class TokenCapture:
 
     def levels(self) -> list[int]:
         """The concurrency levels, in the order they were measured."""
-        return list(dict.fromkeys(r.concurrency for r in self.requests))
+        return list(dict.fromkeys(r.concurrency for r in self.requests
+                                  if r.concurrency != SAMPLE_LEVEL))
+
+    def sample(self) -> list[RequestTokens]:
+        """The workload sample's requests in the order they were sent ([] where none was)."""
+        return sorted(self.level(SAMPLE_LEVEL, warmup=False), key=lambda r: r.index)
+
+    def without_sample(self) -> TokenCapture:
+        return TokenCapture(requests=tuple(r for r in self.requests
+                                           if r.concurrency != SAMPLE_LEVEL))
 
     def level(self, concurrency: int, *, warmup: bool | None = None) -> list[RequestTokens]:
         return [r for r in self.requests if r.concurrency == concurrency

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ from tuner.records.results import (
     Verdict,
     WindowSpread,
 )
+from tuner.records.selection import Choice, Selection
 from tuner.records.storage import StudySettings
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
@@ -102,15 +103,17 @@ class _Level:
                 serve_command=engine_cmdline.serve_command(_shown_engine(s), serving),
                 serve_config=serve_config(s, serving),
                 serve_note=engine_cmdline.serve_note(s.engine_spec if s else None))
+        figures: dict[str, Any] = dict(
+            speedup_interval=None if iv is None else (iv.lo, iv.hi),
+            confidence_level=None if iv is None else iv.confidence,
+            equivalence_margin=None if iv is None else iv.margin,
+            launches=None if iv is None else iv.launches)
         return Recommendation(
             concurrency=self.concurrency, status=status, slos=self.slos,
             verdict=verdict.model_copy(update={
                 "sampling_mismatch": self.sampling_mismatch,
                 "slos_set": any(v is not None for v in self.slos.values())}),
-            speedup_interval=None if iv is None else (iv.lo, iv.hi),
-            confidence_level=None if iv is None else iv.confidence,
-            equivalence_margin=None if iv is None else iv.margin,
-            launches=None if iv is None else iv.launches, **extra)
+            **{**figures, **extra})
 
     @property
     def sampling_mismatch(self) -> str | None:
@@ -217,6 +220,9 @@ def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
     decision = at.decision(row)
     if decision is not None and decision != intervals.OPEN:
         return decision == intervals.ABOVE
+    iv = at.interval(row)
+    if iv is not None and iv.lo <= 1.0:  # an interval that holds 1.00x is no finding
+        return False
     return _beyond_floor(row, base, at)
 
 
@@ -312,8 +318,9 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
     settled, within --margin of 1.00x, or below it): not a finding, so it stays off."""
     basis = Basis.WITHIN_NOISE
     if at.interval(best) is not None and _beyond_floor(best, base, at):  # the interval decided
-        basis = Basis.INTERVAL_EQUIVALENT if at.decision(best) == intervals.EQUIVALENT \
-            else Basis.INTERVAL_BELOW
+        basis = {intervals.EQUIVALENT: Basis.INTERVAL_EQUIVALENT,
+                 intervals.OPEN: Basis.INTERVAL_OPEN}.get(at.decision(best),
+                                                          Basis.INTERVAL_BELOW)
     return _stays_off(best, base, at, basis)
 
 
@@ -334,15 +341,75 @@ def _turn_on(win: pd.Series, base: pd.Series, at: _Level, *,
         prediction_misses=at.misses(win), verify_command=at.verify(config))
 
 
-def recommendations(df: pd.DataFrame, settings: StudySettings | None = None
-                    ) -> list[Recommendation]:
+def recommendations(df: pd.DataFrame, settings: StudySettings | None = None,
+                    selections: Sequence[Selection] = ()) -> list[Recommendation]:
     """One Recommendation per measured concurrency level (in the order the study asked for
-    them), with the study's stored SLOs."""
+    them), with the study's stored SLOs; where the replay strategy selected over a workload
+    sample (`selections`, tuner.replay.selection) and no SLO is set, the level's selection
+    decides it (`selected`)."""
     slos = settings.constraints if settings else {}
     asked = settings.settings.concurrencies if settings else ()
-    return [recommend(df, concurrency=c, max_tpot_ms=slos.get("max_tpot_ms"),
-                      max_ttft_ms=slos.get("max_ttft_ms"), settings=settings)
-            for c in frame.levels_of(df, asked)]
+    by_level = {s.concurrency: s for s in selections}
+    unconstrained = not any(v is not None for v in slos.values())
+    out = []
+    for c in frame.levels_of(df, asked):
+        rec = None
+        if unconstrained and c in by_level:
+            rec = selected(df, by_level[c], settings=settings)
+        out.append(rec or recommend(df, concurrency=c, max_tpot_ms=slos.get("max_tpot_ms"),
+                                    max_ttft_ms=slos.get("max_ttft_ms"), settings=settings))
+    return out
+
+
+def selected(df: pd.DataFrame, sel: Selection, *, settings: StudySettings | None = None
+             ) -> Recommendation | None:
+    """The level's Recommendation as its selection decided it: turn the subject on, leave
+    speculation off, or undecided (no config named to serve; the verify command re-measures
+    the subject beside the baseline). None where the frame lacks what it needs (no baseline
+    at the level, or an "on" subject without a launch): the measured rule answers then."""
+    c = sel.concurrency
+    at = _Level(c, {"max_tpot_ms": None, "max_ttft_ms": None}, settings,
+                configs=frame.configs_of(df))
+    rows = df[(df["concurrency"] == c).fillna(False)]
+    level = decomposition.decompose(pareto.speedups(frame.with_medians(
+        rows[rows["state"] == "COMPLETE"]))).reset_index(drop=True)
+    base_rows = level[frame.is_baseline(level)].sort_values("trial")
+    if base_rows.empty:
+        return None
+    base = base_rows.iloc[0]
+    mine = level[level["config_key"] == sel.subject_key]
+    win = mine.iloc[0] if not mine.empty else None
+    if sel.choice == Choice.ON and win is None:
+        return None
+    n_base = int(_int(base["n_measurements"]))
+    verdict = Verdict(
+        basis=Basis.SELECTED, selection=sel, subject=sel.subject, speedup=sel.speedup,
+        baseline_throughput=float(base["output_throughput"]),
+        baseline_tpot_ms=float(base["mean_tpot_ms"]),
+        subject_throughput=float(win["output_throughput"]) if win is not None else None,
+        subject_tpot_ms=float(win["mean_tpot_ms"]) if win is not None else None,
+        measurements=(int(_int(win["n_measurements"])) if win is not None else 0, n_base))
+    figures = dict(speedup_interval=(sel.lo, sel.hi), confidence_level=sel.confidence,
+                   equivalence_margin=sel.indifference, launches=verdict.measurements)
+    if sel.choice == Choice.ON:
+        config = at.config(win)
+        return at.answer(
+            "recommend", verdict, serving=config, speculative_config=config.speculative_config,
+            label=sel.subject, trial=int(win["trial"]), decomposition=decomposition.record(win),
+            metrics=_metrics(win), speedup_throughput=sel.speedup,
+            speedup_tpot=float(win["speedup_tpot"]), baseline_metrics=_metrics(base),
+            n_repeats=int(_int(win["n_repeats"])), verify_command=at.verify(config),
+            **figures)
+    subject = at.configs.get(sel.subject_key)
+    verify = at.verify_against_baseline(subject) if subject else at.verify(TrialConfig())
+    if sel.choice == Choice.OFF:
+        return at.answer(
+            "speculation_off", verdict, serving=TrialConfig(), metrics=_metrics(base),
+            baseline_metrics=_metrics(base), label=str(base["label"]), trial=int(base["trial"]),
+            speedup_throughput=1.0, speedup_tpot=1.0, n_repeats=int(_int(base["n_repeats"])),
+            verify_command=verify, **figures)
+    return at.answer("insufficient_data", verdict, baseline_metrics=_metrics(base),
+                     verify_command=verify, **figures)
 
 
 # The figures a recommendation carries, keyed and in the units `vllm bench serve` uses

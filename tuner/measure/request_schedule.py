@@ -49,9 +49,24 @@ def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedul
         cursor += w + m
         out.append(LevelRequests(concurrency=c, warmups=tuple(ids[:w]),
                                  measured=tuple(ids[w:]), asked=None if m == a else a))
+    # The workload sample: the prompts no level sends, as many as asked for and left.
+    sample = tuple(range(cursor, min(distinct, cursor + settings.sample_prompts)))
     schedule = RequestSchedule(workload_digest=workload.digest, levels=tuple(out),
-                               allow_repeats=settings.allow_repeats)
-    return schedule, _shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked))
+                               allow_repeats=settings.allow_repeats, sample=sample,
+                               sample_concurrency=settings.sample_concurrency()
+                               if sample else None)
+    notes = [_shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked)),
+             _sample_note(workload, schedule, asked=settings.sample_prompts)]
+    return schedule, " ".join(n for n in notes if n) or None
+
+
+def _sample_note(workload: Workload, schedule: RequestSchedule, *, asked: int) -> str | None:
+    """One line where the workload sample is smaller than --sample-prompts asked for."""
+    if not asked or len(schedule.sample) >= asked:
+        return None
+    return (f"The workload sample holds {len(schedule.sample)} of the {asked} prompts asked for "
+            f"(--sample-prompts): {_source(workload)} has {len(workload.prompts)} distinct "
+            f"prompts and the levels send the rest. For a larger sample: {_more(workload)}.")
 
 
 def _shortened(asked: Sequence[int], room: int) -> list[int]:
@@ -110,6 +125,11 @@ def warmups(workload: Workload, level: LevelRequests, settings: MeasureSettings)
     """The level's warm-up requests as sent: short (`warmup_output_len`), never measured."""
     return [p.model_copy(update={"output_len": min(p.output_len, settings.warmup_output_len)})
             for p in (workload.prompts[i] for i in level.warmups)]
+
+
+def sample(workload: Workload, schedule: RequestSchedule) -> list[Prompt]:
+    """The workload sample's requests in send order."""
+    return [workload.prompts[i] for i in schedule.sample]
 
 
 def measured(workload: Workload, level: LevelRequests) -> list[Prompt]:

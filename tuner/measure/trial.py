@@ -84,6 +84,8 @@ def measure(
                 f"mean TPOT {level.mean_tpot_ms:.1f} ms, {level.completed}/{level.num_requests} ok"
                 + (f" ({note})" if note else ""))
             levels.append(level)
+        if schedule.sample:
+            sent.append(_send_sample(eng, workload, schedule, say))
         info = eng.info
     capture, why_not = capture_tokens(sent)
     if capture is None:
@@ -91,6 +93,22 @@ def measure(
     else:
         capture.save(tokens_path)
     return BenchResult(config=config, engine=info, levels=tuple(levels))
+
+
+def _send_sample(eng: Engine, workload: Workload, schedule: RequestSchedule,
+                 say: Callable[[str], None]) -> _Sent:
+    """The workload sample (RequestSchedule.sample), sent after every level: only its tokens
+    are kept (as tuner.tokens.SAMPLE_LEVEL), for the replay; no figure is measured on it."""
+    prompts = request_schedule.sample(workload, schedule)
+    c = schedule.sample_concurrency or 1
+    t0 = time.perf_counter()
+    records, _wall_s = _run(eng, prompts, c, warmup=False, client=_client(eng, workload),
+                            bar=None)
+    records = [r.model_copy(update={"concurrency": tokens.SAMPLE_LEVEL}) for r in records]
+    ok = sum(r.ok for r in records)
+    say(f"workload sample: {ok}/{len(prompts)} requests at c={c} in "
+        f"{time.perf_counter() - t0:.0f} s (tokens kept for the replay, not measured)")
+    return records, prompts
 
 
 def _rate_text(rate: float | None) -> str:
@@ -139,7 +157,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
     """One level as the schedule has it: its short warm-ups (excluded from the figures), then
     its measured requests as one closed-loop block (open loop at the level's rate where
     `settings` is an OpenLoopSettings that gives one), /metrics read before and after."""
-    spec, c = workload.spec, planned.concurrency
+    c = planned.concurrency
     sent_before = reused = 0  # requests whose prompt this engine was sent already
     for pos, i in enumerate(planned.warmups + planned.measured):
         again = i in seen
@@ -151,10 +169,7 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
                                 f"this engine was sent before, without --allow-repeats")
     warm = request_schedule.warmups(workload, planned, settings)
     prompts = request_schedule.measured(workload, planned)
-    client = loadgen.RequestSettings(
-        model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
-        top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, ignore_eos=spec.ignore_eos,
-        request_timeout_s=eng.spec.request_timeout_s, level_timeout_s=eng.spec.level_timeout_s)
+    client = _client(eng, workload)
     warm_records = _run(eng, warm, c, warmup=True, client=client, bar=None)[0] if warm else []
     bar = _bar(len(prompts), f"c={c}") if show_bar else None
     t0 = time.perf_counter()
@@ -183,6 +198,15 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
             f"(first error: {level.errors[0] if level.errors else '?'})",
             log_tail=log_tail(eng.log_path))
     return level
+
+
+def _client(eng: Engine, workload: Workload) -> loadgen.RequestSettings:
+    """How every request of this engine is sent: the workload's sampling, the engine's key."""
+    spec = workload.spec
+    return loadgen.RequestSettings(
+        model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
+        top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, ignore_eos=spec.ignore_eos,
+        request_timeout_s=eng.spec.request_timeout_s, level_timeout_s=eng.spec.level_timeout_s)
 
 
 def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool,

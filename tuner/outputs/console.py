@@ -28,6 +28,7 @@ from tuner.outputs.text import (
 from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
 from tuner.records.predictions import PredictedRow, Row
 from tuner.records.results import BenchResult, Recommendation
+from tuner.records.selection import Choice
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
              "insufficient_data": "No recommendation yet"}
@@ -151,7 +152,9 @@ def recommendation_json(rec: Recommendation) -> str:
 
 def format_recommendation(rec: Recommendation) -> str:
     """A few terminal lines: the verdict, the numbers against the baseline, the command."""
-    head = HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else "")
+    sel = rec.verdict.selection
+    head = ("Undecided" if sel is not None and sel.choice == Choice.UNDECIDED
+            else HEADLINES[rec.status] + (f" {rec.label}" if rec.status == "recommend" else ""))
     lines = [f"Concurrency {rec.concurrency}: {head}", f"  {verdicts.reason(rec)}"]
     m, b = rec.metrics, rec.baseline_metrics
     if rec.status == "recommend" and m:

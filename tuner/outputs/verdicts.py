@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from tuner import intervals
 from tuner.analysis.recommend import MIN_CANDIDATES, MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
+from tuner.outputs import selection
 from tuner.records.results import (
     Basis,
     ConfigSplit,
@@ -24,7 +25,8 @@ from tuner.records.results import (
 def reason(rec: Recommendation) -> str:
     """Why the recommendation is what it is, in sentences."""
     v = rec.verdict
-    text = _REASONS[v.basis](rec, v)
+    text = (selection.answer_text(v.selection) if v.selection is not None
+            else _REASONS[v.basis](rec, v))
     tail = f" {v.sampling_mismatch}" if v.sampling_mismatch else ""
     return text + tail + "".join(f" {m.text()}" for m in rec.prediction_misses)
 
@@ -34,6 +36,8 @@ def confidence(rec: Recommendation) -> str:
     launches give one (high where it is settled, low where it is open), else from the gain
     against the MADs."""
     v = rec.verdict
+    if v.selection is not None:
+        return selection.confidence(v.selection)
     if v.subject is None or v.speedup is None or v.measurements is None:
         return ""
     gain = v.speedup - 1.0
@@ -107,8 +111,10 @@ def _no_measurable_difference(rec: Recommendation, v: Verdict) -> str:
     noise_text, resolve = _noise_words(v)
     noise_text = f"not more than {noise_text}"
     if v.basis != Basis.WITHIN_NOISE and v.interval is not None:  # the interval decided
-        where = (f"lies within \u00b1{intervals.percent(v.interval.margin)} of 1.00x"
-                 if v.basis == Basis.INTERVAL_EQUIVALENT else "lies below 1.00x")
+        where = {Basis.INTERVAL_EQUIVALENT: f"lies within \u00b1"
+                                            f"{intervals.percent(v.interval.margin)} of 1.00x",
+                 Basis.INTERVAL_OPEN: "holds 1.00x, so no gain is shown"}.get(
+                     v.basis, "lies below 1.00x")
         noise_text = (f"more than the launches' spread (\u00b1{v.noise_floor:.1%}), but its "
                       f"{_interval(v.interval).bounds()} {where}, and the interval over all "
                       "launches decides")
@@ -140,6 +146,7 @@ def _turn_on(rec: Recommendation, v: Verdict) -> str:
 
 
 _REASONS = {
+    Basis.INTERVAL_OPEN: _no_measurable_difference,
     Basis.NO_BASELINE: _no_baseline,
     Basis.TOO_FEW_CONFIGS: _too_few_configs,
     Basis.NO_CONFIG_MEETS_SLOS: _nothing_meets_the_slos,

@@ -252,6 +252,10 @@ class MeasureSettings(Frozen):
     # `--allow-repeats`: the schedule may send a prompt to one engine again where the data
     # holds too few (RequestSchedule); otherwise levels are shortened instead.
     allow_repeats: bool = False
+    # `--sample-prompts`: prompts of the workload, beyond every level's, that the study's
+    # first baseline launch also sends (after its levels, at SAMPLE_CONCURRENCY or the highest
+    # level), so the replay predicts every config over far more prompts than a launch measures.
+    sample_prompts: int = Field(64, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -265,7 +269,12 @@ class MeasureSettings(Frozen):
     def pool_size(self, num_prompts: int) -> int:
         """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
         return sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
-                   for c in self.concurrencies)
+                   for c in self.concurrencies) + self.sample_prompts
+
+    def sample_concurrency(self) -> int:
+        """The concurrency the workload sample is sent at: its tokens are all that is kept,
+        so as many in flight as the highest level, or SAMPLE_CONCURRENCY where that is more."""
+        return max(SAMPLE_CONCURRENCY, *self.concurrencies)
 
     def warmups_for(self, concurrency: int) -> int:
         """Short warm-up requests sent before the level, excluded from its figures."""
@@ -276,6 +285,10 @@ class MeasureSettings(Frozen):
         if self.num_requests:
             return self.num_requests
         return max(num_prompts, self.requests_per_slot * concurrency)
+
+
+# The workload sample's lowest concurrency (MeasureSettings.sample_concurrency).
+SAMPLE_CONCURRENCY = 16
 
 
 class LevelRequests(Frozen):
@@ -300,6 +313,14 @@ class RequestSchedule(Frozen):
     workload_digest: str
     levels: tuple[LevelRequests, ...]
     allow_repeats: bool = False
+    # The workload sample (MeasureSettings.sample_prompts): prompt indices no level sends,
+    # sent once by the study's first baseline launch at `sample_concurrency`; the launches
+    # that do not send it carry a schedule `without_sample()`.
+    sample: tuple[int, ...] = ()
+    sample_concurrency: int | None = None
+
+    def without_sample(self) -> RequestSchedule:
+        return self.model_copy(update={"sample": ()})
 
     def level(self, concurrency: int) -> LevelRequests:
         for lv in self.levels:

@@ -68,7 +68,8 @@ def _measure_from(args: Namespace) -> MeasureSettings:
                            requests_per_slot=args.requests_per_slot, num_warmups=args.num_warmups,
                            percentile_metrics=args.percentile_metrics,
                            metric_percentiles=args.metric_percentiles,
-                           stability_pct=args.stability, allow_repeats=args.allow_repeats)
+                           stability_pct=args.stability, allow_repeats=args.allow_repeats,
+                           sample_prompts=args.sample_prompts)
 
 
 @dataclass(frozen=True, kw_only=True)

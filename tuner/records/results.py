@@ -20,6 +20,7 @@ from tuner.records.configs import (
     WorkloadSpec,
 )
 from tuner.records.migrations import OLD_LEVEL_KEYS
+from tuner.records.selection import Selection
 
 
 class RequestRecord(Frozen):
@@ -372,8 +373,10 @@ class Basis(str, Enum):
     WITHIN_NOISE = "within_noise"  # off: a gain no larger than the noise
     INTERVAL_EQUIVALENT = "interval_equivalent"  # off: the interval lies within --margin
     INTERVAL_BELOW = "interval_below"  # off: the interval lies below 1.00x
+    INTERVAL_OPEN = "interval_open"  # off: past the noise floor, but the interval holds 1.00x
     BEYOND_NOISE = "beyond_noise"  # on: a gain beyond the noise floor
     INTERVAL_ABOVE = "interval_above"  # on: within the noise floor, the interval decides
+    SELECTED = "selected"  # the replay's selection over the workload sample (Verdict.selection)
 
 
 class Noise(str, Enum):
@@ -463,6 +466,8 @@ class Verdict(Frozen):
     # The line the replay strategy stored where the engine's acceptance at temperature > 0
     # did not match the replay at this level (StudySettings.sampling_mismatch).
     sampling_mismatch: str | None = None
+    # Basis.SELECTED: the level's selection (tuner.replay.selection), whose figures decide.
+    selection: Selection | None = None
 
 
 class PredictionMiss(Frozen):

@@ -12,6 +12,8 @@ from tuner.records.results import PredictionMiss
 
 # The study user attr that holds a StudySettings.
 STUDY_ATTR = "tuner"
+# Per level, the replay strategy's Selection (tuner.records.selection), as JSON.
+SELECTIONS_ATTR = "selections"
 
 
 class Fingerprint(BaseModel):

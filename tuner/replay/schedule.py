@@ -52,6 +52,10 @@ class Schedule:
     # a request of 2 tokens, whose one gap may be a whole prefill of another, as much as one
     # of 64)
     decode_ms_per_token: float = 0.0
+    # per request, its share of the level's engine time: each step's time split evenly among
+    # the requests it served. They sum to the time the engine was busy, so a level played over
+    # a resample of its requests takes about the sum of their shares (tuner.replay.forecast).
+    share_ms: tuple[float, ...] = ()
 
     @property
     def mean_tpot_ms(self) -> float | None:
@@ -126,6 +130,7 @@ class _Play:
         self.mixed_sum = [0] * n_req
         self.stall = [0.0] * n_req
         self.busy = [0.0] * n_req  # ms spent in its decode steps
+        self.share = [0.0] * n_req  # its share of the engine's time (Schedule.share_ms)
         self.sent, self.now, self.end = 0, 0.0, 0.0
         self.waiting: list[int] = []  # sent, not yet prefilled
         self.decoding: list[int] = []
@@ -160,6 +165,9 @@ class _Play:
             mixed_sum[i] += is_mixed
             stall[i] += prefill
             busy[i] += dt
+        served = decoding or admit
+        for i in served:
+            self.share[i] += dt / len(served)
         for i in admit:
             self.waiting.remove(i)
             self.ttft[i] = self.now - self.sent_at[i]
@@ -184,7 +192,7 @@ class _Play:
             coef_a=per_token(self.n_steps), coef_b=per_token(self.n_sum),
             coef_m=per_token(self.mixed_sum), stall_ms=per_token(self.stall),
             steps=self.engine_steps, uniform_steps=self.uniform,
-            decode_ms_per_token=per_token(self.busy))
+            decode_ms_per_token=per_token(self.busy), share_ms=tuple(self.share))
 
 
 def baseline_drafts(lengths: Sequence[int]) -> list[np.ndarray]:

@@ -383,16 +383,29 @@ class SearchLoop:
         trial.set_user_attr(st.ENGINE_ATTR, self.engine_digest)
         trial_dir = self.out_dir / "trials" / str(trial.number)
         args = (trial.number, self.engine, config, self.workload, self.settings, str(trial_dir))
+        schedule = self._schedule_for(config)
         if getattr(self.executor, "reports_progress", False):
             # Inline, the trial itself says when its engine starts, is ready, and each level.
-            self.executor.submit(*args, num_gpus=self.gpus, schedule=self.schedule,
+            self.executor.submit(*args, num_gpus=self.gpus, schedule=schedule,
                                  progress=lambda m: self.detail(f"  trial {trial.number}: {m}"),
                                  show_bar=self.show_bar)
         else:
             # A Ray worker's lines never reach this terminal: say here what it is doing.
             self.detail(f"  trial {trial.number}: engine starting for {config.label()} (log: "
                         f"{trial_dir / 'engine.log'}); its figures come back when it ends")
-            self.executor.submit(*args, num_gpus=self.gpus, schedule=self.schedule)
+            self.executor.submit(*args, num_gpus=self.gpus, schedule=schedule)
+
+    def _schedule_for(self, config: TrialConfig) -> RequestSchedule | None:
+        """The study's schedule as `config`'s launch sends it: the workload sample
+        (RequestSchedule.sample) only with the plain baseline, until one has completed."""
+        schedule = self.schedule
+        if schedule is None or not schedule.sample:
+            return schedule
+        if config.key() == self.space.baseline().key() and not any(
+                st.is_baseline(t) for t in self.study.get_trials(
+                    deepcopy=False, states=(TrialState.COMPLETE,))):
+            return schedule
+        return schedule.without_sample()
 
     def answer_known(self, trial, config: TrialConfig) -> bool:
         """Tell `trial` from storage when its config was measured or refused; True if told."""

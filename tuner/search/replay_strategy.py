@@ -22,6 +22,7 @@ confirm launches reach comes back as figures in the Stop (tuner.outputs.ranking 
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Generator, Iterable
@@ -39,9 +40,11 @@ from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.policy import LadderRun
 from tuner.records.predictions import PredictedRow
 from tuner.records.results import BenchResult, LevelMetrics, Role
+from tuner.records.selection import Choice, Selection, ThroughputCheck, Undecided
 from tuner.records.storage import TrialAttr
-from tuner.replay import acceptance, sampling
-from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
+from tuner.replay import acceptance, forecast, sampling, selection
+from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict, yardsticks
+from tuner.search import noise_profile
 from tuner.search import study as st
 from tuner.search.loop import SearchLoop, aligned_config
 from tuner.search.space import Param, Point, SearchSpace, Value
@@ -250,6 +253,19 @@ class Phase(str, Enum):
     STOPPED = "stopped"  # the Stop handed to the loop says why
 
 
+def _ignore(_shown: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Who is shown what the strategy finds as it goes: each new prediction (the study's
+    predicted.csv), each level's selection (the lines a person reads)."""
+
+    prediction: Callable[[Prediction], None] = _ignore
+    selection: Callable[[tuple[Selection, ...]], None] = _ignore
+
+
 class ReplaySearch:
     """The replay strategy (tuner.search.strategy Strategy) over one SearchLoop, which
     launches its picks: the phases run in order, each launch handed to the loop as a Launch
@@ -260,8 +276,7 @@ class ReplaySearch:
     counts_repeats = True
 
     def __init__(self, loop: SearchLoop, *, study_dir: Path, limits: EngineLimits,
-                 leaders: int = 2, seed: int = 0,
-                 on_prediction: Callable[[Prediction], None] | None = None,
+                 leaders: int = 2, seed: int = 0, watch: Watch | None = None,
                  confidence: float = intervals.CONFIDENCE,
                  margin: float = intervals.MARGIN) -> None:
         self.loop, self.study, self.study_dir = loop, loop.study, study_dir
@@ -269,10 +284,13 @@ class ReplaySearch:
         # The confirm launches end when speedup intervals at this confidence decide the
         # ranking; within `margin` of 1.00x two configs are as good as each other.
         self.confidence, self.margin = confidence, margin
+        watch = watch or Watch()
+        self.on_prediction, self.on_selection = watch.prediction, watch.selection
+        self._sample_memo: dict = {}  # the sample's replays (tuner.replay.forecast)
+        self._failed: set[str] = set()  # config keys whose launch failed: never a subject
         self._looks = 1  # how many times _confirm may look at the ranking (set there)
         self._paired: dict[str, list[intervals.LaunchWindows]] = {}  # _verdict: windows by key
         self.say, self.detail, self.note = loop.say, loop.detail, loop.note
-        self.on_prediction = on_prediction or (lambda _p: None)
         self.prediction: Prediction | None = None
         self._memo: dict = {}  # replays survive re-predictions (acceptance never changes)
         self._configs: dict[str, TrialConfig] = {}  # the configs replayed, by key
@@ -313,7 +331,12 @@ class ReplaySearch:
             self.say(text)
             self.note("strategy", text)
             return Stop(StopReason.NO_TOKENS)
-        leaders = self._pick_leaders((yield from self._replay_space(capture)))
+        pred = yield from self._replay_space(capture)
+        sample = forecast.sample_capture(st.token_capture(self.study_dir, base, sample=True)
+                                         or capture)
+        if sample is not None:  # the workload sample decides; launches confirm
+            return (yield from self._select(capture, sample, pred))
+        leaders = self._pick_leaders(pred)
         if not leaders:
             return Stop(StopReason.NO_LEADER)
         return (yield from self._confirm(leaders, capture))
@@ -482,6 +505,88 @@ class ReplaySearch:
                 return Stop(StopReason.NO_LEADER)
         return Stop(self._ran_out or StopReason.BUDGET, ranking=self._verdict(leaders))
 
+    def _select(self, capture: TokenCapture, sample: TokenCapture, pred: Prediction
+                ) -> Flow[Stop]:
+        """Decide every level on the forecast over the workload sample
+        (tuner.replay.selection); launch a level's subject where it was never launched, and
+        the subject and the baseline in turn where more launches would decide the level,
+        until every level is decided, launches cannot decide what is open, or the budget is
+        spent. Configs within the indifference zone of a subject are never launched against
+        it."""
+        self.phase = Phase.CONFIRM
+        plain = self.loop.space.baseline()
+        while True:
+            selections = self._selections(capture, sample, pred)
+            if not selections:
+                return Stop(StopReason.NO_LEADER)
+            pick = self._next_for(selections, plain)
+            if pick is None:
+                decided = all(s.choice != Choice.UNDECIDED for s in selections)
+                return Stop(StopReason.DECIDED if decided else StopReason.UNDECIDED,
+                            selections=selections)
+            if not self._room():
+                return Stop(self._ran_out or StopReason.BUDGET, selections=selections)
+            launched = yield self._launch(pick, None)
+            yield from self._align()
+            if launched is None and pick.key() == plain.key():
+                return Stop(StopReason.BASELINE_FAILED, selections=selections)
+            if launched is None:
+                self._failed.add(pick.key())
+            pred = self._predict(capture)
+
+    def _next_for(self, selections: tuple[Selection, ...], plain: TrialConfig
+                  ) -> TrialConfig | None:
+        """The launch that can change an answer: a subject never launched (the target level
+        first) that is not off; else, where launches would decide an undecided level, the
+        least-measured of the baseline and that level's subject; None: nothing to launch."""
+        ordered = sorted(selections, key=lambda s: s.concurrency != self.loop.target)
+        for s in ordered:
+            if not s.launched and s.choice != Choice.OFF:
+                return self._configs[s.subject_key]
+        open_ = [s for s in ordered if s.choice == Choice.UNDECIDED
+                 and s.undecided == Undecided.COST and s.launches_to_decide is not None]
+        if not open_:
+            return None
+        pool = [plain, self._configs[open_[0].subject_key]]
+        counts = self._throughputs(open_[0].concurrency)
+        return min(pool, key=lambda cfg: (len(counts.get(cfg.key(), ())), pool.index(cfg)))
+
+    def _selections(self, capture: TokenCapture, sample: TokenCapture, pred: Prediction
+                    ) -> tuple[Selection, ...]:
+        """Every level's Selection on the current step cost, stored with the study and shown
+        (on_selection); the host's noise profile updated with this study's repeats."""
+        configs = [c for c in self._configs.values() if c.key() not in self._failed]
+        ratios = {c: y.path_ratio for c, y in yardsticks(
+            capture, self.measured(), pred.costs, max_num_seqs=self.limits.max_num_seqs).items()
+            if y.path_ratio}
+        fc = forecast.forecast(sample, configs, pred.costs, limits=self.limits,
+                               ngram_path=pred.ngram_path, path_ratio=ratios,
+                               memo=self._sample_memo, seed=self.seed)
+        if fc is None:
+            return ()
+        settings = st.settings_of(self.study)
+        machine, me = noise_profile.machine_key(settings), str(self.study_dir.resolve())
+        plain_key = self.loop.space.baseline().key()
+        out = []
+        for c, level in fc.levels.items():
+            runs = self._throughputs(c)
+            pool = intervals.Pool.of(runs.values())
+            noise_profile.record(machine, c, study=me, pool=pool)
+            host = noise_profile.host_noise(machine, c, study=me, pool=pool)
+            checks = _checks(pred, c, selection.accuracy(host, self.confidence))
+            measured = {k: iv for k, v in runs.items() if k != plain_key and (
+                iv := intervals.speedup(v, runs.get(plain_key, ()), pool=pool,
+                                        confidence=self.confidence)) is not None}
+            sel = selection.select(level, fc.counts, residuals=[
+                math.log(ch.measured / ch.predicted) for ch in checks], host=host,
+                confidence=self.confidence, indifference=self.margin, checks=checks,
+                measured=measured)
+            if sel is not None:
+                out.append(sel)
+        st.store_selections(self.study, out)
+        self.on_selection(tuple(out))
+        return tuple(out)
+
     def _drop(self, pick: TrialConfig, leaders: list[TrialConfig]) -> bool:
         """A failed launch is recorded as a FAIL trial; launching the same config again would
         spend the budget on it, so it leaves the ranking. False when the confirmation ends
@@ -638,10 +743,10 @@ class ReplaySearch:
             self.detail("  " + pred.streams)
 
     # -- confirming -------------------------------------------------------------------------
-    def _throughputs(self) -> dict[str, list[float]]:
-        """Every config's output throughput at the target level, one figure per launch, by
-        config key (missing and zero figures are no measurement)."""
-        c, out = self.loop.target, {}
+    def _throughputs(self, level: int | None = None) -> dict[str, list[float]]:
+        """Every config's output throughput at `level` (default: the target level), one
+        figure per launch, by config key (missing and zero figures are no measurement)."""
+        c, out = level or self.loop.target, {}
         for m in measured_trials(self.study, self.study_dir, captures=False):
             if (lv := m.levels.get(c)) is not None and intervals.logs([lv.output_throughput]):
                 out.setdefault(m.config.key(), []).append(lv.output_throughput)
@@ -750,6 +855,23 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
             capture=st.token_capture(study_dir, t) if captures else None,
             cudagraph_mode=path.get("cudagraph_mode"),
             ngram_path=enginepath.ngram_path_of(path, result.config.method)))
+    return out
+
+
+def _checks(pred: Prediction, c: int, accuracy_log: float) -> list[ThroughputCheck]:
+    """Every launched speculative config the step cost was not fitted on, at level c: its
+    measured throughput against the prediction on its paired requests."""
+    out = []
+    for r in pred.rows:
+        meas, want = r.meas_output_throughput, r.pred_output_throughput
+        if (r.concurrency != c or r.method == "none" or r.calibration or meas is None
+                or want is None or not meas > 0 or not want > 0):
+            continue
+        out.append(ThroughputCheck(
+            label=r.label, concurrency=c, predicted=want, measured=meas,
+            error_pct=100.0 * (want - meas) / meas,
+            accuracy_pct=100.0 * (math.exp(accuracy_log) - 1.0),
+            missed=abs(math.log(meas / want)) > accuracy_log))
     return out
 
 

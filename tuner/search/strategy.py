@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner import intervals
 from tuner.records.configs import TrialConfig
 from tuner.records.results import Role
+from tuner.records.selection import Selection
 from tuner.records.storage import TrialAttr
 from tuner.search import study as st
 
@@ -37,6 +38,7 @@ class StopReason(str, Enum):
     EXHAUSTED = "exhausted"  # every config of a finite space is measured or refused
     REPEATING = "repeating"  # the sampler keeps proposing configs storage already answers
     DECIDED = "decided"  # replay: the confirm launches decided the ranking
+    UNDECIDED = "undecided"  # replay: what is open no launch can decide (the sample's spread)
     NO_LEADER = "no_leader"  # replay: no predicted leader to confirm, or every one failed
     BASELINE_FAILED = "baseline_failed"  # replay: a baseline failed to re-measure
     NO_BASELINE = "no_baseline"  # replay: no budget for the baseline, or it failed
@@ -62,6 +64,8 @@ class Stop:
 
     reason: StopReason
     ranking: intervals.Ranking | None = None
+    # replay over a workload sample: each level's selection (tuner.replay.selection)
+    selections: tuple[Selection, ...] = ()
 
 
 Step = Launch | Stop

@@ -17,6 +17,7 @@ import math
 import re
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,8 @@ from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
 from tuner.records.results import BenchResult, Failure, Role
-from tuner.records.storage import STUDY_ATTR, StudySettings, TrialAttr
+from tuner.records.selection import Selection
+from tuner.records.storage import SELECTIONS_ATTR, STUDY_ATTR, StudySettings, TrialAttr
 from tuner.search.space import Point
 
 if TYPE_CHECKING:
@@ -208,6 +210,23 @@ def settings_of(study: Any, *, where: str | None = None) -> StudySettings:
 def store_settings(study: Any, settings: StudySettings) -> None:
     """Write the study's settings (the one writer of its STUDY_ATTR)."""
     study.set_user_attr(STUDY_ATTR, settings.stored())
+
+
+def store_selections(study: Any, selections: Sequence[Selection]) -> None:
+    """Write the selection of every level (the one writer of SELECTIONS_ATTR)."""
+    study.set_user_attr(SELECTIONS_ATTR, [s.model_dump(mode="json") for s in selections])
+
+
+def selections_of(study: Any) -> tuple[Selection, ...]:
+    """The stored selections (tuner.replay.selection); () where the study has none or an
+    entry cannot be read."""
+    raw = study.user_attrs.get(SELECTIONS_ATTR)
+    if not isinstance(raw, list):
+        return ()
+    try:
+        return tuple(Selection.model_validate(s) for s in raw)
+    except ValueError:
+        return ()
 
 
 def _same_schedule(name: str, out_dir: Path, was: RequestSchedule | None,
@@ -547,15 +566,19 @@ def store_tokens(study_dir: Path, trial: Any, data: bytes, *, trial_dir: Path) -
     return True
 
 
-def token_capture(study_dir: Path, trial: Any) -> tokens.TokenCapture | None:
-    """The trial's token capture, or None when it has none or its file is missing or corrupt."""
+def token_capture(study_dir: Path, trial: Any, *, sample: bool = False
+                  ) -> tokens.TokenCapture | None:
+    """The trial's token capture (its levels' requests; with `sample`, the workload sample's
+    too: tuner.tokens.SAMPLE_LEVEL), or None when it has none or its file is missing or
+    corrupt."""
     meta = trial.user_attrs.get(TrialAttr.TOKENS)
     if not isinstance(meta, dict) or not isinstance(meta.get("file"), str):
         return None
     try:
-        return tokens.TokenCapture.load(study_dir / meta["file"])
+        capture = tokens.TokenCapture.load(study_dir / meta["file"])
     except _CORRUPT:  # OSError included: a file gone or unreadable
         return None
+    return capture if sample else capture.without_sample()
 
 
 def label_trial(trial: Any, config: TrialConfig, role: str) -> None:

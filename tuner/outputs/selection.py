@@ -1,0 +1,124 @@
+"""Outputs, the selection in words: each level's Selection (tuner.records.selection) as the
+line the study prints while it decides, and as the answer's reason and confidence. The words
+follow the figures by one rule (tuner.replay.selection.choice): "Turn on" only where the
+interval lies above 1.00x, "leave speculation off" only where it lies below 1 + the zone,
+"undecided" first wherever neither holds, and "decided" only where one of those holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tuner import intervals
+from tuner.records.selection import Choice, RestsOn, Selection, Undecided
+
+
+def interval_text(s: Selection) -> str:
+    """ "2.41x (95% interval 2.30-2.52)" """
+    return f"{s.speedup:.2f}x ({intervals.percent(s.confidence)} interval {s.lo:.2f}-{s.hi:.2f})"
+
+
+def basis_text(s: Selection) -> str:
+    """What the figures rest on, in one clause."""
+    if s.rests_on == RestsOn.MEASURED:
+        miss = next((c for c in s.checks if c.label == s.subject and c.missed), None)
+        why = (f"its launch measured {miss.measured:.1f} tok/s where the forecast said "
+               f"{miss.predicted:.1f} ({miss.error_pct:+.1f}%, beyond its stated "
+               f"±{miss.accuracy_pct:.1f}%)") if miss else "its launch missed the forecast"
+        return f"on the launches alone: {why}"
+    host = s.host
+    noise = (f"host spread {s.host.sd:.1%} ({host.source}, {host.df} df)" if host else "")
+    return (f"forecast over {s.sample_prompts} workload prompts the study never measured "
+            f"(their spread ±{s.sample_sd:.1%}), step-cost error ±{s.cost_sd:.1%} from "
+            f"{s.residuals} out-of-fit launch(es) and the {noise}")
+
+
+def equivalent_text(s: Selection) -> str:
+    if not s.equivalent_total:
+        return ""
+    more = s.equivalent_total - len(s.equivalent)
+    names = ", ".join(s.equivalent) + (f" and {more} more" if more > 0 else "")
+    return (f"{s.equivalent_total} other config(s) within {intervals.percent(s.indifference)} "
+            f"of it are the same choice: {names}")
+
+
+def decides_text(s: Selection) -> str:
+    """What would decide an undecided level."""
+    if s.undecided == Undecided.UNLAUNCHED:
+        return f"{s.subject} was never launched to confirm it: a larger --n-trials decides"
+    if s.undecided == Undecided.SAMPLE:
+        return ("the workload prompts differ too much for the sample's size: a larger "
+                "--sample-prompts (or --dataset-path with more prompts) decides")
+    if s.launches_to_decide is not None:
+        return (f"about {s.launches_to_decide} more launch(es) of it and the baseline "
+                f"(--n-trials) decide")
+    return (f"its gain lies within the step-cost model's error of the "
+            f"{intervals.percent(s.indifference)} that counts; no number of launches decides")
+
+
+def headline(s: Selection) -> str:
+    """The level's answer in one line."""
+    at = f"Concurrency {s.concurrency}"
+    if s.choice == Choice.ON:
+        return f"{at}: Turn on {s.subject}: {interval_text(s)} over the baseline"
+    if s.choice == Choice.OFF:
+        return (f"{at}: Leave speculation off: the best config, {s.subject}, gains "
+                f"{interval_text(s)}, under the {intervals.percent(s.indifference)} that counts")
+    return f"{at}: Undecided: {s.subject} gains {interval_text(s)}; {decides_text(s)}"
+
+
+def reason(s: Selection) -> str:
+    """The answer's reason: the headline's figures, what they rest on, the equivalent set and
+    the launch that confirmed the subject."""
+    parts = [basis_text(s)]
+    if (eq := equivalent_text(s)):
+        parts.append(eq)
+    if s.measured_speedup is not None:
+        parts.append(f"its launches measured {s.measured_speedup:.2f}x on the paired requests")
+    parts += [f"a launch of {c.label} missed the forecast at c={c.concurrency}: "
+              f"{c.measured:.1f} tok/s measured, {c.predicted:.1f} predicted "
+              f"({c.error_pct:+.1f}%, beyond ±{c.accuracy_pct:.1f}%)"
+              for c in s.checks if c.missed and c.label != s.subject]
+    return "; ".join(parts) + "."
+
+
+def answer_text(s: Selection) -> str:
+    """The answer's reason in sentences: the subject's figures, then what they rest on."""
+    said = {Choice.ON: f"{s.subject} gains {interval_text(s)} over the baseline",
+            Choice.OFF: f"nothing beats the baseline by {intervals.percent(s.indifference)}: "
+                        f"the best config, {s.subject}, gains {interval_text(s)}",
+            Choice.UNDECIDED: f"undecided: {s.subject} gains {interval_text(s)}, which holds "
+                              f"both 1.00x and a {intervals.percent(s.indifference)} gain; "
+                              f"{decides_text(s)}"}[s.choice]
+    return f"{said[0].upper()}{said[1:]}; {reason(s)}"
+
+
+def confidence(s: Selection) -> str:
+    """ "decided at 95%" where the rule decided, else "undecided". """
+    if s.choice == Choice.UNDECIDED:
+        return "undecided"
+    return f"decided at {intervals.percent(s.confidence)}"
+
+
+def watcher(say: Callable[[str], None], detail: Callable[[str], None]
+            ) -> Callable[[tuple[Selection, ...]], None]:
+    """What the study prints as its selections change: each level's headline once per change,
+    and (-v) what it rests on; a forecast miss always."""
+    shown: dict[int, str] = {}
+    missed: set[tuple[str, int]] = set()
+
+    def show(selections: tuple[Selection, ...]) -> None:
+        for s in selections:
+            for c in s.checks:
+                if c.missed and (c.label, c.concurrency) not in missed:
+                    missed.add((c.label, c.concurrency))
+                    say(f"Forecast missed at c={c.concurrency}: {c.label} measured "
+                        f"{c.measured:.1f} tok/s where the step-cost model predicted "
+                        f"{c.predicted:.1f} on the same requests ({c.error_pct:+.1f}%, beyond "
+                        f"its stated ±{c.accuracy_pct:.1f}%).")
+            line = headline(s)
+            if shown.get(s.concurrency) != line:
+                shown[s.concurrency] = line
+                say(f"Forecast {line[0].lower()}{line[1:]}")
+                detail(f"  {reason(s)}")
+
+    return show

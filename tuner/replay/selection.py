@@ -1,0 +1,155 @@
+"""Replay stage, the selection: per level, which choice is best to within an indifference
+zone, decided on the replay's forecast over the workload sample (tuner.replay.forecast).
+
+The subject is the config with the best forecast speedup over the sample. Its interval
+combines, in log space, the prompt-to-prompt spread of the sample (bootstrap SD over its
+prompts) and the step-cost model's error: the residuals of the launches the model was not
+fitted on (log measured over predicted throughput, on their paired requests), pooled with
+the host's between-launch spread as a prior (a residual of an exact model still carries two
+launches' noise: its own and the baseline's), with a Student-t quantile on their degrees of
+freedom. The rule, one for every level and every output:
+
+- OFF when the interval's top lies below 1 + zone: nothing beats the baseline by the zone;
+- ON when its bottom lies above 1.00x;
+- UNDECIDED otherwise, with what keeps it open (the sample's spread, the cost model's error,
+  or a subject never launched) and, where launches can close it, about how many.
+
+The zone is the study's --margin: within it of 1.00x is no gain that matters, and within
+it of each other two configs are one choice. Configs whose paired bootstrap cannot show them worse than the subject by more than the zone
+are one choice with it (`equivalent`). Where a launch of the subject misses the forecast beyond
+its stated accuracy, the level rests on the launches instead (RestsOn.MEASURED), judged by the
+same rule on their interval (tuner.intervals.speedup).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from tuner import intervals
+from tuner.records.selection import (
+    Choice,
+    HostNoise,
+    RestsOn,
+    Selection,
+    ThroughputCheck,
+    Undecided,
+)
+from tuner.replay.forecast import LevelForecast
+
+EQUIVALENT_SHOWN = 8  # labels kept of the equivalent set (its size is kept whole)
+MAX_PRIOR_DF = 30  # the host's spread as a prior counts as at most this many residuals
+MAX_MORE_LAUNCHES = 20  # beyond this an undecided level is not worth estimating launches for
+
+
+def cost_error(residuals: Sequence[float], host: HostNoise) -> tuple[float, int]:
+    """The step-cost model's error per forecast (log SD) and its degrees of freedom: the
+    out-of-fit residuals (log measured over predicted throughput) pooled with the host's
+    spread as a prior, which says what an exact model's residuals would show (two launches'
+    noise: the config's and the baseline's it is priced against)."""
+    prior_df = min(host.df, MAX_PRIOR_DF)
+    prior_var = 2.0 * host.sd ** 2
+    ss = sum(r * r for r in residuals) + prior_df * prior_var
+    df = len(residuals) + prior_df
+    return (math.sqrt(ss / df) if df else math.sqrt(prior_var)), df
+
+
+def accuracy(host: HostNoise, confidence: float) -> float:
+    """The forecast's stated accuracy for one launch's throughput (log): a residual beyond it
+    is a miss, said out loud."""
+    df = max(1, min(host.df, MAX_PRIOR_DF))
+    return intervals.t_quantile(0.5 + confidence / 2, df) * math.sqrt(2.0) * host.sd
+
+
+def choice(lo: float, hi: float, indifference: float) -> Choice:
+    """The rule: off when the interval lies below 1 + zone, on when above 1.00x."""
+    if hi < 1.0 + indifference:
+        return Choice.OFF
+    if lo > 1.0:
+        return Choice.ON
+    return Choice.UNDECIDED
+
+
+def select(level: LevelForecast, counts: np.ndarray, *, residuals: Sequence[float],
+           host: HostNoise, confidence: float = intervals.CONFIDENCE,
+           indifference: float = intervals.MARGIN, checks: Sequence[ThroughputCheck] = (),
+           measured: dict[str, intervals.Interval] | None = None) -> Selection | None:
+    """The level's Selection from its forecast (None where it holds no config). `counts`: the
+    bootstrap's resamples (tuner.replay.forecast.Forecast.counts); `residuals`: the
+    out-of-fit launches' log(measured / predicted) throughput at this level; `checks`: those
+    launches as ThroughputChecks; `measured`: each launched config's measured speedup
+    interval over the plain baseline, by key (the fallback where the subject missed)."""
+    if not level.keys:
+        return None
+    points = level.log_speedups()
+    boot = level.log_speedups(counts)
+    best = int(np.argmax(points))
+    key, label = level.keys[best], level.labels[best]
+    sample_sd = float(np.std(boot[best], ddof=1)) if boot.shape[1] > 1 else 0.0
+    cost_sd, cost_df = cost_error(residuals, host)
+    t = intervals.t_quantile(0.5 + confidence / 2, max(1, cost_df))
+    half = t * math.hypot(sample_sd, cost_sd)
+    lo, hi = math.exp(points[best] - half), math.exp(points[best] + half)
+    equivalent = _equivalent(level, boot, best, confidence, indifference)
+    mine = [c for c in checks if c.label == label]
+    fig = dict(
+        concurrency=level.concurrency, subject=label, subject_key=key,
+        confidence=confidence, indifference=indifference,
+        equivalent=tuple(equivalent[:EQUIVALENT_SHOWN]), equivalent_total=len(equivalent),
+        sample_prompts=level.requests, sample_sd=sample_sd, cost_sd=cost_sd, cost_df=cost_df,
+        residuals=len(residuals), host=host, launched=bool(mine) or key in (measured or {}),
+        measured_speedup=(measured or {}).get(key).point if key in (measured or {}) else None,
+        checks=tuple(checks))
+    if any(c.missed for c in mine):
+        return _on_launches(fig, (measured or {}).get(key), indifference)
+    said = choice(lo, hi, indifference)
+    if said == Choice.ON and not fig["launched"]:
+        return Selection(choice=Choice.UNDECIDED, speedup=math.exp(points[best]), lo=lo, hi=hi,
+                         undecided=Undecided.UNLAUNCHED, **fig)
+    undecided, more = (None, None) if said != Choice.UNDECIDED else _what_decides(
+        float(points[best]), sample_sd, cost_sd, cost_df, confidence, indifference)
+    return Selection(choice=said, speedup=math.exp(points[best]), lo=lo, hi=hi,
+                     undecided=undecided, launches_to_decide=more, **fig)
+
+
+def _on_launches(fig: dict, measured: intervals.Interval | None, indifference: float
+                 ) -> Selection:
+    """The subject missed the forecast: the answer rests on its launches, by the same rule."""
+    if measured is None:
+        return Selection(choice=Choice.UNDECIDED, rests_on=RestsOn.MEASURED, speedup=math.nan,
+                         lo=math.nan, hi=math.nan, undecided=Undecided.COST, **fig)
+    said = choice(measured.lo, measured.hi, indifference)
+    return Selection(choice=said, rests_on=RestsOn.MEASURED, speedup=measured.point,
+                     lo=measured.lo, hi=measured.hi,
+                     undecided=Undecided.COST if said == Choice.UNDECIDED else None, **fig)
+
+
+def _equivalent(level: LevelForecast, boot: np.ndarray, best: int, confidence: float,
+                indifference: float) -> list[str]:
+    """The configs the paired bootstrap cannot show worse than the best by more than the zone
+    (upper bound of their log ratio above log(1 - zone)), best first."""
+    diff = boot - boot[best]
+    upper = np.quantile(diff, 0.5 + confidence / 2, axis=1)
+    points = level.log_speedups()
+    inside = [i for i in range(len(level.keys))
+              if i != best and upper[i] >= math.log(1.0 - indifference)]
+    return [level.labels[i] for i in sorted(inside, key=lambda i: -points[i])]
+
+
+def _what_decides(point: float, sample_sd: float, cost_sd: float, cost_df: int,
+                  confidence: float, indifference: float) -> tuple[Undecided, int | None]:
+    """Why the interval is open, and how many more out-of-fit launches would close it where
+    the cost model's degrees of freedom are what is short (None: launches will not)."""
+    room = max(point, math.log(1.0 + indifference) - point)  # the half-width that decides
+    z = intervals.t_quantile(0.5 + confidence / 2, 10_000)
+    if z * sample_sd >= room:
+        return Undecided.SAMPLE, None
+    if z * math.hypot(sample_sd, cost_sd) >= room:
+        return Undecided.COST, None
+    for more in range(1, MAX_MORE_LAUNCHES + 1):
+        t = intervals.t_quantile(0.5 + confidence / 2, cost_df + more)
+        if t * math.hypot(sample_sd, cost_sd) < room:
+            return Undecided.COST, more
+    return Undecided.COST, None

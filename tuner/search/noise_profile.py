@@ -1,0 +1,95 @@
+"""Search stage, the host's noise profile: how far identical launches spread on this machine,
+kept across studies, so a study starts from what the host has shown rather than from the
+two degrees of freedom of its own first repeats.
+
+One JSON file per machine key (device, vLLM version, model and engine flags: what the spread
+of a launch depends on besides the load), holding per study and level the pooled sum of
+squares of log throughput of every config launched at least twice there (tuner.intervals.Pool)
+with its degrees of freedom. A study's entry is replaced each time it writes, so a resumed
+study never counts twice. The folder is $SPEC_TUNER_CACHE/noise, else
+$XDG_CACHE_HOME/spec-tuner/noise, else ~/.cache/spec-tuner/noise; a profile that cannot be
+read or written is left alone (the study goes on with what it has).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from tuner import intervals
+from tuner.records.selection import HostNoise
+from tuner.records.storage import StudySettings
+
+# Where the host has shown nothing yet: a 2-core host's 16-request levels spread 0.2-5%
+# (docs/method.md); 5% on 2 degrees of freedom makes a first study launch repeats.
+DEFAULT = HostNoise(sd=0.05, df=2, source="default")
+
+
+def folder() -> Path:
+    root = os.environ.get("SPEC_TUNER_CACHE")
+    if root:
+        return Path(root) / "noise"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "spec-tuner" / "noise"
+
+
+def machine_key(settings: StudySettings) -> str:
+    """What a launch's spread depends on besides its load: device, vLLM, model, engine flags."""
+    fp = settings.fingerprint
+    parts = [fp.device or "", fp.vllm or "", settings.engine_spec.model,
+             " ".join(settings.engine_spec.extra_args)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _path(key: str) -> Path:
+    return folder() / f"{key}.json"
+
+
+def _read(key: str) -> dict:
+    try:
+        data = json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def host_noise(key: str, concurrency: int, *, study: str, pool: intervals.Pool) -> HostNoise:
+    """The spread at `concurrency`: the profile's other studies pooled with this study's own
+    repeats (`pool`); DEFAULT where neither has degrees of freedom."""
+    squares, df, launches = pool.sd ** 2 * pool.df, pool.df, pool.df + pool.configs
+    other = False
+    for name, levels in _read(key).get("studies", {}).items():
+        entry = levels.get(str(concurrency)) if isinstance(levels, dict) else None
+        if name == study or not isinstance(entry, dict):
+            continue
+        try:
+            squares += float(entry["ss"])
+            df += int(entry["df"])
+            launches += int(entry.get("launches", 0))
+            other = True
+        except (KeyError, TypeError, ValueError):
+            continue
+    if df <= 0:
+        return DEFAULT
+    return HostNoise(sd=(squares / df) ** 0.5, df=df, launches=launches,
+                     source="profile" if other else "study")
+
+
+def record(key: str, concurrency: int, *, study: str, pool: intervals.Pool) -> None:
+    """Keep this study's repeats at `concurrency` in the profile (its entry replaced)."""
+    if pool.df <= 0:
+        return
+    data = _read(key)
+    studies = data.setdefault("studies", {})
+    studies.setdefault(study, {})[str(concurrency)] = {
+        "ss": pool.sd ** 2 * pool.df, "df": pool.df, "launches": pool.df + pool.configs}
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        return
