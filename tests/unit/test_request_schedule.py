@@ -85,3 +85,17 @@ def test_a_stored_schedule_refuses_another_workload():
     rs.check_workload(schedule, _workload(30))
     with pytest.raises(ConfigError, match="request schedule was built for workload"):
         rs.check_workload(schedule, _workload(31))
+
+
+def test_the_workload_sample_takes_prompts_no_level_sends_and_shrinks_to_what_is_left():
+    settings = MeasureSettings(concurrencies=(1, 4), requests_per_slot=2, sample_prompts=64)
+    schedule, note = rs.build(_workload(194), settings)
+    assert note is None and schedule.sample == tuple(range(17, 81))
+    assert schedule.sample_concurrency == 16 and schedule.requests == 17  # sent by one launch
+    assert not set(schedule.sample) & set(_all(schedule))
+    assert schedule.without_sample().sample == () and schedule.without_sample().levels == \
+        schedule.levels
+    short, note = rs.build(_workload(40), settings)
+    assert short.sample == tuple(range(17, 40)) and "23 of the 64 prompts" in note
+    assert rs.build(_workload(40), MeasureSettings(concurrencies=(1, 4), requests_per_slot=2,
+                                                   sample_prompts=0))[0].sample == ()
