@@ -318,7 +318,7 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
             limits=engine_cmdline.engine_limits(search.engine),
             watch=replay_strategy.Watch(
                 prediction=lambda pred: _write_predictions(pred, out_dir),
-                selection=selection.watcher(search.say, search.detail)))
+                selection=selection.watcher(search.say, search.detail, search.note)))
         stop = search.run(replay, n_trials=options.n_trials, timeout_s=options.timeout_s)
         if stop.ranking is not None:
             ranking.say_ranking(stop.ranking, say=search.say, detail=search.detail,

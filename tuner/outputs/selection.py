@@ -99,10 +99,11 @@ def confidence(s: Selection) -> str:
     return f"decided at {intervals.percent(s.confidence)}"
 
 
-def watcher(say: Callable[[str], None], detail: Callable[[str], None]
-            ) -> Callable[[tuple[Selection, ...]], None]:
+def watcher(say: Callable[[str], None], detail: Callable[[str], None],
+            note: Callable[..., None]) -> Callable[[tuple[Selection, ...]], None]:
     """What the study prints as its selections change: each level's headline once per change,
-    and (-v) what it rests on; a forecast miss always."""
+    and (-v) what it rests on, both kept for the report's "How it was decided" (`note`); a
+    forecast miss always."""
     shown: dict[int, str] = {}
     missed: set[tuple[str, int]] = set()
 
@@ -111,14 +112,17 @@ def watcher(say: Callable[[str], None], detail: Callable[[str], None]
             for c in s.checks:
                 if c.missed and (c.label, c.concurrency) not in missed:
                     missed.add((c.label, c.concurrency))
-                    say(f"Forecast missed at c={c.concurrency}: {c.label} measured "
-                        f"{c.measured:.1f} tok/s where the step-cost model predicted "
-                        f"{c.predicted:.1f} on the same requests ({c.error_pct:+.1f}%, beyond "
-                        f"its stated ±{c.accuracy_pct:.1f}%).")
+                    text = (f"Forecast missed at c={c.concurrency}: {c.label} measured "
+                            f"{c.measured:.1f} tok/s where the step-cost model predicted "
+                            f"{c.predicted:.1f} on the same requests ({c.error_pct:+.1f}%, "
+                            f"beyond its stated ±{c.accuracy_pct:.1f}%).")
+                    say(text)
+                    note("forecast_miss", text, f"c={c.concurrency} {c.label}")
             line = headline(s)
             if shown.get(s.concurrency) != line:
                 shown[s.concurrency] = line
                 say(f"Forecast {line[0].lower()}{line[1:]}")
                 detail(f"  {reason(s)}")
+                note("selection", f"{line}; {reason(s)}", f"c={s.concurrency}")
 
     return show
