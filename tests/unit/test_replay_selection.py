@@ -29,8 +29,9 @@ def _level(speedups: dict[str, float], *, n: int = 64, spread: float = 0.05, see
                          base_share_ms=base, share_ms=np.asarray(rows))
 
 
-def _check(label: str, predicted: float, measured: float, *, missed: bool = False
-           ) -> ThroughputCheck:
+def _check(label: str, residual: float = 0.0, *, missed: bool = False) -> ThroughputCheck:
+    """A launch of `label` whose measured throughput is exp(residual) times its prediction."""
+    predicted, measured = 100.0, 100.0 * math.exp(residual)
     return ThroughputCheck(label=label, concurrency=1, predicted=predicted, measured=measured,
                            error_pct=100 * (predicted - measured) / measured, accuracy_pct=5.0,
                            missed=missed)
@@ -46,8 +47,7 @@ def test_the_rule_on_off_undecided():
 def test_a_clear_winner_launched_is_on_and_its_twins_are_one_choice():
     level = _level({"a": 2.0, "twin": 1.99, "far": 1.4})
     counts = forecast.resample_counts(64, draws=500, seed=1)
-    sel = select(level, counts, residuals=[0.01, -0.01], host=HOST,
-                 checks=[_check("a", 100, 99), _check("twin", 100, 101)])
+    sel = select(level, counts, host=HOST, checks=[_check("a", 0.01), _check("twin", -0.01)])
     assert sel.choice == Choice.ON and sel.subject in ("a", "twin")
     assert sel.lo > 1.0 and sel.lo < sel.speedup < sel.hi
     other = "twin" if sel.subject == "a" else "a"
@@ -57,23 +57,22 @@ def test_a_clear_winner_launched_is_on_and_its_twins_are_one_choice():
 
 def test_a_subject_never_launched_is_not_turned_on():
     level = _level({"a": 2.0, "b": 1.5})
-    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), residuals=[],
-                 host=HOST)
+    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST)
     assert sel.choice == Choice.UNDECIDED and sel.undecided == Undecided.UNLAUNCHED
     assert words.headline(sel).split(": ")[1] == "Undecided"
 
 
 def test_nothing_beats_the_baseline_by_the_zone_is_off():
     level = _level({"a": 0.9, "b": 0.95}, spread=0.01)
-    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), residuals=[0.0, 0.01],
-                 host=HOST)
+    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST,
+                 checks=[_check("other"), _check("other2", 0.01)])
     assert sel.choice == Choice.OFF and sel.hi < 1.02
 
 
 def test_a_gain_at_the_zone_edge_stays_open_and_says_what_decides_it():
     level = _level({"a": 1.03}, spread=0.01)
-    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), residuals=[0.0],
-                 host=HostNoise(sd=0.02, df=2, source="default"), checks=[_check("a", 10, 10)])
+    sel = select(level, forecast.resample_counts(64, draws=300, seed=1),
+                 host=HostNoise(sd=0.02, df=2, source="default"), checks=[_check("a")])
     assert sel.choice == Choice.UNDECIDED and sel.undecided == Undecided.COST
     assert "Undecided" in words.headline(sel)
 
@@ -84,8 +83,8 @@ def test_a_launch_that_misses_the_forecast_moves_the_answer_to_the_launches():
     level = _level({"a": 2.0})
     measured = {"a": intervals.Interval(point=1.2, lo=0.9, hi=1.6, confidence=0.95, n_a=1,
                                         n_b=2, df=3)}
-    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), residuals=[-0.5],
-                 host=HOST, checks=[_check("a", 200, 120, missed=True)], measured=measured)
+    sel = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST,
+                 checks=[_check("a", -0.5, missed=True)], measured=measured)
     assert sel.rests_on == RestsOn.MEASURED and sel.speedup == 1.2
     assert sel.choice == Choice.UNDECIDED  # the launches' interval holds 1.00x
     assert "on the launches alone" in words.answer_text(sel)
@@ -103,8 +102,8 @@ def test_cost_error_pools_residuals_with_the_hosts_spread():
                                    (1.001, 1.2), (1.0, 1.01), (1.2, 1.4)])
 def test_no_output_says_turn_on_where_the_interval_holds_one(lo, hi):
     level = _level({"a": 1.1})
-    sel = select(level, forecast.resample_counts(64, draws=50, seed=0), residuals=[0.0],
-                 host=HOST, checks=[_check("a", 1, 1)])
+    sel = select(level, forecast.resample_counts(64, draws=50, seed=0), host=HOST,
+                 checks=[_check("a")])
     sel = sel.model_copy(update={"lo": lo, "hi": hi, "speedup": (lo + hi) / 2,
                                  "choice": choice(lo, hi, 0.02)})
     said = words.headline(sel) + words.answer_text(sel)
@@ -129,10 +128,10 @@ def test_the_interval_covers_the_true_speedup_over_many_seeded_studies():
         level = LevelForecast(concurrency=1, keys=("a",), labels=("a",),
                               base_share_ms=pop_base[idx],
                               share_ms=(pop_a[idx] * math.exp(-bias))[None, :])
-        residuals = list(bias + r.normal(0, 0.02, 2))
+        checks = [_check(f"launch {i}", bias + r.normal(0, 0.02)) for i in range(2)]
         sel = select(level, forecast.resample_counts(64, draws=400, seed=seed),
-                     residuals=residuals, host=HostNoise(sd=0.02, df=20, source="profile"),
-                     checks=[_check("a", 1, 1)])
+                     host=HostNoise(sd=0.02, df=20, source="profile"), checks=checks,
+                     launched={"a"})
         covered += sel.lo <= truth <= sel.hi
         widths.append(sel.hi / sel.lo)
     assert covered >= 180, covered

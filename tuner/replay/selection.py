@@ -24,7 +24,7 @@ same rule on their interval (tuner.intervals.speedup).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -72,15 +72,16 @@ def choice(lo: float, hi: float, indifference: float) -> Choice:
     return Choice.UNDECIDED
 
 
-def select(level: LevelForecast, counts: np.ndarray, *, residuals: Sequence[float],
-           host: HostNoise, confidence: float = intervals.CONFIDENCE,
+def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confidence: float = intervals.CONFIDENCE,
            indifference: float = intervals.MARGIN, checks: Sequence[ThroughputCheck] = (),
-           measured: dict[str, intervals.Interval] | None = None) -> Selection | None:
+           measured: dict[str, intervals.Interval] | None = None,
+           launched: Collection[str] = ()) -> Selection | None:
     """The level's Selection from its forecast (None where it holds no config). `counts`: the
-    bootstrap's resamples (tuner.replay.forecast.Forecast.counts); `residuals`: the
-    out-of-fit launches' log(measured / predicted) throughput at this level; `checks`: those
-    launches as ThroughputChecks; `measured`: each launched config's measured speedup
-    interval over the plain baseline, by key (the fallback where the subject missed)."""
+    bootstrap's resamples (tuner.replay.forecast.Forecast.counts); `checks`: the launches at
+    this level the step cost was not fitted on, each measured against its prediction (their
+    residuals, log measured over predicted throughput, make the cost model's error); `measured`: each launched config's measured speedup
+    interval over the plain baseline, by key (the fallback where the subject missed);
+    `launched`: the keys of every config launched at this level (the calibration's too)."""
     if not level.keys:
         return None
     points = level.log_speedups()
@@ -88,6 +89,7 @@ def select(level: LevelForecast, counts: np.ndarray, *, residuals: Sequence[floa
     best = int(np.argmax(points))
     key, label = level.keys[best], level.labels[best]
     sample_sd = float(np.std(boot[best], ddof=1)) if boot.shape[1] > 1 else 0.0
+    residuals = [math.log(c.measured / c.predicted) for c in checks]
     cost_sd, cost_df = cost_error(residuals, host)
     t = intervals.t_quantile(0.5 + confidence / 2, max(1, cost_df))
     half = t * math.hypot(sample_sd, cost_sd)
@@ -99,7 +101,8 @@ def select(level: LevelForecast, counts: np.ndarray, *, residuals: Sequence[floa
         confidence=confidence, indifference=indifference,
         equivalent=tuple(equivalent[:EQUIVALENT_SHOWN]), equivalent_total=len(equivalent),
         sample_prompts=level.requests, sample_sd=sample_sd, cost_sd=cost_sd, cost_df=cost_df,
-        residuals=len(residuals), host=host, launched=bool(mine) or key in (measured or {}),
+        residuals=len(residuals), host=host,
+        launched=bool(mine) or key in (measured or {}) or key in launched,
         measured_speedup=(measured or {}).get(key).point if key in (measured or {}) else None,
         checks=tuple(checks))
     if any(c.missed for c in mine):

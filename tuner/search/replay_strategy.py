@@ -577,10 +577,9 @@ class ReplaySearch:
             measured = {k: iv for k, v in runs.items() if k != plain_key and (
                 iv := intervals.speedup(v, runs.get(plain_key, ()), pool=pool,
                                         confidence=self.confidence)) is not None}
-            sel = selection.select(level, fc.counts, residuals=[
-                math.log(ch.measured / ch.predicted) for ch in checks], host=host,
+            sel = selection.select(level, fc.counts, host=host,
                 confidence=self.confidence, indifference=self.margin, checks=checks,
-                measured=measured)
+                measured=measured, launched=set(runs))
             if sel is not None:
                 out.append(sel)
         st.store_selections(self.study, out)
