@@ -25,6 +25,9 @@ from tuner.records.storage import StudySettings
 # Where the host has shown nothing yet: a 2-core host's 16-request levels spread 0.2-5%
 # (docs/method.md); 5% on 2 degrees of freedom makes a first study launch repeats.
 DEFAULT = HostNoise(sd=0.05, df=2, source="default")
+# Below this many degrees of freedom a study repeats its baseline once, so the profile learns
+# the host's spread for the studies that follow.
+LEARNED_DF = 8
 
 
 def folder() -> Path:

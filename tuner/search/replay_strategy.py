@@ -546,6 +546,13 @@ class ReplaySearch:
         open_ = [s for s in ordered if s.choice == Choice.UNDECIDED
                  and s.undecided == Undecided.COST and s.launches_to_decide is not None]
         if not open_:
+            # A host whose spread is barely known learns it from a repeat of the baseline,
+            # once per study, for the studies that follow (tuner.search.noise_profile).
+            target = ordered[0]
+            known = target.host.df if target.host is not None else 0
+            if known < noise_profile.LEARNED_DF and len(
+                    self._throughputs(target.concurrency).get(plain.key(), ())) < 2:
+                return plain
             return None
         pool = [plain, self._configs[open_[0].subject_key]]
         counts = self._throughputs(open_[0].concurrency)
