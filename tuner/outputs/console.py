@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tuner.outputs import verdicts
+from tuner.outputs import verdicts, verification
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
@@ -28,6 +28,7 @@ from tuner.outputs.text import (
 from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
 from tuner.records.predictions import PredictedRow, Row
 from tuner.records.results import BenchResult, Recommendation
+from tuner.records.verification import Verification
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
              "insufficient_data": "No recommendation yet"}
@@ -354,3 +355,9 @@ def _finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def verification_table(v: Verification) -> str:
+    """What `tuner verify` prints: a row per level and one sentence each
+    (tuner.outputs.verification)."""
+    return verification.table(v)
