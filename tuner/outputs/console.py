@@ -1,8 +1,8 @@
 """Outputs stage, the console: the lines a person reads on the terminal. One line per finished
 trial, the bar over a study's trials (a TTY only), the bench table, a recommendation in a few
-lines, the policy summary, the replay's predicted table; and the headlines and policy rows the
-Markdown and HTML reports share with them. Numbers are written as tuner.outputs.text writes
-them.
+lines, the policy summary, the replay's predicted table, `tuner verify`'s table; and the
+headlines and policy rows the Markdown and HTML reports share with them. Numbers are written
+as tuner.outputs.text writes them.
 """
 
 from __future__ import annotations
