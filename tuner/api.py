@@ -567,6 +567,7 @@ def verify(options: VerifyOptions, *, say: Say = print) -> Verification:
                         subjects=len(subjects)))
     if note := words.shortened_line(schedule):
         say(note)
+    _warn_sampling(stored.engine_spec, stored.workload, say)
     settings = stored.settings.model_copy(
         update={"concurrencies": tuple(lv.concurrency for lv in schedule.levels)})
     lineup = [("baseline", TrialConfig())] + [("subject", c) for c in subjects]
