@@ -24,9 +24,9 @@ WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)
 SCRIPT = {"ttft_ms": 5, "tpot_ms": 4, "verify_cost_per_token": 0.001}
 
 
-def _study(out, *, n_trials: int, repeats: int = 2):
+def _study(out, *, n_trials: int, repeats: int = 2, workload: WorkloadSpec = WL):
     return api.optimize_and_report(OptimizeOptions(
-        strategy="optuna", workload=WL, space_name="ngram",
+        strategy="optuna", workload=workload, space_name="ngram",
         settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out, study_name="s",
         n_trials=n_trials, repeats=repeats, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None}),
@@ -112,3 +112,19 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("tuner: error:") and "no level has a recommendation" in err
     assert "Traceback" not in err
+
+
+def test_a_random_workload_drawn_again_longer_gives_other_prompts_all_fresh(tmp_path, capsys):
+    # vLLM's random dataset draws every prompt from one generator stream sized by the count,
+    # so a longer pool is not the study's prompts plus more: the study's are drawn again at
+    # its own count to know them, and none of them is sent.
+    _study(tmp_path / "study", n_trials=4, workload=WorkloadSpec(
+        name="random", num_prompts=3, random_input_len=24, output_len=16))
+    assert cli.main(["verify", str(tmp_path / "study"), "--launches", "1"]) == 0, \
+        capsys.readouterr().err
+    study_dir = tmp_path / "study"
+    study = st.open_existing(study_dir)
+    sent = {p for t in study.trials if (cap := st.token_capture(study_dir, t))
+            for p in _prompts(cap)}
+    fresh = _prompts(tokens.TokenCapture.load(study_dir / "verify" / "0" / tokens.FILE_NAME))
+    assert sent and fresh and not sent & set(fresh)
