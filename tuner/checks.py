@@ -184,6 +184,12 @@ BOUNDS: dict[str, Bound] = {
                  "the band around 1.00x that counts as no difference; wider than 50% would "
                  "call a 1.5x speedup the same", "2"),
     "top": _b("--top", int, 1, 100_000, "rows", "more rows than any space has", "10"),
+    # tuner verify
+    "launches": _b("--launches", int, 1, 100, "launches",
+                   "each one launches the baseline and every checked config again", "3"),
+    "verify_num_prompts": _b("--num-prompts", int, 1, MAX_REQUESTS_PER_TRIAL, "requests",
+                             "every request's record is kept in the driver and in "
+                             "requests.jsonl", "16"),
     "k_values": _b("--k-values", int, 1, 64, "draft tokens",
                    "every sequence pays for K drafts each step, and acceptance never reaches "
                    "that far", "5,2"),

@@ -36,7 +36,13 @@ from tuner.records.configs import (
     MeasureSettings,
     WorkloadSpec,
 )
-from tuner.records.options import BenchOptions, OptimizeOptions, PolicyOptions, TrafficOptions
+from tuner.records.options import (
+    BenchOptions,
+    OptimizeOptions,
+    PolicyOptions,
+    TrafficOptions,
+    VerifyOptions,
+)
 
 _opt = checks.option  # argparse `type=`: converts and checks against tuner.checks.BOUNDS
 # Options whose value is a command line of its own. Such a value often starts with "--", which
@@ -59,6 +65,7 @@ def _percent(fraction: float) -> float:
 # which the parser reads (tests/unit/test_cli_defaults.py). A workload's name has none (the
 # parser's --workload choice is the default), so its record is built without validation.
 _W, _M, _P = WorkloadSpec.model_construct(), MeasureSettings(), PolicyOptions()
+_V = VerifyOptions(study_dir=Path("."))
 _O = OptimizeOptions(workload=_W)
 
 
@@ -470,7 +477,7 @@ def _optimize_command(o: argparse.ArgumentParser, names: dict[str, str]) -> None
 
 
 def _study_commands(command) -> None:
-    """The commands that read a study folder: report, policy, recommend."""
+    """The commands that read a study folder: report, policy, recommend, verify."""
     r = command("report", help="re-render outputs of a study from its storage")
     _add_study_dir(r)
     _add_storage(r)
@@ -491,6 +498,17 @@ def _study_commands(command) -> None:
                     help="SLO: p99 TTFT limit (default: the study's)")
     rc.add_argument("--json", action="store_true", help="print the recommendation as JSON")
     _add_storage(rc)
+    vf = command("verify", help="measure each level's recommended config and the baseline on "
+                 "prompts of the workload the study never sent: does the speedup fall inside "
+                 "the stated interval?")
+    _add_study_dir(vf)
+    vf.add_argument("--launches", type=_opt("launches"), default=_V.launches,
+                    help="launches each of the baseline and of every checked config, "
+                    "interleaved")
+    vf.add_argument("--num-prompts", dest="verify_num_prompts", type=_opt("verify_num_prompts"),
+                    help="fresh measured requests per level (default: as many as the study "
+                    "measured there)")
+    _add_storage(vf)
 
 
 def _say(args: argparse.Namespace):
@@ -565,6 +583,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    result = api.verify(VerifyOptions.from_cli_args(args), say=_say(args))
+    print(console.verification_table(result))
+    if not args.quiet:
+        print(f"Verification: {args.study_dir / 'verify.json'} (launches: "
+              f"{args.study_dir / 'verify'})", file=sys.stderr)
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     if args.traffic is not None:
         return _predict_traffic(args)
@@ -629,7 +656,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 COMMANDS = {"bench": cmd_bench, "optimize": cmd_optimize, "report": cmd_report,
             "recommend": cmd_recommend, "policy": cmd_policy, "repair": cmd_repair,
-            "predict": cmd_predict}
+            "predict": cmd_predict, "verify": cmd_verify}
 
 
 _DISK_ERRORS = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",

@@ -290,7 +290,7 @@ option_values = st.one_of(
 
 
 def _argv(command: str, flag: str, text: str) -> list[str]:
-    where = ([str(_DIR / "study")] if command in ("policy", "recommend", "predict") else
+    where = ([str(_DIR / "study")] if command in ("policy", "recommend", "predict", "verify") else
              ["--model", str(workloads.EMBEDDED_TOKENIZER), "--output-dir", str(_DIR / "out")])
     extra = ["--policy"] if command == "optimize" and flag in _POLICY_FLAGS else []
     return [command, *where, *extra, f"{flag}={text}"]

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from tuner import cli
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
-from tuner.records.options import BenchOptions, EngineOptions, OptimizeOptions, PolicyOptions
+from tuner.records.options import (
+    BenchOptions,
+    EngineOptions,
+    OptimizeOptions,
+    PolicyOptions,
+    VerifyOptions,
+)
 
 
 def _parsed(*argv: str):
@@ -36,6 +42,12 @@ def test_optimize_from_an_empty_command_line_is_the_records_defaults():
     assert got.aligned_baseline.engine_args is None and got.aligned_baseline.env == ()
     with_policy = OptimizeOptions.from_cli_args(_parsed("optimize", "--policy"))
     assert with_policy.policy == PolicyOptions()
+
+
+def test_verify_from_an_empty_command_line_is_the_records_defaults():
+    got = VerifyOptions.from_cli_args(_parsed("verify", "outputs/s"))
+    assert got == VerifyOptions(study_dir=Path("outputs/s"))
+    assert got.launches == 3 and got.num_prompts is None
 
 
 def test_a_resolved_engine_keeps_the_options_time_limits():

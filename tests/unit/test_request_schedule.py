@@ -99,3 +99,52 @@ def test_the_workload_sample_takes_prompts_no_level_sends_and_shrinks_to_what_is
     assert short.sample == tuple(range(17, 40)) and "23 of the 64 prompts" in note
     assert rs.build(_workload(40), MeasureSettings(concurrencies=(1, 4), requests_per_slot=2,
                                                    sample_prompts=0))[0].sample == ()
+
+
+# --- tuner verify: the study's levels over prompts it never sent ----------------------------
+def test_used_takes_every_level_s_prompts_and_the_workload_sample():
+    schedule, _ = rs.build(_workload(40), MeasureSettings(concurrencies=(1, 2)))
+    assert schedule.sample == tuple(range(15, 40))  # what the levels leave, up to 64
+    assert rs.used(schedule) == frozenset(_all(schedule)) | set(schedule.sample)
+    assert rs.used(schedule.without_sample()) == frozenset(_all(schedule))
+
+
+def test_a_fresh_schedule_keeps_the_study_s_levels_and_counts_and_sends_none_of_its_prompts():
+    settings = MeasureSettings(concurrencies=(1, 4), requests_per_slot=2, sample_prompts=0)
+    wl = _workload(60)
+    study, _ = rs.build(wl, settings)  # 17 requests, indices 0-16
+    exclude = rs.used(study) | {20}  # and one more the study sent (a sample)
+    fresh = rs.fresh(wl, study, exclude=exclude)
+    assert [lv.concurrency for lv in fresh.levels] == [1, 4]
+    assert [(len(lv.warmups), len(lv.measured)) for lv in fresh.levels] == [(1, 4), (4, 8)]
+    assert all(lv.asked is None for lv in fresh.levels)
+    ids = _all(fresh)
+    assert len(ids) == len(set(ids)) == 17 and not set(ids) & exclude
+    assert fresh.workload_digest == wl.digest and not fresh.allow_repeats
+    assert rs.fresh(wl, study, exclude=exclude) == fresh  # every launch sends the same
+    more = rs.fresh(wl, study, exclude=exclude, measured=10)  # --num-prompts 10
+    assert [len(lv.measured) for lv in more.levels] == [10, 10]
+
+
+def test_a_fresh_schedule_is_shortened_where_too_few_unsent_prompts_are_left_or_refused():
+    settings = MeasureSettings(concurrencies=(1, 4), requests_per_slot=2, sample_prompts=0)
+    wl = _workload(27)
+    study, _ = rs.build(wl, settings)  # 17 sent: 10 left for 5 warm-ups and 12 measured
+    fresh = rs.fresh(wl, study, exclude=rs.used(study))
+    assert [len(lv.warmups) for lv in fresh.levels] == [1, 4]
+    assert [len(lv.measured) for lv in fresh.levels] == [2, 3]  # 4:8 of the 5 left
+    assert [lv.asked for lv in fresh.levels] == [4, 8]
+    assert not set(_all(fresh)) & rs.used(study)
+    with pytest.raises(ConfigError, match="holds 6 prompts the study never sent"):
+        rs.fresh(_workload(23), study, exclude=rs.used(study))
+
+
+def test_the_prompts_a_study_sent_are_found_in_a_longer_pool_by_their_text():
+    settings = MeasureSettings(concurrencies=(1,), requests_per_slot=2, sample_prompts=0)
+    sent = _workload(6)
+    study, _ = rs.build(sent, settings)  # 1 warm-up + 4: p0-p4
+    # The pool holds the same texts in another order, p2 twice.
+    texts = ["x0", "p3", "p2", "x1", "p0", "p2", "p5", "p1", "p4", "x2"]
+    pool = Workload(spec=sent.spec, prompts=tuple(
+        Prompt(prompt=t, prompt_len=2, output_len=32) for t in texts))
+    assert rs.sent_before(pool, sent, study) == frozenset({1, 2, 4, 5, 7, 8})

@@ -189,7 +189,7 @@ def _listing(folder: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-@pytest.mark.parametrize("command", ["report", "recommend", "policy"])
+@pytest.mark.parametrize("command", ["report", "recommend", "policy", "verify"])
 def test_another_tools_study_is_refused_before_anything_is_written(tmp_path, capsys, command):
     _make_study(tmp_path, attrs=None)
     before = _listing(tmp_path)
@@ -199,10 +199,11 @@ def test_another_tools_study_is_refused_before_anything_is_written(tmp_path, cap
     assert _listing(tmp_path) == before  # no report.html, trials.csv, study.lock ...
 
 
-def test_policy_on_a_half_written_study_says_run_optimize_first(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["policy", "verify"])
+def test_policy_on_a_half_written_study_says_run_optimize_first(tmp_path, capsys, command):
     _make_study(tmp_path, n_trials=0, attrs={"objectives": ["output_throughput"]})
     before = _listing(tmp_path)
-    assert cli.main(["policy", str(tmp_path)]) == 2
+    assert cli.main([command, str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "has no finished setup" in err and "engine_spec" in err
     assert "tuner optimize" in err and "KeyError" not in err

@@ -11,11 +11,12 @@ the same way, so a verify command measures what the study measured.
 Where the data holds fewer distinct prompts than the levels ask for, the measured requests of
 every level are shortened in proportion (warm-ups kept), never wrapped; `--allow-repeats`
 wraps instead, for traffic that truly repeats (suffix decoding then learns from the repeats).
+`fresh` builds the schedule `tuner verify` sends: a study's levels over prompts it never sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from tuner.errors import ConfigError
 from tuner.measure.workloads import BUNDLED
@@ -67,6 +68,49 @@ def _sample_note(workload: Workload, schedule: RequestSchedule, *, asked: int) -
     return (f"The workload sample holds {len(schedule.sample)} of the {asked} prompts asked for "
             f"(--sample-prompts): {_source(workload)} has {len(workload.prompts)} distinct "
             f"prompts and the levels send the rest. For a larger sample: {_more(workload)}.")
+
+
+def used(schedule: RequestSchedule) -> frozenset[int]:
+    """Every prompt index `schedule` names: each level's warm-ups and measured requests, and
+    the workload sample the study's baseline sent."""
+    return frozenset(i for lv in schedule.levels for i in lv.warmups + lv.measured) | \
+        frozenset(schedule.sample)
+
+
+def sent_before(pool: Workload, sent: Workload, schedule: RequestSchedule) -> frozenset[int]:
+    """The indices of `pool`'s prompts that `schedule` sent from `sent` (the study's workload,
+    whose indices it names), matched by text: a prompt the data holds twice, or a pool drawn
+    in another order, is still found."""
+    texts = {sent.prompts[i].prompt for i in used(schedule) if i < len(sent.prompts)}
+    return frozenset(i for i, p in enumerate(pool.prompts) if p.prompt in texts)
+
+
+def fresh(workload: Workload, like: RequestSchedule, *, exclude: Collection[int],
+          measured: int | None = None) -> RequestSchedule:
+    """`like`'s levels, in its order, with its warm-ups and measured requests per level
+    (`measured`: that many at every level instead), over the prompts of
+    `workload` whose indices are not in `exclude`, none sent twice. Where too few are left,
+    measured requests are shortened in proportion (a level's `asked` says what it asked for)."""
+    left = [i for i in range(len(workload.prompts)) if i not in set(exclude)]
+    warm = [len(lv.warmups) for lv in like.levels]
+    asked = [measured or len(lv.measured) for lv in like.levels]
+    counts = list(asked)
+    if sum(warm) + sum(asked) > len(left):
+        room = len(left) - sum(warm)
+        if room < len(like.levels):
+            raise ConfigError(
+                f"{_source(workload)} holds {len(left)} prompts the study never sent, but its "
+                f"levels {','.join(str(lv.concurrency) for lv in like.levels)} need "
+                f"{sum(warm)} warm-ups and at least one measured request each. Use fewer "
+                f"--num-prompts, or a study run with {_more(workload)}.")
+        counts = _shortened(asked, room)
+    cursor, out = 0, []
+    for lv, w, m, a in zip(like.levels, warm, counts, asked, strict=True):
+        ids = left[cursor:cursor + w + m]
+        cursor += w + m
+        out.append(LevelRequests(concurrency=lv.concurrency, warmups=tuple(ids[:w]),
+                                 measured=tuple(ids[w:]), asked=None if m == a else a))
+    return RequestSchedule(workload_digest=workload.digest, levels=tuple(out))
 
 
 def _shortened(asked: Sequence[int], room: int) -> list[int]:

@@ -1,8 +1,8 @@
 """Outputs stage, the console: the lines a person reads on the terminal. One line per finished
 trial, the bar over a study's trials (a TTY only), the bench table, a recommendation in a few
-lines, the policy summary, the replay's predicted table; and the headlines and policy rows the
-Markdown and HTML reports share with them. Numbers are written as tuner.outputs.text writes
-them.
+lines, the policy summary, the replay's predicted table, `tuner verify`'s table; and the
+headlines and policy rows the Markdown and HTML reports share with them. Numbers are written
+as tuner.outputs.text writes them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tuner.outputs import verdicts
+from tuner.outputs import verdicts, verification
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
@@ -29,6 +29,7 @@ from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDoc
 from tuner.records.predictions import PredictedRow, Row
 from tuner.records.results import BenchResult, Recommendation
 from tuner.records.selection import Choice
+from tuner.records.verification import Verification
 
 HEADLINES = {"recommend": "Turn on", "speculation_off": "Leave speculation off",
              "insufficient_data": "No recommendation yet"}
@@ -357,3 +358,9 @@ def _finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def verification_table(v: Verification) -> str:
+    """What `tuner verify` prints: a row per level and one sentence each
+    (tuner.outputs.verification)."""
+    return verification.table(v)

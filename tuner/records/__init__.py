@@ -7,6 +7,7 @@
 - predictions: a row the replay predicted (a config at a level), as predicted.csv and
   traffic.csv hold it;
 - policy: the load-aware policy document (policy.json) and the ladder runs it rests on;
+- verification: what `tuner verify` measured out of sample against a study's intervals;
 - outcomes: what a command hands the command line once it is done;
 - options: one record per command, built once from the command line;
 - storage: the names a study's settings and its trials' records are stored under;

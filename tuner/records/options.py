@@ -148,6 +148,25 @@ class TrafficOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """`tuner verify STUDY_DIR`: each level's recommended config (or, where speculation stays
+    off, the fastest the verdict names) and the plain baseline, `launches` times each,
+    interleaved, on prompts of the study's workload it never sent."""
+
+    study_dir: Path
+    storage_url: str | None = None
+    study_name: str | None = None
+    launches: int = 3
+    num_prompts: int | None = None  # measured requests per level; None: as many as the study's
+
+    @classmethod
+    def from_cli_args(cls, args: Namespace) -> VerifyOptions:
+        return cls(study_dir=args.study_dir, storage_url=args.storage,
+                   study_name=args.study_name, launches=args.launches,
+                   num_prompts=args.verify_num_prompts)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlignedBaselineFlags:
     """`--aligned-baseline` and `--aligned-baseline-env` as typed; tuner.checks reads them into
     an AlignedBaseline (the two are checked together)."""
