@@ -35,6 +35,19 @@ def targets(df: pd.DataFrame, recs: Sequence[Recommendation]) -> tuple[VerifyTar
         iv = rec.verdict.interval
         base = VerifyTarget(concurrency=rec.concurrency, status=rec.status,
                             subject_label=rec.verdict.subject)
+        sel = rec.verdict.selection
+        if sel is not None:  # decided on the workload sample: its forecast is what is checked
+            subject = sel.subject_config or by_label.get(sel.subject)
+            if subject is None or math.isnan(sel.lo):  # NaN: the launches gave none
+                out.append(base.model_copy(update={"skip": SkipReason.NO_SUBJECT
+                                                   if subject is None
+                                                   else SkipReason.NO_INTERVAL}))
+                continue
+            out.append(base.model_copy(update={
+                "subject": subject, "subject_label": sel.subject,
+                "stated_speedup": sel.speedup, "stated_interval": (sel.lo, sel.hi),
+                "confidence": sel.confidence}))
+            continue
         if iv is None or rec.speedup_interval is None:
             out.append(base.model_copy(update={"skip": SkipReason.NO_INTERVAL}))
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from tuner.records.configs import Frozen
+from tuner.records.configs import Frozen, TrialConfig
 
 
 class Choice(str, Enum):
@@ -67,6 +67,7 @@ class Selection(Frozen):
     rests_on: RestsOn = RestsOn.REPLAY
     subject: str  # label
     subject_key: str
+    subject_config: TrialConfig | None = None  # the config itself (`tuner verify` launches it)
     speedup: float  # the point: over the whole sample (or the launches, RestsOn.MEASURED)
     lo: float
     hi: float

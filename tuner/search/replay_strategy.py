@@ -588,7 +588,8 @@ class ReplaySearch:
                 confidence=self.confidence, indifference=self.margin, checks=checks,
                 measured=measured, launched=set(runs))
             if sel is not None:
-                out.append(sel)
+                out.append(sel.model_copy(update={
+                    "subject_config": self._configs.get(sel.subject_key)}))
         st.store_selections(self.study, out)
         self.on_selection(tuple(out))
         return tuple(out)
