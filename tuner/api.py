@@ -503,17 +503,26 @@ def report(*, study_dir: Path, storage_url: str | None = None, study_name: str |
 
 
 def _render(study: Any, out_dir: Path) -> tuple[dict[str, Path], list[Recommendation]]:
-    from tuner.analysis import frame, pareto, recommend
+    from tuner.analysis import frame, pareto
     from tuner.outputs import report as outputs
     from tuner.search import study as st
 
     settings = st.settings_of(study)
     df = pareto.speedups(frame.trials_frame(study))
-    recs = recommend.recommendations(df, settings, st.selections_of(study))
+    recs = _recommendations(study, df, settings)
     paths = outputs.write_outputs(
         study_name=study.study_name, df=df, configs=pareto.speedups(frame.configs_frame(df)),
         points=pareto.points(df), recs=recs, out_dir=out_dir, settings=settings)
     return paths, recs
+
+
+def _recommendations(study: Any, df: Any, settings: StudySettings) -> list[Recommendation]:
+    """Every level's answer as the study stands: its selections where the replay decided on a
+    workload sample, its measured trials elsewhere (tuner.analysis.recommend)."""
+    from tuner.analysis import recommend
+    from tuner.search import study as st
+
+    return recommend.recommendations(df, settings, st.selections_of(study))
 
 
 def recommend(*, study_dir: Path, storage_url: str | None = None,
@@ -602,11 +611,11 @@ def verify(options: VerifyOptions, *, say: Say = print) -> Verification:
 def _verify_targets(study: Any, stored: StudySettings, study_dir: Path) -> tuple[Any, ...]:
     """Each level's target, computed as `tuner report` computes the recommendations; a study
     with none to check is refused."""
-    from tuner.analysis import frame, pareto, recommend
+    from tuner.analysis import frame, pareto
     from tuner.analysis import verification as checking
 
     df = pareto.speedups(frame.trials_frame(study))
-    targets = checking.targets(df, recommend.recommendations(df, stored))
+    targets = checking.targets(df, _recommendations(study, df, stored))
     if not checking.subjects(targets):
         raise ConfigError(_nothing_to_verify(study_dir, targets))
     if stored.schedule is None:

@@ -138,3 +138,26 @@ def test_the_record_is_worded_by_outputs_a_miss_out_loud(tmp_path):
     doc = json.loads(words.write(record, tmp_path).read_text())
     assert doc.pop("said") == [words.sentence(c) for c in record.levels]
     assert Verification.model_validate(doc) == record  # verify.json is the record, read back
+
+
+def test_a_level_decided_on_the_workload_sample_is_checked_against_the_forecast():
+    from tuner.records.selection import Choice, Selection
+    from tuner.search import study as st
+
+    study = fake_study()
+    add_complete(study, None, [fake_level(1, output_throughput=40.0, mean_tpot_ms=20.0)],
+                 role="baseline")
+    add_complete(study, ngram(5), [fake_level(1, output_throughput=80.0, mean_tpot_ms=10.0)],
+                 role="calibration")
+    unlaunched = TrialConfig(speculative_config=ngram(7))
+    sel = Selection(concurrency=1, choice=Choice.UNDECIDED, subject=unlaunched.label(),
+                    subject_key=unlaunched.key(), subject_config=unlaunched, speedup=1.9,
+                    lo=0.95, hi=3.1, confidence=0.95, indifference=0.02)
+    st.store_selections(study, [sel])
+    df = pareto.speedups(frame.trials_frame(study))
+    recs = recommend.recommendations(df, settings_of(study), st.selections_of(study))
+    assert recs[0].status == "insufficient_data" and recs[0].verdict.selection == sel
+    assert recs[0].speedup_interval == (0.95, 3.1) and recs[0].serve_command is None
+    (target,) = v.targets(df, recs)
+    assert target.subject == unlaunched and target.stated_interval == (0.95, 3.1)
+    assert target.stated_speedup == 1.9 and target.skip is None
