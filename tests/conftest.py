@@ -56,6 +56,19 @@ def ctrl_c_delivered() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _noise_profile_of_its_own(tmp_path_factory):
+    """Studies under test keep their host noise profile (tuner.search.noise_profile) in a
+    folder of the test run's, never in the user's cache, and start from none."""
+    previous = os.environ.get("SPEC_TUNER_CACHE")
+    os.environ["SPEC_TUNER_CACHE"] = str(tmp_path_factory.mktemp("spec-tuner-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("SPEC_TUNER_CACHE", None)
+    else:
+        os.environ["SPEC_TUNER_CACHE"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _ctrl_c_raises_keyboard_interrupt():
     """The same for tests that Ctrl-C their own process: SIGINT raises KeyboardInterrupt
