@@ -1,23 +1,29 @@
 """Search stage, the replay strategy: predict the whole space, launch only to confirm.
 
-    baseline launch (its tokens captured) -> replay every candidate of the space over those
-    tokens (tuner.replay) -> one calibration launch (the candidate that drafts the most per
-    step, so the step-cost line spans the space; on an engine that splits CUDA graphs by
-    batch shape, a second one whose steps are least often uniform, tuner.replay.cost)
-    -> predicted table per level -> confirm the
-    predicted leaders with real launches, interleaved with the baseline and repeated until
-    speedup intervals decide the ranking (tuner.intervals, at --confidence, within --margin),
-    or the launch budget or --timeout runs out.
+    baseline launch (its tokens captured, and the workload sample's: RequestSchedule.sample)
+    -> replay every candidate of the space over those tokens (tuner.replay) -> one
+    calibration launch (the candidate that drafts the most per step, so the step-cost line
+    spans the space; on an engine that splits CUDA graphs by batch shape, a second one whose
+    steps are least often uniform, tuner.replay.cost) -> each level decided on the forecast
+    over the workload sample (tuner.replay.forecast, tuner.replay.selection), its chosen
+    config launched to confirm the step cost, the chosen config and the baseline in turn only
+    where more launches would decide a level, until every level is decided or --n-trials or
+    --timeout runs out.
+
+Without a workload sample (--sample-prompts 0, a study stored before it), the predicted
+leaders are confirmed instead, interleaved with the baseline and repeated until speedup
+intervals decide the ranking (tuner.intervals, at --confidence, within --margin).
 
 Where the calibration launch left the plain baseline's engine path, the aligned baseline
 (tuner.search.loop SearchLoop.align) is launched next, anchors the step-cost line, and is
 repeated beside the plain one, so each leader's ratio splits into path cost x speculation gain.
 
 Every launch is an ordinary trial of the study (roles baseline, calibration, confirm,
-repeat), so recommendations, reports and a later `--strategy optuna` resume read them as
-always; predictions only choose what to launch. --n-trials is the number of engine launches.
-The strategy never launches: the loop does (tuner.search.strategy), and the ranking the
-confirm launches reach comes back as figures in the Stop (tuner.outputs.ranking says it).
+repeat), so reports and a later `--strategy optuna` resume read them as always; each level's
+selection is stored with the study (tuner.search.study.store_selections), and the answer
+rests on it. --n-trials is the number of engine launches. The strategy never launches: the
+loop does (tuner.search.strategy); the selections, or the ranking the confirm launches
+reach, come back as figures in the Stop (tuner.outputs words them).
 """
 
 from __future__ import annotations
