@@ -290,9 +290,11 @@ def varying_k(method: str | None, *, runner: str | None = None) -> VaryingK:
 #   decoding changes the target verification length at runtime. Overriding cudagraph_mode from
 #   %s to PIECEWISE for reliability" and sets PIECEWISE. So a table on the V1 runner runs
 #   without full graphs: another engine path than the static config's, whose speed the ladder
-#   never measured (measured: benchmarks/data/h100/draft8b-pathcause-c1-128). The V1 runner is where vLLM runs
-#   draft_model, ngram, suffix and medusa at all (config/vllm.py,
-#   `_get_v2_model_runner_unsupported_features`), so their tables always take this path.
+#   never measured (measured: benchmarks/data/h100/draft8b-pathcause-c1-128). Which runner a
+#   method gets is the version's (`_get_v2_model_runner_unsupported_features`: 0.26.0 runs
+#   only eagle, eagle3, mtp, dflash and dspark on V2, so draft_model and ngram tables always
+#   take this path there; 0.32.0 keeps only suffix, medusa, mlp_speculator and custom_class on
+#   V1), so the rule takes the runner the static config's launch logged.
 # - The same __post_init__ drops the table under data parallelism
 #   (`_maybe_disable_dynamic_sd_for_data_parallel`, data_parallel_size > 1): static K. The
 #   verify launch's counters show it (a table that drafts where it says K=0).
