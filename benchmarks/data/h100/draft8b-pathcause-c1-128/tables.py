@@ -1,7 +1,8 @@
 """The tables of this set (issue 47): each launch's engine path from its log, and per level its
 throughput, mean TPOT, median inter-chunk gap, drafts and acceptance length; then the cause:
 static K=3 with piecewise graphs forced against the schedule and static K=3 as it runs, each
-over the plain baseline of the same lease, with 95% intervals where a config has two launches.
+over the plain baseline of the same lease, with 95% intervals where a config has two launches;
+last, the policy's answer now on the stored study it explains (../draft8b-synthetic-c1-128).
 
     .venv/bin/python benchmarks/data/h100/draft8b-pathcause-c1-128/tables.py > tables.txt
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -117,6 +120,41 @@ def cause() -> None:
               f"{ratio('sched', 'k3-pw', c)} | {ratio('sched', 'k3', c)}")
 
 
+def policy() -> None:
+    """tuner policy's rules on the stored study's ladder and verify runs, as tuner.api runs
+    them: before any launch (the path rule from the leader's logged path), and on its verify
+    launch (the engine path, drafts per band, speed against static K)."""
+    from tuner import speculative
+    from tuner.analysis import policy as rules
+    from tuner.measure import enginepath
+    from tuner.outputs import policy_verdicts
+    from tuner.search import ladder
+    from tuner.search import study as st
+
+    with tempfile.TemporaryDirectory() as tmp:  # a copy: opening a study writes beside it
+        shutil.copy(HERE.parent / "draft8b-synthetic-c1-128" / "study.journal", tmp)
+        runs = ladder.stored_runs(st.open_existing(Path(tmp)))
+    lad = [r for r in runs if r.phase == "ladder"]
+    lineup = list({r.key: (r.role, r.config) for r in lad}.values())
+    leader = next(c for role, c in lineup if role == "leader")
+    path = rules.engine_details(lad, leader.key())
+    rule = speculative.schedule_path(leader.method, runner=path.get("model_runner"),
+                                     cudagraph_mode=path.get("cudagraph_mode"))
+    before = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
+                                varying_k=speculative.varying_k(leader.method), path_rule=rule)
+    print(f"Before any launch (the leader ran {path.get('model_runner')}, "
+          f"{path.get('cudagraph_mode')}): {policy_verdicts.worded(before).verdict}")
+    drafted = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
+                                 varying_k=speculative.varying_k(leader.method))
+    policy_cfg, static = rules.policy_configs(drafted, lineup)
+    after = policy_verdicts.worded(rules.with_verification(
+        drafted, runs, policy_cfg=policy_cfg, static=static, side_by_side=False,
+        path_fields=enginepath.FIELDS))
+    print(f"On its verify launch: {after.verdict}")
+    for line in after.fallback_bands or ():
+        print(f"  router band: {line}")
+
+
 def main() -> None:
     print((HERE / "gpu.txt").read_text().strip())
     print()
@@ -125,6 +163,8 @@ def main() -> None:
     per_level()
     print()
     cause()
+    print()
+    policy()
 
 
 if __name__ == "__main__":
