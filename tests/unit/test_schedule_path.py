@@ -239,3 +239,20 @@ def test_the_stored_verify_launch_ran_piecewise_and_slower_so_it_is_withheld(sto
     assert doc.verification.honoured and doc.verification.no_drafts_where_on == ()
     assert doc.verification.slower_at == (1, 8, 32, 64, 128)
     assert check.offered_k == 3 and doc.speculative_config is None
+
+
+def test_the_stored_h100_logs_show_the_schedule_ran_piecewise_where_static_k_ran_full():
+    # benchmarks/data/h100/draft8b-pathcause-c1-128: the engine logs of static K=3 and of
+    # the schedule, on one lease; vLLM logged its override only for the schedule.
+    from tuner.measure import enginepath
+
+    where = ROOT / "benchmarks/data/h100/draft8b-pathcause-c1-128"
+    static, sched = ((where / name / "engine.log").read_text() for name in ("k3", "sched"))
+    assert "Overriding cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE" in sched
+    assert "Overriding cudagraph_mode" not in static
+    paths = [enginepath.read_log(text).details() for text in (static, sched)]
+    assert P.path_changes(*paths, enginepath.FIELDS) == (
+        PathChange(field="cudagraph_mode", static="FULL_AND_PIECEWISE", schedule="PIECEWISE"),)
+    rule = schedule_path("draft_model", runner=paths[0]["model_runner"],
+                         cudagraph_mode=paths[0]["cudagraph_mode"])
+    assert rule.changes[0].schedule == paths[1]["cudagraph_mode"]
