@@ -396,9 +396,13 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     ladder_runs = measure(lineup=lineup, phase="ladder")
     from tuner import speculative  # whether vLLM takes a schedule of the leader's method
 
+    leader = next(c for role, c in lineup if role == "leader")
+    path = rules.engine_details(ladder_runs, leader.key())  # the path the bands were measured on
     doc = rules.draft_policy(
-        ladder_runs, lineup, where=f"{study_dir}/policy", varying_k=speculative.varying_k(
-            next(c for role, c in lineup if role == "leader").method),
+        ladder_runs, lineup, where=f"{study_dir}/policy",
+        varying_k=speculative.varying_k(leader.method),
+        path_rule=speculative.schedule_path(leader.method, runner=path.get("model_runner"),
+                                            cudagraph_mode=path.get("cudagraph_mode")),
         predicted=_predicted_curves(ladder_runs, lineup, study_dir=study_dir, engine=engine,
                                     temperature=wspec.temperature, say=say),
         max_batch=engine_cmdline.engine_limits(engine).max_num_seqs,
@@ -442,6 +446,7 @@ def _verified(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]],
     come from the ladder phase unless `side_by_side` re-measures them interleaved with it.
     Then, where the engine ran the schedule, the open-loop check (_open_loop_checked)."""
     from tuner.analysis import policy as rules
+    from tuner.measure import enginepath
 
     policy_cfg, static = rules.policy_configs(doc, lineup)
     doc = doc.model_copy(update={"serve_command": engine_cmdline.serve_command(engine, policy_cfg),
@@ -452,7 +457,7 @@ def _verified(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]],
     verify_runs = measure(lineup=verify_lineup, phase="verify")
     doc = rules.with_verification(doc, verify_runs if side_by_side else ladder_runs + verify_runs,
                                   policy_cfg=policy_cfg, static=static,
-                                  side_by_side=side_by_side)
+                                  side_by_side=side_by_side, path_fields=enginepath.FIELDS)
     ver = doc.verification
     if campaign is None or ver is None or ver.engine_rejected or not ver.honoured:
         return doc

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tuner.records.configs import TrialConfig
+from tuner.records.policy import PathChange, PathRule
 
 # vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py), used only where vLLM cannot be
 # imported in this Python (an engine in its own virtualenv or container, run with --vllm-cmd).
@@ -275,6 +276,51 @@ def varying_k(method: str | None, *, runner: str | None = None) -> VaryingK:
                               "`self.num_speculative_tokens = num_speculative_tokens`)")
     return VaryingK(False, f"spec-tuner has not read how vLLM's proposer for method {method!r} "
                            f"takes a changing K, so it offers no schedule for it")
+
+
+# --- what a K table does to the engine path (num_speculative_tokens_per_batch_size) -----------
+# The one place this rule lives (tuner.api hands its answer to the policy, beside varying_k's).
+# Read against vLLM 0.26.0's source (the GPU bundle's wheel) and 0.32.0's, which agree:
+#
+# - VllmConfig.__post_init__ calls `_maybe_override_dynamic_sd_cudagraph_mode`
+#   (config/vllm.py: 0.26.0 lines 819-836, 0.32.0 lines 1039-1056): when the speculative config
+#   has a table (`uses_dynamic_speculative_decoding()`: the table is not None), the graph mode
+#   has full graphs (`CUDAGraphMode.has_full_cudagraphs()`: FULL, FULL_DECODE_ONLY,
+#   FULL_AND_PIECEWISE) and the engine is not on Model Runner V2, it warns "Dynamic speculative
+#   decoding changes the target verification length at runtime. Overriding cudagraph_mode from
+#   %s to PIECEWISE for reliability" and sets PIECEWISE. So a table on the V1 runner runs
+#   without full graphs: another engine path than the static config's, whose speed the ladder
+#   never measured (measured: benchmarks/data/h100/draft8b-pathcause-c1-128). Which runner a
+#   method gets is the version's (`_get_v2_model_runner_unsupported_features`: 0.26.0 runs
+#   only eagle, eagle3, mtp, dflash and dspark on V2, so draft_model and ngram tables always
+#   take this path there; 0.32.0 keeps only suffix, medusa, mlp_speculator and custom_class on
+#   V1), so the rule takes the runner the static config's launch logged.
+# - The same __post_init__ drops the table under data parallelism
+#   (`_maybe_disable_dynamic_sd_for_data_parallel`, data_parallel_size > 1): static K. The
+#   verify launch's counters show it (a table that drafts where it says K=0).
+# - On Model Runner V2 the graph mode stays; there, for autoregressive drafters, the table was
+#   reported ignored (vLLM issue 51510, fix open when issue 47 was read): not predicted here,
+#   named where the verify launch's counters show it.
+FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+_OVERRIDE_SOURCE = "vllm/config/vllm.py, VllmConfig._maybe_override_dynamic_sd_cudagraph_mode"
+_V2_TABLE_IGNORED_ISSUE = 51510
+_AUTOREGRESSIVE_DRAFTERS = ("eagle", "eagle3", "mtp", "draft_model")
+
+
+def schedule_path(method: str | None, *, runner: str | None, cudagraph_mode: str | None
+                  ) -> PathRule:
+    """What a `num_speculative_tokens_per_batch_size` table does to the engine path of the
+    static config of `method` that ran on `runner` ('V1' | 'V2' | None: not known) with
+    `cudagraph_mode` (vLLM's CUDAGraphMode name; None: not known), by the rule above: the
+    path fields it changes and where vLLM does it; no change where the static path is not
+    known. (Data parallelism, which drops the table, is not read from the engine's flags.)"""
+    m = "mtp" if method and method.endswith("_mtp") else method
+    if runner == "V1" and cudagraph_mode in FULL_GRAPH_MODES:
+        return PathRule(changes=(PathChange(field="cudagraph_mode", static=cudagraph_mode,
+                                            schedule="PIECEWISE"),),
+                        vllm_source=_OVERRIDE_SOURCE)
+    return PathRule(ignored_issue=_V2_TABLE_IGNORED_ISSUE
+                    if runner == "V2" and m in _AUTOREGRESSIVE_DRAFTERS else None)
 
 
 # --- the keys spec-tuner drafts by --------------------------------------------------------------

@@ -43,8 +43,12 @@ from tuner.records.policy import (
     MergeCost,
     OpenLoop,
     OpenLoopLevel,
+    PathChange,
+    PathRule,
     PolicyContext,
     PolicyDocument,
+    ScheduleBasis,
+    ScheduleCheck,
     Verification,
     VerificationRow,
 )
@@ -268,7 +272,8 @@ def ladder_lineup(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *,
 def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, TrialConfig]], *,
                  max_batch: int, where: str, context: PolicyContext | None = None,
                  predicted: dict[int, dict[int, float]] | None = None,
-                 varying_k: tuple[bool, str] | None = None) -> PolicyDocument:
+                 varying_k: tuple[bool, str] | None = None,
+                 path_rule: PathRule | None = None) -> PolicyDocument:
     """The policy document from the ladder: per config of the `lineup` its speedup per level
     and break-even, K per level for the first leader's method, the schedule up to `max_batch`
     (the engine's max_num_seqs) and the speculative config that carries it (None:
@@ -283,6 +288,10 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
     tuner.speculative.varying_k) decides whether a schedule is emitted: where it is not
     accepted and K differs across bands, the document has no schedule and no config to verify
     (schedule None, speculative_config None), the bands and why (`schedule_refused`).
+    `path_rule` (tuner.speculative.schedule_path's answer for the chosen config's engine path,
+    handed in by tuner.api) withholds the schedule the same way where vLLM's source says the
+    table moves the engine off the path the bands were measured on (`schedule_check`, basis
+    PATH_PREDICTED): no launch is spent on it.
     The document's sentences are tuner.outputs.policy_verdicts'."""
     chosen = _leader(lineup)
     base = throughput_series(ladder_runs, TrialConfig().key())
@@ -300,6 +309,12 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
     schedule = bands(picked, per_k, max_batch=max_batch)
     spec = policy_config(chosen, schedule, varying_k=varying_k)
     refused = schedule_refused(schedule, varying_k)
+    check = None
+    if refused is None and spec is not None and path_rule is not None and path_rule.changes \
+            and len({k for *_, k in schedule}) > 1:
+        check = withheld(schedule, basis=(ScheduleBasis.PATH_PREDICTED,),
+                         changes=path_rule.changes, vllm_source=path_rule.vllm_source)
+        spec = None
     k_predicted = sorted(k for k in per_k if k not in measured_ks)
     doc = PolicyDocument(
         **dict(context or PolicyContext()), method=chosen.method, chosen=chosen.label(),
@@ -308,7 +323,8 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
                                   stats=stats.get(c.key(), {}),
                                   break_even=break_even(stats[c.key()]) if stats.get(c.key())
                                   else None) for role, c in lineup if c.method != "none"),
-        baseline=base, k_by_level=picked, schedule=None if refused else tuple(schedule),
+        baseline=base, k_by_level=picked,
+        schedule=None if refused or check else tuple(schedule),
         bands=tuple(schedule), schedule_refused=refused, k_measured=tuple(measured_ks),
         # Every K the bands chose from, measured or predicted: its closed-loop speedup and
         # noise per level (the open-loop check's merges must not give any of it up).
@@ -322,8 +338,29 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
         speculative_config=None if spec is None else spec.speculative_config,
         aligned_baseline=None if aligned is None else AlignedBaseline(
             label=aligned.label(), config=aligned, path_cost=level_stats(aligned_series, base)),
+        path_rule=path_rule, schedule_check=check,
     )
     return doc
+
+
+def withheld(schedule: Sequence[Band], *, basis: tuple[ScheduleBasis, ...],
+             changes: Sequence[PathChange] = (), levels: Sequence[int] = (),
+             vllm_source: str | None = None, vllm_issue: int | None = None) -> ScheduleCheck:
+    """A schedule not emitted, why, and what holds instead: each band's K as a static engine
+    (the bands were measured that way), and the static K of the band that pays (the largest
+    K: K never rises with load) for one engine."""
+    k_paying = max(k for *_, k in schedule)
+    return ScheduleCheck(basis=basis, changes=tuple(changes), levels=tuple(sorted(set(levels))),
+                         vllm_source=vllm_source, vllm_issue=vllm_issue,
+                         schedule=tuple(tuple(b) for b in schedule),
+                         offered_k=k_paying or None, offered_bands=tuple(schedule))
+
+
+def engine_details(ladder_runs: Sequence[LadderRun], key: str) -> dict[str, str]:
+    """The engine path a config's first measured run logged (EngineInfo.details); {} where no
+    run of it was measured."""
+    return next((dict(run.result.engine.details) for run in ladder_runs
+                 if run.key == key and run.result is not None), {})
 
 
 def _leader(lineup: list[tuple[str, TrialConfig]]) -> TrialConfig:
@@ -358,19 +395,50 @@ def policy_configs(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]]
 
 
 def with_verification(doc: PolicyDocument, reference: Sequence[LadderRun], *,
-                      policy_cfg: TrialConfig, static: TrialConfig, side_by_side: bool
-                      ) -> PolicyDocument:
+                      policy_cfg: TrialConfig, static: TrialConfig, side_by_side: bool,
+                      path_fields: Sequence[str] = ()) -> PolicyDocument:
     """The document with its verification (`side_by_side`: whether the baseline and the
-    static config were re-measured beside the schedule)."""
-    ver = verification(reference, policy_cfg, static).model_copy(
+    static config were re-measured beside the schedule). Where the verify launch ran another
+    engine path than the static config (on `path_fields`, tuner.measure.enginepath.FIELDS,
+    handed in by tuner.api), ignored the table or measured slower (schedule_check_of), the
+    schedule is withheld: no schedule, no speculative config, no serve command, and the
+    `schedule_check` that says why and offers the static K of the band that pays."""
+    ver = verification(reference, policy_cfg, static, path_fields=path_fields).model_copy(
         update={"side_by_side": side_by_side})
-    return doc.model_copy(update={"verification": ver})
+    doc = doc.model_copy(update={"verification": ver})
+    check = schedule_check_of(doc, ver)
+    if check is None:
+        return doc
+    return doc.model_copy(update={"schedule_check": check, "schedule": None,
+                                  "speculative_config": None, "serve_command": None})
+
+
+def schedule_check_of(doc: PolicyDocument, ver: Verification) -> ScheduleCheck | None:
+    """Why the verified schedule is not emitted (None: it holds): it ran another engine path
+    than the static config, drafted where the table says K=0 or not where it says K>0 (the
+    vLLM issue the document's path rule names for that path, where one applies), or measured
+    slower than its band's static K (the baseline in a K=0 band) beyond the noise."""
+    if ver.engine_rejected or doc.schedule is None:
+        return None
+    basis = tuple(b for b, found in ((ScheduleBasis.PATH_MEASURED, ver.path_changes),
+                                     (ScheduleBasis.DRAFTS_WHERE_OFF, ver.drafts_where_off),
+                                     (ScheduleBasis.NO_DRAFTS_WHERE_ON, ver.no_drafts_where_on),
+                                     (ScheduleBasis.SLOWER, ver.slower_at)) if found)
+    if not basis:
+        return None
+    levels = ver.drafts_where_off + ver.no_drafts_where_on + ver.slower_at
+    ignored = bool(ver.drafts_where_off or ver.no_drafts_where_on)
+    rule = doc.path_rule
+    return withheld(doc.schedule, basis=basis, changes=ver.path_changes, levels=levels,
+                    vllm_issue=rule.ignored_issue if ignored and rule is not None else None)
 
 
 def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
-                 static: TrialConfig) -> Verification:
+                 static: TrialConfig, *, path_fields: Sequence[str] = ()) -> Verification:
     """How the emitted policy fared on the ladder against the baseline and the static config,
-    and whether the engine honoured the schedule."""
+    whether the engine honoured the schedule (drafts per level against the table) and ran the
+    static config's engine path (`path_fields` of their logged paths), and where it was slower
+    than its band's static K."""
     base = throughput_series(ladder_runs, TrialConfig().key())
     failures = [run.failure for run in ladder_runs
                 if run.key == policy_cfg.key() and run.failure is not None]
@@ -384,27 +452,48 @@ def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
     sched = (policy_cfg.speculative_config or {}).get(
         "num_speculative_tokens_per_batch_size") or []
     # Honoured: where the table says K=0 the engine drafts far less than the static config
-    # at the same level (not zero: as a level drains, the batch shrinks into the K>0 range).
+    # at the same level (not zero: as a level drains, the batch shrinks into the K>0 range);
+    # where it says K>0, it drafts (the static config's count within a half).
     static_drafts = drafts_series(ladder_runs, static.key())
-    honoured = True
+    off, on_missing = [], []
     for c, values in drafts.items():
         k = next((k for s, e, k in sched if s <= c <= e), None)
         ref = median_or_none(static_drafts.get(c, []))
-        if k == 0 and values and ref and median_or_none(values) > 0.5 * ref:
-            honoured = False
+        got = median_or_none(values)
+        if k == 0 and got is not None and ref and got > 0.5 * ref:
+            off.append(c)
+        if k and got is not None and ref and got < 0.5 * ref:
+            on_missing.append(c)
     rows = []
-    worse = []
+    worse, slower = [], []
     for c in sorted(st_pol):
         p, s = st_pol[c], st_static.get(c)
+        k = next((k for lo, hi, k in sched if lo <= c <= hi), None)
         if loses(p):
             worse.append(c)
+        # Against what the band promised: its static K (the static config where K is its K;
+        # the spreads of the two added), the baseline where K=0.
+        if (k == 0 and loses(p)) or (k and k == static.k and s is not None
+                                      and p.speedup < s.speedup * (1 - p.noise - s.noise)):
+            slower.append(c)
         rows.append(VerificationRow(
             concurrency=c, policy_speedup=p.speedup, policy_noise=p.noise,
             static_speedup=s.speedup if s else None,
             policy_drafts=median_or_none(drafts.get(c, [])),
             below_baseline_beyond_noise=loses(p)))
-    return Verification(engine_rejected=False, honoured=honoured, rows=tuple(rows),
-                        worse_at=tuple(worse))
+    return Verification(engine_rejected=False, honoured=not off, rows=tuple(rows),
+                        worse_at=tuple(worse), drafts_where_off=tuple(sorted(off)),
+                        no_drafts_where_on=tuple(sorted(on_missing)), slower_at=tuple(slower),
+                        path_changes=path_changes(
+                            engine_details(ladder_runs, static.key()),
+                            engine_details(ladder_runs, policy_cfg.key()), path_fields))
+
+
+def path_changes(static: dict[str, str], schedule: dict[str, str], fields: Sequence[str]
+                 ) -> tuple[PathChange, ...]:
+    """The `fields` of two logged engine paths that both know and on which they differ."""
+    return tuple(PathChange(field=f, static=static[f], schedule=schedule[f]) for f in fields
+                 if static.get(f) and schedule.get(f) and static[f] != schedule[f])
 
 
 # --- the open-loop check: schedules under arrivals that swing the batch across an edge -------

@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tuner.analysis.decomposition import POLICY_KEYS
-from tuner.records.policy import Band, LevelStat, PolicyDocument, Verification
+from tuner.records.policy import (
+    Band,
+    LevelSpeedup,
+    LevelStat,
+    PathChange,
+    PolicyDocument,
+    ScheduleBasis,
+    ScheduleCheck,
+    Verification,
+)
 from tuner.records.results import Measured, SpeedupSplit, ratio_text
 
 SPECULATION_OFF = "Speculation does not pay beyond the noise at any measured level: leave it off."
@@ -37,6 +46,8 @@ def verdict(doc: PolicyDocument) -> str | None:
     verified)."""
     if doc.schedule_refused is not None:
         text = bands_verdict(doc.chosen, doc.schedule_refused, doc.bands, doc.k_predicted)
+    elif doc.schedule_check is not None:
+        text = withheld_verdict(doc.chosen, doc.schedule_check, doc.k_stats)
     elif doc.verification is not None:
         text = verification_verdict(doc.verification)
     elif doc.speculative_config is None:
@@ -62,6 +73,45 @@ def verification_verdict(ver: Verification) -> str:
         text += (" The engine kept drafting where the table says K=0: it ignored the "
                  "schedule; use the band table in a router.")
     return text
+
+
+def withheld_verdict(label: str, check: ScheduleCheck,
+                     k_stats: Mapping[int, Mapping[int, LevelSpeedup]]) -> str:
+    """The words of a schedule withheld though the method takes a changing K: why (the rule
+    from vLLM's source, or what the verify launch showed) and what holds instead."""
+    why = []
+    if ScheduleBasis.PATH_PREDICTED in check.basis:
+        why.append(f"with a table vLLM builds another engine path than the one the bands were "
+                   f"measured on ({_changes(check.changes)}; {check.vllm_source}), a path "
+                   f"the ladder never measured")
+    if ScheduleBasis.PATH_MEASURED in check.basis:
+        why.append(f"its verify launch ran another engine path than the static config "
+                   f"({_changes(check.changes)})")
+    issue = f" (vLLM issue {check.vllm_issue})" if check.vllm_issue else ""
+    for basis, what in ((ScheduleBasis.DRAFTS_WHERE_OFF, "drafted where the table says K=0"),
+                        (ScheduleBasis.NO_DRAFTS_WHERE_ON,
+                         "drafted almost nothing where the table says K>0")):
+        if basis in check.basis:
+            why.append(f"it {what}: the engine ignored the table{issue}")
+    if ScheduleBasis.SLOWER in check.basis:
+        why.append("it measured below its band's static K (the baseline where K=0) beyond the "
+                   "noise")
+    where = (f" (concurrency {', '.join(map(str, check.levels))})" if check.levels else "")
+    text = (f"No per-batch-size schedule for {label}: " + "; ".join(why) + where + ".")
+    if check.offered_k:
+        paying = [c for c, st in sorted(k_stats.get(check.offered_k, {}).items())
+                  if st.speedup > 1.0 + st.noise]
+        text += (f" Offered instead: static K={check.offered_k}, the K of the band that pays"
+                 + (f" (beyond the noise at concurrency {', '.join(map(str, paying))})"
+                    if paying else "")
+                 + ", as one engine, or an engine per band of load (the router table below).")
+    if check.basis == (ScheduleBasis.PATH_PREDICTED,):
+        text += " No launch was spent on the schedule."
+    return text
+
+
+def _changes(changes: Sequence[PathChange]) -> str:
+    return ", ".join(f"{c.field} {c.static or '?'} -> {c.schedule or '?'}" for c in changes)
 
 
 def bands_verdict(label: str, why: str, bands: Sequence[Band], predicted_ks: Sequence[int]

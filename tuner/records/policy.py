@@ -159,9 +159,72 @@ class Verification(_Part):
     worse_at: tuple[int, ...] = ()
     verdict: str | None = None
     side_by_side: bool = False
+    # The schedule's engine against the static config's, and where the counters and the
+    # speeds contradicted the table (tuner.analysis.policy.verification)
+    path_changes: tuple[PathChange, ...] = ()
+    drafts_where_off: tuple[int, ...] = ()
+    no_drafts_where_on: tuple[int, ...] = ()
+    slower_at: tuple[int, ...] = ()
 
     def _left_out(self) -> set[str]:
-        return {"honoured", "rows", "worse_at"} if self.engine_rejected else {"reason"}
+        checks = {"path_changes", "drafts_where_off", "no_drafts_where_on", "slower_at"}
+        if self.engine_rejected:
+            return {"honoured", "rows", "worse_at"} | checks
+        return {"reason"} | {k for k in checks if not getattr(self, k)}
+
+
+class ScheduleBasis(str, Enum):
+    """Why a schedule whose method takes a changing K is still not emitted: what vLLM's source
+    says before any launch, or what the verify launch showed."""
+
+    # vLLM's source: with the table, the engine builds another path than the static config's
+    PATH_PREDICTED = "path_predicted"
+    # the verify launch ran another engine path than the static config's (its log says so)
+    PATH_MEASURED = "path_measured"
+    # it drafted where the table says K=0, or drafted nothing where it says K>0: the table
+    # was ignored
+    DRAFTS_WHERE_OFF = "drafts_where_off"
+    NO_DRAFTS_WHERE_ON = "no_drafts_where_on"
+    # it measured below the static K of its band (K>0), or below the baseline (K=0), beyond
+    # the noise
+    SLOWER = "slower"
+
+
+class PathChange(_Part):
+    """One field of the engine path (tuner.measure.enginepath.FIELDS) on which the schedule's
+    engine differs from the static config's."""
+
+    field: str
+    static: str | None = None
+    schedule: str | None = None
+
+
+class PathRule(_Part):
+    """What vLLM's source says a K table does to the engine path of the static config, before
+    any launch (tuner.speculative.schedule_path): the fields it changes (none: the path stays),
+    where vLLM does it, and a vLLM issue where the table is known to be ignored on that path."""
+
+    changes: tuple[PathChange, ...] = ()
+    vllm_source: str | None = None
+    ignored_issue: int | None = None
+
+
+class ScheduleCheck(_Part):
+    """Why the policy does not emit its schedule though the method takes a changing K, and what
+    holds instead: `basis` (one or more ScheduleBasis), the path fields that change, the ladder
+    levels where the verify launch contradicted the table or lost (`levels`), the vLLM source or
+    issue that says why, the schedule withheld, and the offer: `offered_k`, the static K of the
+    band that pays (one engine), and `offered_bands`, a static K per band (an engine per band of
+    load, tuner.outputs.policy_verdicts.band_table)."""
+
+    basis: tuple[ScheduleBasis, ...]
+    changes: tuple[PathChange, ...] = ()
+    levels: tuple[int, ...] = ()
+    vllm_source: str | None = None
+    vllm_issue: int | None = None
+    schedule: tuple[Band, ...] = ()
+    offered_k: int | None = None
+    offered_bands: tuple[Band, ...] = ()
 
 
 class BandEdge(_Part):
@@ -283,14 +346,20 @@ class PolicyDocument(PolicyContext):
     decomposition: str | None = None
     verdict: str | None = None
     open_loop: OpenLoop | None = None
+    # What vLLM's source says the table does to the static config's engine path, and why the
+    # schedule is withheld though the method takes a changing K (None: not withheld)
+    path_rule: PathRule | None = None
+    schedule_check: ScheduleCheck | None = None
 
     @property
     def needs_router(self) -> bool:
         """Whether a router must stand in for the schedule: the method's proposer takes no
-        changing K, or on the ladder the engine refused the schedule or ignored it."""
+        changing K, the schedule is withheld (another engine path, an ignored table, slower
+        than static K), or on the ladder the engine refused the schedule or ignored it."""
         ver = self.verification
-        return self.schedule_refused is not None or (
+        return self.schedule_refused is not None or self.schedule_check is not None or (
             ver is not None and (ver.engine_rejected or not ver.honoured))
 
     def _left_out(self) -> set[str]:
-        return {k for k in ("verdict", "open_loop") if getattr(self, k) is None}
+        return {k for k in ("verdict", "open_loop", "path_rule", "schedule_check")
+                if getattr(self, k) is None}
