@@ -105,10 +105,12 @@ def resolve_engine(engine: EngineOptions) -> EngineSpec:
 
 
 def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: MeasureSettings,
-                   say: Say) -> tuple[Workload, RequestSchedule]:
-    """The prompts (as many as the levels and their warm-ups ask for, where the data holds
-    them) and the request schedule every launch sends (tuner.measure.request_schedule); said
-    once, up front, where levels are shortened or prompts repeat."""
+                   say: Say, *, sample: bool = False) -> tuple[Workload, RequestSchedule]:
+    """The prompts (as many as the levels, their warm-ups and the workload sample ask for,
+    where the data holds them) and the request schedule every launch sends
+    (tuner.measure.request_schedule), with the workload sample a study's first baseline also
+    sends where `sample`; said once, up front, where levels are shortened, prompts repeat or
+    the sample is short."""
     from tuner.measure import request_schedule, workloads
 
     wl = workloads.load(workload, tokenizer=engine.tokenizer or engine.model,
@@ -116,9 +118,10 @@ def _load_workload(workload: WorkloadSpec, engine: EngineSpec, settings: Measure
                         max_model_len=engine_cmdline.engine_limits(engine).max_model_len,
                         say=say)
     schedule, note = request_schedule.build(wl, settings)
-    if note:
-        say(note)
-    return wl, schedule
+    for line in (note, request_schedule.sample_note(wl, schedule, settings) if sample else None):
+        if line:
+            say(line)
+    return wl, schedule if sample else schedule.without_sample()
 
 
 # --- bench: one config, one launch ----------------------------------------------------------
@@ -217,7 +220,7 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
     plan = resolve_optimize(options, engine=engine)
     engine = plan.engine
     space, use_replay = _space(options, engine)
-    wl, schedule = _load_workload(options.workload, engine, options.settings, say)
+    wl, schedule = _load_workload(options.workload, engine, options.settings, say, sample=True)
     study, retry = _create_study(plan, space, wl, schedule, use_replay=use_replay, say=say)
     _warn_sampling(engine, options.workload, say)
     executor = executors.choose(engine, ray_address=options.ray_address,

@@ -113,3 +113,24 @@ def test_an_engine_that_learns_from_repeats_gains_nothing_under_the_schedule(tmp
     assert repeated.num_requests == 24 and repeated.reused_prompts == 24 - 11
     assert repeated.mean_tpot_ms < 0.75 * plain.mean_tpot_ms, \
         (repeated.mean_tpot_ms, plain.mean_tpot_ms)
+
+
+def test_the_launch_given_the_workload_sample_sends_it_after_its_levels_and_keeps_its_tokens(
+        tmp_path):
+    from tuner.tokens import SAMPLE_LEVEL
+
+    settings = MeasureSettings(concurrencies=(1, 2), requests_per_slot=2, sample_prompts=10)
+    wl = _workload(40)
+    schedule, _ = request_schedule.build(wl, settings)
+    out = runner.measure_outcome(fake_engine_spec(), TrialConfig(), wl, settings,
+                                 str(tmp_path), schedule=schedule)
+    assert out.failure is None, out.failure
+    capture = TokenCapture.load(tmp_path / FILE_NAME)
+    assert capture.levels() == [1, 2]  # the sample is no level
+    sample = capture.sample()
+    assert [r.index for r in sample] == list(range(10)) and not any(r.warmup for r in sample)
+    sent = [tuple(r.prompt.tolist()) for r in capture.requests]
+    assert len(sent) == len(set(sent))  # the sample's prompts are none of the levels'
+    assert {r.concurrency for r in capture.requests} == {1, 2, SAMPLE_LEVEL}
+    assert [lv.concurrency for lv in out.result.levels] == [1, 2]  # nothing measured on it
+    assert len(capture.without_sample()) == len(capture) - 10

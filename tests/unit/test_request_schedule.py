@@ -96,7 +96,10 @@ def test_the_workload_sample_takes_prompts_no_level_sends_and_shrinks_to_what_is
     assert schedule.without_sample().sample == () and schedule.without_sample().levels == \
         schedule.levels
     short, note = rs.build(_workload(40), settings)
-    assert short.sample == tuple(range(17, 40)) and "23 of the 64 prompts" in note
+    assert short.sample == tuple(range(17, 40)) and note is None  # bench never sends it
+    assert "holds 23 of the 64 prompts" in rs.sample_note(_workload(40), short, settings)
+    none, _ = rs.build(_workload(17), settings)
+    assert "is empty (64 prompts asked for)" in rs.sample_note(_workload(17), none, settings)
     assert rs.build(_workload(40), MeasureSettings(concurrencies=(1, 4), requests_per_slot=2,
                                                    sample_prompts=0))[0].sample == ()
 

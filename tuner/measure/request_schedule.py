@@ -56,18 +56,21 @@ def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedul
                                allow_repeats=settings.allow_repeats, sample=sample,
                                sample_concurrency=settings.sample_concurrency()
                                if sample else None)
-    notes = [_shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked)),
-             _sample_note(workload, schedule, asked=settings.sample_prompts)]
-    return schedule, " ".join(n for n in notes if n) or None
+    return schedule, _shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked))
 
 
-def _sample_note(workload: Workload, schedule: RequestSchedule, *, asked: int) -> str | None:
-    """One line where the workload sample is smaller than --sample-prompts asked for."""
+def sample_note(workload: Workload, schedule: RequestSchedule, settings: MeasureSettings
+                ) -> str | None:
+    """One line where the workload sample is smaller than --sample-prompts asked for (said
+    by a study, whose first baseline sends it; `tuner bench` never does)."""
+    asked = settings.sample_prompts
     if not asked or len(schedule.sample) >= asked:
         return None
-    return (f"The workload sample holds {len(schedule.sample)} of the {asked} prompts asked for "
-            f"(--sample-prompts): {_source(workload)} has {len(workload.prompts)} distinct "
-            f"prompts and the levels send the rest. For a larger sample: {_more(workload)}.")
+    held = (f"holds {len(schedule.sample)} of the {asked} prompts asked for" if schedule.sample
+            else f"is empty ({asked} prompts asked for)")
+    return (f"The workload sample (--sample-prompts) {held}: {_source(workload)} has "
+            f"{len(workload.prompts)} distinct prompts and the levels send the rest. For a "
+            f"larger sample: {_more(workload)}.")
 
 
 def used(schedule: RequestSchedule) -> frozenset[int]:

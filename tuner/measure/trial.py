@@ -54,13 +54,14 @@ def measure(
 ) -> BenchResult:
     """Launch one engine for `config` and send it `schedule` (tuner.measure.request_schedule;
     None: built from `workload` and `settings`, as every launch with them builds it), level
-    by level, each level's warm-ups and then its measured requests. `request_rates`
+    by level, each level's warm-ups and then its measured requests, then the workload sample
+    where `schedule` carries one (RequestSchedule.sample). `request_rates`
     ({concurrency: requests/s}): those levels' measured requests arrive open loop at that
     rate (loadgen.poisson_arrivals, seed 0), capped at the level's concurrency."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
-    if schedule is None:
-        schedule, _note = request_schedule.build(workload, settings)
+    if schedule is None:  # as every launch builds it; the workload sample only where given
+        schedule = request_schedule.build(workload, settings)[0].without_sample()
     request_schedule.check_workload(schedule, workload)
     levels: list[LevelMetrics] = []
     records_path = trial_dir / "requests.jsonl"
