@@ -26,11 +26,14 @@ WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=24)
 
 
 def _optimize(tmp_path, *, n_trials: int, strategy: str = "replay", space: str = "ngram",
-              say=None, detail=None):
+              say=None, detail=None, sample_prompts: int = 0):
+    """The study on the fake engine; without a workload sample unless asked (the confirm
+    launches these tests check; test_the_workload_sample_* check the sample's path)."""
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
         workload=WL,
-        space_name=space, settings=MeasureSettings(concurrencies=(1, 2)),
+        space_name=space, settings=MeasureSettings(concurrencies=(1, 2),
+                                                   sample_prompts=sample_prompts),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
         constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy=strategy), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
@@ -122,7 +125,7 @@ def test_an_aligned_baseline_is_launched_and_anchors_the_step_cost(tmp_path):
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
         workload=WL,
-        space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1,), sample_prompts=0),
         out_dir=tmp_path / "study", study_name="s", n_trials=3,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
         strategy="replay", aligned_baseline=aligned), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
@@ -143,7 +146,7 @@ def test_a_leader_that_fails_leaves_the_confirmation_and_the_budget_goes_on(tmp_
     lines: list[str] = []
     study = api.optimize(OptimizeOptions(
         workload=WL,
-        space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2)),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1, 2), sample_prompts=0),
         out_dir=tmp_path / "second" / "study", study_name="s", n_trials=6,
         objectives=["output_throughput", "mean_tpot_ms"], target_concurrency=1,
         constraints={"max_tpot_ms": None, "max_ttft_ms": None}, strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
@@ -162,7 +165,7 @@ def _auto(tmp_path, *, n_trials: int, differs: bool, lines: list[str],
           cudagraph_mode: str | None = None, detail: list[str] | None = None):
     return api.optimize(OptimizeOptions(
         workload=WL,
-        space_name="ngram", settings=MeasureSettings(concurrencies=(1,)),
+        space_name="ngram", settings=MeasureSettings(concurrencies=(1,), sample_prompts=0),
         out_dir=tmp_path / "study", study_name="s", n_trials=n_trials,
         objectives=["output_throughput"], target_concurrency=1, constraints={},
         strategy="replay"), engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5,
@@ -264,7 +267,7 @@ def _cli_optimize(out, *flags: str) -> None:
                    f"{sys.executable} -m tuner.testing.fake_engine",
                    f"--engine-args=--fake-script '{script}'", "--space", "ngram",
                    "--n-trials", "3", "--num-prompts", "3", "--output-len", "24",
-                   "--concurrency", "1,2", "--output-dir", str(out)])
+                   "--concurrency", "1,2", "--sample-prompts", "0", "--output-dir", str(out)])
     assert rc == 0
 
 
@@ -308,3 +311,40 @@ def test_with_v_optimize_also_prints_the_searchs_working(tmp_path, capsys):
     assert sum(ln.startswith("  step cost c=") for ln in lines) == 2  # one per level
     assert [ln.split(" ", 1)[0] for ln in lines if ln.startswith("[")] == [
         "[1/3]", "[2/3]", "[3/3]"]
+
+
+def test_the_workload_sample_decides_each_level_and_launches_confirm_its_choice(tmp_path):
+    from tuner.outputs import selection as words
+    from tuner.records.selection import Choice
+
+    detail: list[str] = []
+    study, lines = _optimize(tmp_path, n_trials=6, sample_prompts=24, detail=detail.append)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    roles = [t.user_attrs["role"] for t in trials]
+    assert roles[:2] == ["baseline", "calibration"] and len(trials) <= 6
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    # Only the first baseline sent the sample; the replay read it.
+    first = st.token_capture(tmp_path / "study", trials[0], sample=True)
+    assert len(first.sample()) == 24
+    assert all(not st.token_capture(tmp_path / "study", t, sample=True).sample()
+               for t in trials[1:])
+    selections = st.selections_of(study)
+    assert [s.concurrency for s in selections] == [1, 2]
+    launched = {t.user_attrs["key"] for t in trials}
+    for sel in selections:
+        assert sel.sample_prompts == 24
+        assert sel.lo is None or sel.lo <= sel.speedup <= sel.hi
+        assert sel.subject_config is not None and sel.subject_config.key() == sel.subject_key
+        if sel.choice == Choice.ON:  # on only once launched, and above 1.00x
+            assert sel.subject_key in launched and sel.lo > 1.0
+    # The forecast's lines say each level once per change, and the answer rests on them.
+    assert any(ln.startswith("Forecast concurrency 1: ") for ln in lines)
+    recs = api.report(study_dir=tmp_path / "study")[1]
+    for rec, sel in zip(recs, selections, strict=True):
+        assert rec.verdict.selection == sel
+        assert (rec.status == "recommend") == (sel.choice == Choice.ON)
+        assert words.headline(sel).split(": ")[1].startswith(
+            {Choice.ON: "Turn on", Choice.OFF: "Leave", Choice.UNDECIDED: "Undecided"}[
+                sel.choice])
+    kept = {e.topic for e in decisions.load_decisions(tmp_path / "study")}
+    assert "selection" in kept

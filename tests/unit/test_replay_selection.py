@@ -13,7 +13,7 @@ from tuner.outputs import selection as words
 from tuner.records.selection import Choice, HostNoise, RestsOn, ThroughputCheck, Undecided
 from tuner.replay import forecast
 from tuner.replay.forecast import LevelForecast
-from tuner.replay.selection import accuracy, choice, cost_error, select
+from tuner.replay.selection import MODEL_SD, accuracy, choice, cost_error, select
 
 HOST = HostNoise(sd=0.02, df=30, source="profile")
 
@@ -63,7 +63,7 @@ def test_a_subject_never_launched_is_not_turned_on():
 
 
 def test_nothing_beats_the_baseline_by_the_zone_is_off():
-    level = _level({"a": 0.9, "b": 0.95}, spread=0.01)
+    level = _level({"a": 0.8, "b": 0.85}, spread=0.01)
     sel = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST,
                  checks=[_check("other"), _check("other2", 0.01)])
     assert sel.choice == Choice.OFF and sel.hi < 1.02
@@ -88,14 +88,21 @@ def test_a_launch_that_misses_the_forecast_moves_the_answer_to_the_launches():
     assert sel.rests_on == RestsOn.MEASURED and sel.speedup == 1.2
     assert sel.choice == Choice.UNDECIDED  # the launches' interval holds 1.00x
     assert "on the launches alone" in words.answer_text(sel)
+    # One launch each, no spread yet: no interval, and a repeat is what decides.
+    bare = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST,
+                  checks=[_check("a", -0.5, missed=True)])
+    assert bare.rests_on == RestsOn.MEASURED and (bare.lo, bare.hi) == (None, None)
+    assert bare.choice == Choice.UNDECIDED and bare.launches_to_decide == 1
+    assert "no interval yet" in words.headline(bare)
 
 
 def test_cost_error_pools_residuals_with_the_hosts_spread():
+    prior = math.sqrt(2 * 0.02 ** 2 + MODEL_SD ** 2)  # two launches' noise, the model's own
     sd, df = cost_error([], HostNoise(sd=0.02, df=10, source="profile"))
-    assert df == 10 and sd == pytest.approx(math.sqrt(2) * 0.02)
+    assert df == 10 and sd == pytest.approx(prior)
     sd, df = cost_error([0.2] * 10, HostNoise(sd=0.02, df=10, source="profile"))
     assert df == 20 and sd > 0.1  # a model that misses by 20% is not hidden by a quiet host
-    assert accuracy(HOST, 0.95) == pytest.approx(2.042 * math.sqrt(2) * 0.02, rel=1e-3)
+    assert accuracy(HOST, 0.95) == pytest.approx(2.042 * prior, rel=1e-3)
 
 
 @pytest.mark.parametrize("lo,hi", [(0.8, 0.99), (0.95, 1.0), (0.99, 1.5), (1.0, 1.2),

@@ -389,7 +389,8 @@ def selected(df: pd.DataFrame, sel: Selection, *, settings: StudySettings | None
         subject_throughput=float(win["output_throughput"]) if win is not None else None,
         subject_tpot_ms=float(win["mean_tpot_ms"]) if win is not None else None,
         measurements=(int(_int(win["n_measurements"])) if win is not None else 0, n_base))
-    figures = dict(speedup_interval=(sel.lo, sel.hi), confidence_level=sel.confidence,
+    figures = dict(speedup_interval=None if sel.lo is None or sel.hi is None else (sel.lo, sel.hi),
+                   confidence_level=sel.confidence,
                    equivalence_margin=sel.indifference, launches=verdict.measurements)
     if sel.choice == Choice.ON:
         config = at.config(win)

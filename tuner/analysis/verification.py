@@ -38,7 +38,7 @@ def targets(df: pd.DataFrame, recs: Sequence[Recommendation]) -> tuple[VerifyTar
         sel = rec.verdict.selection
         if sel is not None:  # decided on the workload sample: its forecast is what is checked
             subject = sel.subject_config or by_label.get(sel.subject)
-            if subject is None or math.isnan(sel.lo):  # NaN: the launches gave none
+            if subject is None or sel.lo is None or sel.hi is None:
                 out.append(base.model_copy(update={"skip": SkipReason.NO_SUBJECT
                                                    if subject is None
                                                    else SkipReason.NO_INTERVAL}))

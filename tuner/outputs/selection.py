@@ -13,8 +13,11 @@ from tuner.records.selection import Choice, RestsOn, Selection, Undecided
 
 
 def interval_text(s: Selection) -> str:
-    """ "2.41x (95% interval 2.30-2.52)" """
-    return f"{s.speedup:.2f}x ({intervals.percent(s.confidence)} interval {s.lo:.2f}-{s.hi:.2f})"
+    """ "2.41x (95% interval 2.30-2.52)"; "1.63x (no interval yet)" """
+    point = "?" if s.speedup is None else f"{s.speedup:.2f}x"
+    if s.lo is None or s.hi is None:
+        return f"{point} (no interval yet)"
+    return f"{point} ({intervals.percent(s.confidence)} interval {s.lo:.2f}-{s.hi:.2f})"
 
 
 def basis_text(s: Selection) -> str:

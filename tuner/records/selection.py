@@ -68,9 +68,11 @@ class Selection(Frozen):
     subject: str  # label
     subject_key: str
     subject_config: TrialConfig | None = None  # the config itself (`tuner verify` launches it)
-    speedup: float  # the point: over the whole sample (or the launches, RestsOn.MEASURED)
-    lo: float
-    hi: float
+    # The point, over the whole sample (or over the launches, RestsOn.MEASURED), and its
+    # interval; None where the launches it must rest on give none yet.
+    speedup: float | None
+    lo: float | None
+    hi: float | None
     confidence: float
     indifference: float  # the zone, a fraction (0.03: configs within 3% are one choice)
     equivalent: tuple[str, ...] = ()  # labels, best first, the subject's own left out

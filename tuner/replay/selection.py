@@ -42,15 +42,24 @@ from tuner.replay.forecast import LevelForecast
 EQUIVALENT_SHOWN = 8  # labels kept of the equivalent set (its size is kept whole)
 MAX_PRIOR_DF = 30  # the host's spread as a prior counts as at most this many residuals
 MAX_MORE_LAUNCHES = 20  # beyond this an undecided level is not worth estimating launches for
+# The step-cost model's own error where its launches show nothing yet, log SD: the median
+# |error| of its throughput over the stored CPU sets lies at 2.3-7.8% (docs/accuracy.md).
+MODEL_SD = 0.04
+
+
+def _prior_var(host: HostNoise) -> float:
+    """What a residual of the model is expected to spread by before any is seen: two
+    launches' noise (the config's and the baseline's it is priced against) and the model's
+    own typical error (MODEL_SD)."""
+    return 2.0 * host.sd ** 2 + MODEL_SD ** 2
 
 
 def cost_error(residuals: Sequence[float], host: HostNoise) -> tuple[float, int]:
     """The step-cost model's error per forecast (log SD) and its degrees of freedom: the
-    out-of-fit residuals (log measured over predicted throughput) pooled with the host's
-    spread as a prior, which says what an exact model's residuals would show (two launches'
-    noise: the config's and the baseline's it is priced against)."""
+    out-of-fit residuals (log measured over predicted throughput) pooled with a prior
+    (_prior_var) on the host's degrees of freedom."""
     prior_df = min(host.df, MAX_PRIOR_DF)
-    prior_var = 2.0 * host.sd ** 2
+    prior_var = _prior_var(host)
     ss = sum(r * r for r in residuals) + prior_df * prior_var
     df = len(residuals) + prior_df
     return (math.sqrt(ss / df) if df else math.sqrt(prior_var)), df
@@ -60,7 +69,7 @@ def accuracy(host: HostNoise, confidence: float) -> float:
     """The forecast's stated accuracy for one launch's throughput (log): a residual beyond it
     is a miss, said out loud."""
     df = max(1, min(host.df, MAX_PRIOR_DF))
-    return intervals.t_quantile(0.5 + confidence / 2, df) * math.sqrt(2.0) * host.sd
+    return intervals.t_quantile(0.5 + confidence / 2, df) * math.sqrt(_prior_var(host))
 
 
 def choice(lo: float, hi: float, indifference: float) -> Choice:
@@ -120,9 +129,10 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
 def _on_launches(fig: dict, measured: intervals.Interval | None, indifference: float
                  ) -> Selection:
     """The subject missed the forecast: the answer rests on its launches, by the same rule."""
-    if measured is None:
-        return Selection(choice=Choice.UNDECIDED, rests_on=RestsOn.MEASURED, speedup=math.nan,
-                         lo=math.nan, hi=math.nan, undecided=Undecided.COST, **fig)
+    if measured is None:  # one launch each and no spread to go on: a repeat gives one
+        return Selection(choice=Choice.UNDECIDED, rests_on=RestsOn.MEASURED,
+                         speedup=fig["measured_speedup"], lo=None, hi=None,
+                         undecided=Undecided.COST, launches_to_decide=1, **fig)
     said = choice(measured.lo, measured.hi, indifference)
     return Selection(choice=said, rests_on=RestsOn.MEASURED, speedup=measured.point,
                      lo=measured.lo, hi=measured.hi,
