@@ -56,17 +56,12 @@ def ctrl_c_delivered() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _noise_profile_of_its_own(tmp_path_factory):
-    """Studies under test keep their host noise profile (tuner.search.noise_profile) in a
-    folder of the test run's, never in the user's cache, and start from none."""
-    previous = os.environ.get("SPEC_TUNER_CACHE")
-    os.environ["SPEC_TUNER_CACHE"] = str(tmp_path_factory.mktemp("spec-tuner-cache"))
-    yield
-    if previous is None:
-        os.environ.pop("SPEC_TUNER_CACHE", None)
-    else:
-        os.environ["SPEC_TUNER_CACHE"] = previous
+@pytest.fixture(autouse=True)
+def _noise_profile_of_its_own(tmp_path_factory, monkeypatch):
+    """Each test's studies keep their host noise profile (tuner.search.noise_profile) in a
+    folder of that test's, never in the user's cache nor another test's: each starts from
+    none, so no result depends on which tests ran before it."""
+    monkeypatch.setenv("SPEC_TUNER_CACHE", str(tmp_path_factory.mktemp("spec-tuner-cache")))
 
 
 @pytest.fixture(autouse=True)

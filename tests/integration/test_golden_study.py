@@ -140,19 +140,28 @@ class FakeLab:
                 acceptance_length=accept if k else None, per_position=rates, k=k or None,
                 num_requests=settings.requests_for(c, workload.spec.num_prompts),
                 output_len=output_len)))
-        self._capture(workload, settings, gaps).save(trial_dir / tokens.FILE_NAME)
+        self._capture(workload, settings, gaps, schedule).save(trial_dir / tokens.FILE_NAME)
         details = ({"model_runner": "V1", "async_scheduling": "false"} if v1 else
                    {"model_runner": "V2", "async_scheduling": "true"})
         return BenchResult(config=config, engine=EngineInfo(
             start_s=12.5, vllm_version="0.0.0+golden", details=details), levels=tuple(levels))
 
     @staticmethod
-    def _capture(workload: Workload, settings: MeasureSettings, gaps: dict[int, float]
-                 ) -> tokens.TokenCapture:
+    def _capture(workload: Workload, settings: MeasureSettings, gaps: dict[int, float],
+                 schedule: Any = None) -> tokens.TokenCapture:
         """As tuner.measure.trial sends them: per level its warm-ups then its requests, prompts
         drawn in order from the pool; the fake engine's ids (a word is a token, output token i
-        is prompt word i, cyclically) and one chunk per token, `gaps[c]` ms apart."""
+        is prompt word i, cyclically) and one chunk per token, `gaps[c]` ms apart; then the
+        workload sample where `schedule` carries it (tuner.tokens.SAMPLE_LEVEL)."""
         out, cursor, pool = [], 0, workload.prompts
+        for i, at in enumerate(schedule.sample if schedule is not None else ()):
+            words = pool[at].prompt.split() or ["token"]
+            n = pool[at].output_len
+            out.append(tokens.RequestTokens(
+                concurrency=tokens.SAMPLE_LEVEL, index=i, warmup=False,
+                prompt=np.array([token_id(w) for w in words], dtype=np.int32),
+                output=np.array([token_id(words[t % len(words)]) for t in range(n)],
+                                dtype=np.int32), max_tokens=n))
         for c in settings.concurrencies:
             phases = ((True, settings.warmups_for(c)),
                       (False, settings.requests_for(c, workload.spec.num_prompts)))
