@@ -25,12 +25,16 @@ TOPICS = {
     "streams": "Token streams",
     "leaders": "Predicted leaders",
     "confirmation": "Confirmation",
+    "selection": "Each level decided on the workload sample (the latest)",
+    "forecast_miss": "Launches that missed the forecast",
     "sampling": "Sampling (temperature > 0)",
     "prediction_miss": "Predictions that missed their measurement",
     "stop": "Why the search stopped",
 }
 INTRO = ("What the search did and why, recorded as it ran (tuner optimize -v prints it too). "
-         "Predictions only decide what to launch; recommendations come from measured trials.")
+         "With a workload sample each level is decided on the replay's forecast over it, its "
+         "choice launched to confirm it; without one, predictions only decide what to launch "
+         "and recommendations come from measured trials.")
 
 
 @dataclass(frozen=True)

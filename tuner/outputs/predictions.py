@@ -1,6 +1,8 @@
 """Outputs stage, the replay's predictions: predicted.csv (written and read back, atomically)
-and the report's "Predicted by replay" section. Predictions only decide what to launch, so the
-report keeps them in their own section and the recommendation never reads them.
+and the report's "Predicted by replay" section. These rows are over the launches' own
+requests (where each can be checked against a launch), not the workload sample the answer is
+decided on, so the report keeps them in their own section and the recommendation never reads
+them.
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ def prediction_tables(pred: pd.DataFrame | None
     priced = any(r.pred_output_throughput is not None for r in spec)
     intro = [f"{len({r.key for r in spec})} configs predicted from the baseline's own tokens "
              f"at concurrency {', '.join(map(str, levels))}; "
-             f"{len({r.key for r in measured})} of them measured. Predictions only decide "
-             f"what to launch: recommendations come from measured trials."]
+             f"{len({r.key for r in measured})} of them measured, each over the requests "
+             f"the launches measure (the workload sample's forecast, where the study has "
+             f"one, is in each level's answer above)."]
     intro.append(("Step-cost model: " + "; ".join(paths) + ".") if priced and paths else
                  "No speculative launch calibrates the step cost yet: only acceptance is "
                  "predicted, ranked by acceptance length.")
