@@ -39,7 +39,7 @@ from tuner.records.selection import (
 )
 from tuner.replay.forecast import LevelForecast
 
-EQUIVALENT_SHOWN = 8  # labels kept of the equivalent set (its size is kept whole)
+EQUIVALENT_SHOWN = 4  # labels kept of the equivalent set (its size is kept whole)
 MAX_PRIOR_DF = 30  # the host's spread as a prior counts as at most this many residuals
 MAX_MORE_LAUNCHES = 20  # beyond this an undecided level is not worth estimating launches for
 # The step-cost model's own error where its launches show nothing yet, log SD: the median
