@@ -85,12 +85,16 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
            indifference: float = intervals.MARGIN, checks: Sequence[ThroughputCheck] = (),
            measured: dict[str, intervals.Interval] | None = None,
            launched: Collection[str] = ()) -> Selection | None:
-    """The level's Selection from its forecast (None where it holds no config). `counts`: the
-    bootstrap's resamples (tuner.replay.forecast.Forecast.counts); `checks`: the launches at
-    this level the step cost was not fitted on, each measured against its prediction (their
-    residuals, log measured over predicted throughput, make the cost model's error); `measured`: each launched config's measured speedup
-    interval over the plain baseline, by key (the fallback where the subject missed);
-    `launched`: the keys of every config launched at this level (the calibration's too)."""
+    """The level's Selection from its forecast (None where it holds no config).
+
+    `counts`: the bootstrap's resamples (tuner.replay.forecast.Forecast.counts); `checks`: the
+    launches at this level the step cost was not fitted on, each against its prediction
+    (their residuals, log measured over predicted throughput, make the cost model's error);
+    `measured`: each launched config's measured speedup interval over the plain baseline, by
+    key (the fallback where the subject missed); `launched`: the keys of every config
+    launched at this level (the calibration's too). The subject is the best of many
+    forecasts, so its point leans high by the luck of the draw; the paired bootstrap keeps
+    that small where configs move together, and `tuner verify` measures what is left."""
     if not level.keys:
         return None
     points = level.log_speedups()
