@@ -61,7 +61,7 @@ def _noise_profile_of_its_own(tmp_path_factory, monkeypatch):
     """Each test's studies keep their host noise profile (tuner.search.noise_profile) in a
     folder of that test's, never in the user's cache nor another test's: each starts from
     none, so no result depends on which tests ran before it."""
-    monkeypatch.setenv("SPEC_TUNER_CACHE", str(tmp_path_factory.mktemp("spec-tuner-cache")))
+    monkeypatch.setenv("SPEC_TUNER_NOISE_DIR", str(tmp_path_factory.mktemp("noise-profile")))
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from tuner.search import noise_profile as npf
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPEC_TUNER_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPEC_TUNER_NOISE_DIR", str(tmp_path / "noise"))
 
 
 def test_nothing_known_is_the_wide_default():

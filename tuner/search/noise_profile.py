@@ -6,9 +6,9 @@ One JSON file per machine key (device, vLLM version, model and engine flags: wha
 of a launch depends on besides the load), holding per study and level the pooled sum of
 squares of log throughput of every config launched at least twice there (tuner.intervals.Pool)
 with its degrees of freedom. A study's entry is replaced each time it writes, so a resumed
-study never counts twice. The folder is $SPEC_TUNER_CACHE/noise, else
-$XDG_CACHE_HOME/spec-tuner/noise, else ~/.cache/spec-tuner/noise; a profile that cannot be
-read or written is left alone (the study goes on with what it has).
+study never counts twice. The folder is $SPEC_TUNER_NOISE_DIR, else `noise` in spec-tuner's
+cache ($SPEC_TUNER_CACHE, else ~/.cache/spec-tuner); a profile that cannot be read or
+written is left alone (the study goes on with what it has).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from tuner import intervals
+from tuner.measure import model
 from tuner.records.selection import HostNoise
 from tuner.records.storage import StudySettings
 
@@ -31,11 +32,10 @@ LEARNED_DF = 8
 
 
 def folder() -> Path:
-    root = os.environ.get("SPEC_TUNER_CACHE")
-    if root:
-        return Path(root) / "noise"
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "spec-tuner" / "noise"
+    """$SPEC_TUNER_NOISE_DIR, else the folder `noise` of spec-tuner's cache (the embedded
+    model's: tuner.measure.model.cache_dir)."""
+    own = os.environ.get("SPEC_TUNER_NOISE_DIR")
+    return Path(own) if own else model.cache_dir() / "noise"
 
 
 def machine_key(settings: StudySettings) -> str:
