@@ -60,7 +60,8 @@ def _read(key: str) -> dict:
 
 def host_noise(key: str, concurrency: int, *, study: str, pool: intervals.Pool) -> HostNoise:
     """The spread at `concurrency`: the profile's other studies pooled with this study's own
-    repeats (`pool`); DEFAULT where neither has degrees of freedom."""
+    repeats (`pool`) and DEFAULT's (as that many pseudo-launches: a host that has shown one
+    quiet repeat is not taken to be quiet); DEFAULT where neither has degrees of freedom."""
     squares, df, launches = pool.sd ** 2 * pool.df, pool.df, pool.df + pool.configs
     other = False
     for name, levels in _read(key).get("studies", {}).items():
@@ -76,6 +77,8 @@ def host_noise(key: str, concurrency: int, *, study: str, pool: intervals.Pool) 
             continue
     if df <= 0:
         return DEFAULT
+    squares += DEFAULT.sd ** 2 * DEFAULT.df
+    df += DEFAULT.df
     return HostNoise(sd=(squares / df) ** 0.5, df=df, launches=launches,
                      source="profile" if other else "study")
 
