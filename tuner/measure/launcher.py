@@ -270,15 +270,17 @@ def _report(**fields: object) -> None:
 
 
 def _import(module: str) -> None:
+    """What every engine of `module` imports first: torch and vLLM's server for vLLM's
+    entry points (tests fork the fake engine, tuner.testing.fake_engine)."""
     import importlib
 
-    import torch
-
-    importlib.import_module(module)
-    if module != API_SERVER:
+    if module in MODULES:
+        importlib.import_module("torch")
         importlib.import_module(API_SERVER)
+    importlib.import_module(module)
     # CUDA does not survive a fork: an engine forked from here must initialise it itself.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
         raise RuntimeError("CUDA was initialised while vLLM was imported")
 
 
@@ -435,7 +437,7 @@ def _group_alive(pgid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tuner.measure.launcher",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--module", choices=MODULES, default=API_SERVER)
+    p.add_argument("--module", default=API_SERVER, help="what each engine runs, as python -m")
     p.add_argument("--grace-s", type=float, default=3.0,
                    help="between SIGTERM and SIGKILL once the driver is gone")
     args = p.parse_args(argv)
