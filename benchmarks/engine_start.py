@@ -184,7 +184,7 @@ def table(rows: list[dict], imports: list[float]) -> str:
     out = [f"cold `import torch, vllm.entrypoints.openai.api_server`: median "
            f"{statistics.median(imports):.1f} s, range {min(imports):.1f}-{max(imports):.1f} s "
            f"(n={len(imports)})", ""]
-    head = f"{'mode':<18}" + "".join(f"{c:>14}" for c in cols)
+    head = f"{'mode':<18}" + "".join(f"{c:>17}" for c in cols)
     out += [head, "-" * len(head)]
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -195,12 +195,12 @@ def table(rows: list[dict], imports: list[float]) -> str:
         for c in cols:
             vals = [r[c] for r in rs if r.get(c) is not None]
             if not vals:
-                cells.append(f"{'-':>14}")
+                cells.append(f"{'-':>17}")
             elif len(vals) == 1:
-                cells.append(f"{vals[0]:>14.1f}")
+                cells.append(f"{vals[0]:>17.1f}")
             else:
-                cells.append(f"{statistics.median(vals):>6.1f} [{min(vals):.0f}-{max(vals):.0f}]"
-                             .rjust(14))
+                cells.append(f"{statistics.median(vals):.1f} [{min(vals):.1f}-{max(vals):.1f}]"
+                             .rjust(17))
         out.append(f"{name + f' n={len(rs)}':<18}" + "".join(cells))
     out += ["", "median [min-max] seconds per phase over the launches of each mode; "
             "(1st): a launcher's first launch, which includes its imports"]
@@ -215,7 +215,12 @@ def main() -> int:
     p.add_argument("--engine-args", default="", help="extra vLLM flags, one quoted string")
     p.add_argument("--out-dir", type=Path, default=Path("/tmp/engine_start"))
     p.add_argument("--json", type=Path, help="write every launch's row here")
+    p.add_argument("--table", type=Path, help="print the table of a --json file; no launch")
     args = p.parse_args()
+    if args.table:
+        data = json.loads(args.table.read_text())
+        print(table(data["rows"], data["cold_import_s"]))
+        return 0
     import shlex
 
     from tuner import api
