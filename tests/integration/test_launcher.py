@@ -163,8 +163,12 @@ def test_a_killed_or_interrupted_driver_leaves_no_engine_and_no_launcher(tmp_pat
         fields = leaks._stat_fields(str(p))
         assert fields is None or fields[0] in "ZX", f"launcher {p} survived its driver"
     assert not Path(said["ipc"]).exists()
+    by_launcher = "its driver is gone" in (tmp_path / "engine.log").read_text()
     if sig == signal.SIGINT:
         assert proc.returncode != 0  # KeyboardInterrupt, after the engine was stopped
+        assert not by_launcher, "the driver's own teardown was cut short"
+    else:
+        assert by_launcher, "the launcher did not say why it stopped the engine"
     assert not leaks.listening(said["port"])
 
 

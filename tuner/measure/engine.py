@@ -267,6 +267,9 @@ class Engine:
                 try:
                     la = launcher.launcher_for(argv[2], base_env, log=log, timeout_s=timeout_s)
                     proc = la.launch(argv, env=env, log_path=self.log_path, cleanup=cleanup)
+                    log.write(f"# tuner: forked by launcher pid {la.proc.pid}, which imported "
+                              f"vLLM once in {la.import_s:.1f} s\n".encode())
+                    log.flush()
                     return proc, {"start": FORKED, "launcher_import_s": f"{la.import_s:.1f}"}
                 except launcher.Refused as e:
                     why = _REFUSED[key] = str(e)

@@ -202,18 +202,16 @@ class Forked:
     def close(self, *, timeout_s: float) -> bool:
         """Have the launcher make sure the engine's group is gone and its IPC files removed;
         False if that is not confirmed within timeout_s."""
-        self.launcher.handles.pop(self.pid, None)
-        if not self.launcher.alive():
-            return not self.tree_alive()
-        self.launcher.handles[self.pid] = self
         try:
-            self.launcher._send({"reap": self.pid})
+            if self.launcher.alive():
+                self.launcher._send({"reap": self.pid})
+                deadline = time.monotonic() + timeout_s
+                while self.reaped is None and time.monotonic() < deadline:
+                    report = self.launcher.read(timeout_s=deadline - time.monotonic())
+                    if (report or {}).get("eof"):
+                        break
         except Refused:
-            return not self.tree_alive()
-        deadline = time.monotonic() + timeout_s
-        while self.reaped is None and time.monotonic() < deadline:
-            if (self.launcher.read(timeout_s=deadline - time.monotonic()) or {}).get("eof"):
-                break
+            pass  # the launcher is gone, and PR_SET_PDEATHSIG took the engine along
         self.launcher.handles.pop(self.pid, None)
         return bool(self.reaped) or not self.tree_alive()
 
@@ -348,7 +346,16 @@ class _Engines:
     def __init__(self, wake_fd: int) -> None:
         self.wake_fd = wake_fd
         self.cleanup: dict[int, list[str]] = {}  # live engine pid -> IPC dirs to remove
+        self.logs: dict[int, str] = {}  # live engine pid -> its engine.log
         self.exited: set[int] = set()
+
+    def say(self, pid: int, message: str) -> None:
+        """A line in the engine's own log: whoever reads it learns what happened to it."""
+        try:
+            with open(self.logs[pid], "a") as log:
+                log.write(f"# tuner launcher (pid {os.getpid()}): {message}\n")
+        except (KeyError, OSError):
+            pass
 
     def reap(self) -> bool:
         """Reap every exited child (orphans of engine trees reparent to us); report an
@@ -380,6 +387,8 @@ class _Engines:
         gone = not _group_alive(pid)
         for path in self.cleanup.pop(pid, []) if gone else []:
             shutil.rmtree(path, ignore_errors=True)
+        if gone:
+            self.logs.pop(pid, None)
         return gone
 
     def stop_all(self, *, grace_s: float) -> bool:
@@ -494,11 +503,18 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     os._exit(code)
             engines.cleanup[pid] = list(request.get("cleanup", []))
+            engines.logs[pid] = request["log"]
             _report(launch=request["launch"], pid=pid)
-    if engines.cleanup:
-        watchdog._say(f"{'its driver is gone (EOF on the pipe)' if driver_gone else 'SIGTERM'}"
-                      f": stopping {len(engines.cleanup)} engine(s) forked by launcher {me}")
-    return 0 if engines.stop_all(grace_s=args.grace_s) else 1
+    why = "its driver is gone (EOF on the pipe)" if driver_gone else "SIGTERM"
+    t0 = time.monotonic()
+    live = list(engines.cleanup)
+    for pid in live:
+        engines.say(pid, f"{why}; stopping engine pid {pid} and its whole process tree")
+    done = engines.stop_all(grace_s=args.grace_s)
+    for pid in live:
+        engines.say(pid, f"engine tree {'stopped' if done else 'NOT stopped'} in "
+                         f"{time.monotonic() - t0:.1f} s")
+    return 0 if done else 1
 
 
 if __name__ == "__main__":
