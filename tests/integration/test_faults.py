@@ -716,7 +716,10 @@ def test_real_engine_stopped_before_health_is_a_start_timeout_reaped_at_once(tmp
                     if int(p) in launcher.live_launchers():
                         continue  # forks the engine (the fast start): its child is the one
                     with contextlib.suppress(OSError):
-                        if needle in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
+                        # A launcher's fork carries the marker from birth: the engine's leader
+                        # is the one that leads its own group.
+                        if needle in Path(f"/proc/{p}/environ").read_bytes().split(b"\0") \
+                                and os.getpgid(int(p)) == int(p):
                             pgid = os.getpgid(int(p))
                             os.killpg(pgid, signal.SIGSTOP)
                             stopped.update(pgid=pgid)

@@ -196,8 +196,8 @@ def test_a_launcher_that_cannot_import_its_module_is_refused_in_one_line(tmp_pat
     with open(tmp_path / "launcher.log", "ab") as log, \
             pytest.raises(launcher.Refused, match="importing no_such_module_here failed: "
                                                   "ModuleNotFoundError"):
-        launcher.Launcher(module="no_such_module_here", env=dict(os.environ), log=log,
-                          timeout_s=60)
+        launcher.Launcher(module="no_such_module_here", env=dict(os.environ),
+                          log=log).wait_ready(timeout_s=60)
 
 
 def test_fast_start_is_off_with_the_flag_or_a_vllm_cmd(fake_spec):

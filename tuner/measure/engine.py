@@ -217,7 +217,7 @@ class Engine:
             log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())
             log.flush()
             self.proc, start = self._spawn(argv, env=env, base_env=base_env, log=log,
-                                           timeout_s=self.spec.ready_timeout_s)
+                                           deadline=t0 + self.spec.ready_timeout_s)
         _STARTED[self.proc.pid] = self.proc
         deadline = t0 + self.spec.ready_timeout_s
         while True:
@@ -252,8 +252,8 @@ class Engine:
         return self.info
 
     def _spawn(self, argv: list[str], *, env: dict[str, str], base_env: dict[str, str],
-               log, timeout_s: float) -> tuple[watchdog.Watched | launcher.Forked,
-                                               dict[str, str]]:
+               log, deadline: float) -> tuple[watchdog.Watched | launcher.Forked,
+                                              dict[str, str]]:
         """The engine process: forked by this driver's launcher where it may be (`fast_start`,
         vLLM run from this Python), else a new process under a watchdog; either way in its own
         session, its pid, poll() and exit status the engine's own. Returns it and how it
@@ -265,7 +265,14 @@ class Engine:
             why = _REFUSED.get(key)
             if why is None:
                 try:
-                    la = launcher.launcher_for(argv[2], base_env, log=log, timeout_s=timeout_s)
+                    la = launcher.launcher_for(argv[2], base_env, log=log)
+                    if not la.wait_ready(timeout_s=max(0.0, deadline - time.monotonic())):
+                        # As a new process would still be importing: a start timeout. The
+                        # launcher goes on importing, for the next engine.
+                        raise EngineStartTimeout(
+                            f"vLLM did not answer /health within {self.spec.ready_timeout_s:.0f}"
+                            f" s (its launcher was still importing vLLM; raise --ready-timeout "
+                            f"if start-up is just slow)", log_tail=log_tail(self.log_path))
                     proc = la.launch(argv, env=env, log_path=self.log_path, cleanup=cleanup)
                     log.write(f"# tuner: forked by launcher pid {la.proc.pid}, which imported "
                               f"vLLM once in {la.import_s:.1f} s\n".encode())

@@ -51,30 +51,35 @@ class Refused(Exception):
 class Launcher:
     """A running launcher process, as its driver sees it."""
 
-    def __init__(self, *, module: str, env: dict[str, str], log: IO[bytes],
-                 timeout_s: float) -> None:
+    def __init__(self, *, module: str, env: dict[str, str], log: IO[bytes]) -> None:
         self.module = module
         self.env = env
         self.handles: dict[int, Forked] = {}
+        self.import_s: float | None = None  # None until it has imported vLLM
         self._launches: dict[int, dict] = {}
         self._next = 0
         self._buffer = b""
         self._eof = False
-        t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.measure.launcher", "--module", module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
             # As the watchdog: Ctrl-C at the terminal reaches the driver only (the pipe tells).
             start_new_session=True)
+
+    def wait_ready(self, *, timeout_s: float) -> bool:
+        """True once the launcher has imported vLLM; False if it is still importing after
+        timeout_s (it goes on: the next engine finds it ready). Refused if it cannot."""
+        if self.import_s is not None:
+            return True
         report = self._until(lambda r: "ready" in r or "refused" in r, timeout_s=timeout_s)
-        if report is None or "refused" in report:
-            why = report["refused"] if report else (
-                f"the launcher did not import vLLM within {timeout_s:.0f} s" if self.alive()
-                else f"the launcher exited with status {self.proc.poll()}")
-            self.close(timeout_s=GROUP_GONE_S)
-            raise Refused(why)
-        self.import_s = float(report["ready"])
-        self.ready_after_s = time.monotonic() - t0
+        if report is not None and "ready" in report:
+            self.import_s = float(report["ready"])
+            return True
+        if report is None and self.alive() and not self._eof:
+            return False
+        self.close(timeout_s=GROUP_GONE_S)
+        raise Refused(report["refused"] if report else
+                      f"the launcher exited with status {self.proc.poll()}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -108,9 +113,13 @@ class Launcher:
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s if self.import_s is not None else 0.5)
         except subprocess.TimeoutExpired:
-            return False
+            if self.import_s is not None:
+                return False
+            # Still importing: it reads the pipe only afterwards, and has forked nothing.
+            self.proc.kill()
+            self.proc.wait(timeout=timeout_s)
         return True
 
     def _send(self, message: dict) -> None:
@@ -227,11 +236,10 @@ class Forked:
 _LAUNCHERS: dict[tuple, Launcher] = {}
 
 
-def launcher_for(module: str, env: dict[str, str], *, log: IO[bytes], timeout_s: float
-                 ) -> Launcher:
+def launcher_for(module: str, env: dict[str, str], *, log: IO[bytes]) -> Launcher:
     """This driver's live launcher for `module` under exactly `env` (what vLLM reads while it
-    is imported must be what the engine would read), started on first use. Refused if it
-    cannot start."""
+    is imported must be what the engine would read), started on first use (its stderr goes
+    to `log`); Launcher.wait_ready says when it can fork."""
     key = (sys.executable, module, tuple(sorted(env.items())))
     found = _LAUNCHERS.pop(key, None)
     if found is not None and found.alive():
@@ -246,7 +254,7 @@ def launcher_for(module: str, env: dict[str, str], *, log: IO[bytes], timeout_s:
         # means none is seen alive after the driver's exit.
         atexit.unregister(close_all)
         atexit.register(close_all)
-    _LAUNCHERS[key] = launcher = Launcher(module=module, env=env, log=log, timeout_s=timeout_s)
+    _LAUNCHERS[key] = launcher = Launcher(module=module, env=env, log=log)
     return launcher
 
 
@@ -282,10 +290,12 @@ def _import(module: str) -> None:
         raise RuntimeError("CUDA was initialised while vLLM was imported")
 
 
-def _run_engine(request: dict, *, launcher_pid: int, close_fds: tuple[int, ...]) -> int:
+def _run_engine(request: dict, *, launcher_pid: int, close_fds: tuple[int, ...],
+                led_fd: int) -> int:
     """In the fork: become the engine's session leader, take the trial's log, environment and
     argv, and run the module as `python -m` runs it. Returns the exit status."""
     os.setsid()
+    os.close(led_fd)
     watchdog._prctl(watchdog.PR_SET_PDEATHSIG, signal.SIGKILL)  # if the launcher is killed
     if os.getppid() != launcher_pid:
         return 1  # it died before prctl: nobody would stop this engine
@@ -495,13 +505,21 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 _report(launch=request["launch"], error=[e.errno, e.strerror, e.filename])
                 continue
+            # The fork says when it leads its own session: only then may the driver signal
+            # its group (before, it is in ours), as the watchdog reports an exec'd engine.
+            led_r, led_w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 code = 1
                 try:
-                    code = _run_engine(request, launcher_pid=me, close_fds=(wake_r, wake_w))
+                    os.close(led_r)
+                    code = _run_engine(request, launcher_pid=me,
+                                       close_fds=(wake_r, wake_w), led_fd=led_w)
                 finally:
                     os._exit(code)
+            os.close(led_w)
+            with os.fdopen(led_r, "rb") as led:
+                led.read()  # EOF: the fork closed it (session led) or is gone
             engines.cleanup[pid] = list(request.get("cleanup", []))
             engines.logs[pid] = request["log"]
             _report(launch=request["launch"], pid=pid)
