@@ -25,8 +25,12 @@ tails engine.log every 20 ms; vLLM's logger flushes each line). Phases:
   kv_warmup     -> "init engine (profile, create kv cache, warmup model) took"
   ready         -> /health answers 200 (API server set-up)
 
+With `--paired N` it instead measures whether a forked engine serves as a fresh one: N pairs
+of identical baseline launches in this one driver, new process and forked alternating (ABBA),
+each sent the same request schedule at c=1 and c=4 (16 instructcoder prompts, 64 tokens).
+
 Run: .venv/bin/python benchmarks/engine_start.py [--rounds 3] [--modes spawned,forked]
-     [--json OUT.json]
+     [--json OUT.json]; --paired 4 --json OUT.json; --table OUT.json prints a stored run
 """
 
 from __future__ import annotations
@@ -207,6 +211,44 @@ def table(rows: list[dict], imports: list[float]) -> str:
     return "\n".join(out)
 
 
+def paired(spec, pairs: int, out_dir: Path) -> list[dict]:
+    """Identical baseline launches, new process and forked alternating, one request schedule."""
+    from tuner.measure import request_schedule, trial, workloads
+    from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
+
+    wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=16, output_len=64),
+                        tokenizer=spec.tokenizer or spec.model)
+    settings = MeasureSettings(concurrencies=(1, 4), num_requests=16)
+    schedule, _ = request_schedule.build(wl, settings)
+    order = [fast for i in range(pairs) for fast in ((False, True) if i % 2 == 0
+                                                      else (True, False))]
+    rows = []
+    for n, fast in enumerate(order):
+        mode = "forked" if fast else "spawned"
+        r = trial.measure(spec.model_copy(update={"fast_start": fast}), TrialConfig(), wl,
+                          settings, trial_dir=out_dir / f"{n:02d}-{mode}", schedule=schedule)
+        row = {"n": n, "mode": mode, "start_s": r.engine.start_s}
+        for lv in r.levels:
+            c = lv.concurrency
+            row |= {f"c{c}_tok_s": round(lv.output_throughput, 2),
+                    f"c{c}_tpot_ms": round(lv.mean_tpot_ms, 3),
+                    f"c{c}_tokens": lv.total_output_tokens}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def paired_table(rows: list[dict]) -> str:
+    out = []
+    for key in ("start_s", "c1_tok_s", "c1_tpot_ms", "c4_tok_s", "c4_tpot_ms"):
+        a = [r[key] for r in rows if r["mode"] == "spawned"]
+        b = [r[key] for r in rows if r["mode"] == "forked"]
+        out.append(f"{key:11} new process {statistics.median(a):8.2f} [{min(a):.2f}-{max(a):.2f}]"
+                   f"  forked {statistics.median(b):8.2f} [{min(b):.2f}-{max(b):.2f}]"
+                   f"  forked/new process {statistics.median(b) / statistics.median(a):.3f}")
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -216,10 +258,13 @@ def main() -> int:
     p.add_argument("--out-dir", type=Path, default=Path("/tmp/engine_start"))
     p.add_argument("--json", type=Path, help="write every launch's row here")
     p.add_argument("--table", type=Path, help="print the table of a --json file; no launch")
+    p.add_argument("--paired", type=int, metavar="N",
+                   help="N pairs of identical launches measured at c=1 and c=4 instead")
     args = p.parse_args()
     if args.table:
         data = json.loads(args.table.read_text())
-        print(table(data["rows"], data["cold_import_s"]))
+        print(paired_table(data["paired"]) if "paired" in data
+              else table(data["rows"], data["cold_import_s"]))
         return 0
     import shlex
 
@@ -229,6 +274,13 @@ def main() -> int:
 
     spec = api.resolve_engine(EngineOptions(model=args.model, ready_timeout_s=900,
                                             extra_args=tuple(shlex.split(args.engine_args))))
+    if args.paired:
+        rows = paired(spec, args.paired, args.out_dir)
+        launcher.close_all()
+        print(paired_table(rows))
+        if args.json:
+            args.json.write_text(json.dumps({"paired": rows}, indent=1))
+        return 0
     modes = args.modes.split(",")
     rows: list[dict] = []
     imports: list[float] = []
