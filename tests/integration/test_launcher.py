@@ -207,3 +207,12 @@ def test_fast_start_is_off_with_the_flag_or_a_vllm_cmd(fake_spec):
     assert not engine_mod.fast_start_applies(spec.model_copy(update={"fast_start": False}), argv)
     assert not engine_mod.fast_start_applies(fake_spec(), [*FAKE_CMD, "--port", "1"])
     assert not engine_mod.fast_start_applies(spec, ["/opt/vllm/bin/vllm", "serve", "m"])
+
+
+def test_a_start_that_fails_before_its_process_exists_leaves_no_ipc_folder(fake_spec, tmp_path):
+    spec = fake_spec(vllm_cmd=("/nonexistent/vllm-here", "serve"))
+    eng = engine_mod.Engine(spec, TrialConfig(), log_path=tmp_path / "engine.log")
+    with pytest.raises(OSError):
+        with eng:
+            pass
+    assert eng._ipc_dir and not Path(eng._ipc_dir).exists()

@@ -333,6 +333,10 @@ class Engine:
         with _signals_deferred():
             proc, self.proc = self.proc, None
             if proc is None:
+                # Nothing started (a start that failed before its process existed): only its
+                # IPC folder, made for it, is to go.
+                if self._ipc_dir:
+                    shutil.rmtree(self._ipc_dir, ignore_errors=True)
                 return
             reap_group(proc, grace_s=TEARDOWN_GRACE_S)
             # The watchdog exits once the tree is gone; a tree left alive it keeps killing.
