@@ -534,7 +534,7 @@ def engine_spec(options: EngineOptions, *, gpu: bool, embedded_model: str | None
         vllm_cmd=options.vllm_cmd, extra_args=default_args + options.extra_args, env=env,
         device="cuda" if gpu else "cpu", tokenizer=options.tokenizer,
         ready_timeout_s=options.ready_timeout_s, request_timeout_s=options.request_timeout_s,
-        level_timeout_s=options.level_timeout_s)
+        level_timeout_s=options.level_timeout_s, fast_start=options.fast_start)
 
 
 def live_engine_options(options: EngineOptions) -> None:

@@ -223,6 +223,10 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
                    help="environment of every engine, e.g. VLLM_CPU_KVCACHE_SPACE=4 "
                    "(repeatable; bench: part of the measured config, in its label and "
                    "result.json)")
+    g.add_argument("--no-fast-start", dest="fast_start", action="store_false",
+                   default=argparse.SUPPRESS,
+                   help="start every engine as a new Python process (default: fork it from a "
+                   "launcher that imported vLLM once, where vLLM runs from this Python)")
     for flag, default, what in (("--ready-timeout", READY_TIMEOUT_S, "seconds to /health"),
                                 ("--request-timeout", REQUEST_TIMEOUT_S,
                                  "seconds one request may take"),

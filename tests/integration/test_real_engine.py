@@ -119,6 +119,19 @@ def test_no_engine_process_survives_the_run(ngram_run, baseline_run):
                 open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
+def test_engines_start_forked_and_leave_nothing_in_the_temp_folder(ngram_run, baseline_run):
+    """The fast start is the default for this Python's vLLM (tuner/measure/launcher.py); each
+    engine's gloo store file, which vLLM leaves in /tmp, is removed with it (its IPC sockets
+    went to a folder of its own, removed too: tests/integration/test_launcher.py)."""
+    from tuner.measure.engine import FORKED
+
+    for result, out in (ngram_run, baseline_run):
+        assert result.engine.details["start"] == FORKED
+        log = (out / "engine.log").read_text()
+        stores = __import__("re").findall(r"distributed_init_method=file://(\S+)", log)
+        assert stores and not any(os.path.exists(p) for p in stores)
+
+
 def test_rejected_config_reports_vllms_own_reason(engine_spec, tmp_path):
     # vLLM's own SpeculativeConfig refuses it before any engine starts (tuner.checks), in the
     # words the engine would have died with.

@@ -9,8 +9,12 @@ engine's watchdog (tuner/measure/watchdog.py) stops the engine's whole process t
 
 The engine starts with `vllm serve` where that works (the module entry point where it is
 broken), and EngineInfo records the entry point, the version (GET /version) and the engine
-path (tuner.measure.enginepath). With `base_url` the server is already running: it is
-measured as it is, and neither launched nor stopped here.
+path (tuner.measure.enginepath). Where vLLM runs from this Python, the server is forked from
+a launcher that imported vLLM once (tuner.measure.launcher) rather than started as a new
+interpreter; where that is refused the engine starts as a new process, and engine.log and a
+warning say why. Each engine's ZMQ sockets go to a folder of its own, removed once its tree
+is gone. With `base_url` the server is already running: it is measured as it is, and
+neither launched nor stopped here.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -36,7 +42,7 @@ from pathlib import Path
 
 from tuner import engine_cmdline
 from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
-from tuner.measure import enginepath, watchdog
+from tuner.measure import enginepath, launcher, watchdog
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.results import EngineInfo
 
@@ -54,6 +60,14 @@ SERVE_CMD = (sys.executable, "-m", "vllm.entrypoints.cli.main", "serve")
 SERVE_NAME = "vllm serve"
 MODULE_NAME = "python -m vllm.entrypoints.openai.api_server"
 LIVE_NAME = "live server (--base-url)"
+# EngineInfo.details["start"]: how the server process came to be.
+FORKED = "forked from a launcher that imported vLLM once"
+SPAWNED = "a new Python process"
+# Where vLLM puts its ZMQ IPC sockets (vllm/envs.py; default: the temp folder, where a killed
+# engine leaves them behind).
+IPC_ENV = "VLLM_RPC_BASE_PATH"
+# gloo's store file, which vLLM names in the temp folder and never removes (one per launch).
+_DIST_FILE = re.compile(r"distributed_init_method=file://(\S+/vllm_dist_[0-9a-f]+)")
 # What `vllm serve` needs before it parses a flag, tried in the engine's interpreter: the
 # distribution "vllm" and its `vllm` console script (0.1 s; `vllm --version` takes 13 s here,
 # as it imports every subcommand).
@@ -146,8 +160,10 @@ class Engine:
         self.api_key = (os.environ.get("OPENAI_API_KEY", "") if spec.base_url
                         else "tuner-" + secrets.token_hex(16))
         self.port = 0
-        self.proc: watchdog.Watched | None = None
+        self.proc: watchdog.Watched | launcher.Forked | None = None
         self.info: EngineInfo | None = None
+        self._ipc_dir: str | None = None
+        self._log_offset = 0
 
     @property
     def url(self) -> str:
@@ -185,7 +201,10 @@ class Engine:
         argv = engine_cmdline.engine_argv(self.spec.model_copy(update={"vllm_cmd": cmd}), self.config,
                                      port=self.port, api_key=self.api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env, **self.config.engine_env}
+        base_env = {**os.environ, **self.spec.env, **self.config.engine_env}
+        env = dict(base_env)
+        if IPC_ENV not in env:
+            self._ipc_dir = env[IPC_ENV] = tempfile.mkdtemp(prefix="tuner-vllm-ipc-")
         # As a shell line a user can paste; the per-trial API key stays private.
         env_set = [f"{k}={v}" for k, v in {**self.spec.env, **self.config.engine_env}.items()]
         shown = [("***" if a == self.api_key else a) for a in argv]
@@ -194,12 +213,11 @@ class Engine:
         with open(self.log_path, "ab") as log:
             # engine.log gathers every launch of the trial (a retry, a resumed study): the
             # path is read from this launch's lines only.
-            offset = log.tell()
+            offset = self._log_offset = log.tell()
             log.write(f"# tuner: {' '.join(argv[:1] + ['...'] + argv[-2:])}\n".encode())
             log.flush()
-            # The engine runs in its own session under a watchdog; self.proc's pid, poll() and
-            # exit status are still the engine's own, as the watchdog reports them.
-            self.proc = watchdog.spawn(argv, env=env, log=log, grace_s=ORPHAN_GRACE_S)
+            self.proc, start = self._spawn(argv, env=env, base_env=base_env, log=log,
+                                           deadline=t0 + self.spec.ready_timeout_s)
         _STARTED[self.proc.pid] = self.proc
         deadline = t0 + self.spec.ready_timeout_s
         while True:
@@ -229,8 +247,48 @@ class Engine:
         path = enginepath.read_log(text, env=env)
         self.info = EngineInfo(
             start_s=start_s, vllm_version=self._version() or enginepath.log_version(text),
-            details={"entry_point": entry, **path.details(), **enginepath.log_settings(text)})
+            details={"entry_point": entry, **start, **path.details(),
+                     **enginepath.log_settings(text)})
         return self.info
+
+    def _spawn(self, argv: list[str], *, env: dict[str, str], base_env: dict[str, str],
+               log, deadline: float) -> tuple[watchdog.Watched | launcher.Forked,
+                                              dict[str, str]]:
+        """The engine process: forked by this driver's launcher where it may be (`fast_start`,
+        vLLM run from this Python), else a new process under a watchdog; either way in its own
+        session, its pid, poll() and exit status the engine's own. Returns it and how it
+        started (EngineInfo.details)."""
+        cleanup = (self._ipc_dir,) if self._ipc_dir else ()
+        key = launcher_key(argv, base_env)
+        why = None
+        if fast_start_applies(self.spec, argv):
+            why = _REFUSED.get(key)
+            if why is None:
+                try:
+                    la = launcher.launcher_for(argv[2], base_env, log=log)
+                    if not la.wait_ready(timeout_s=max(0.0, deadline - time.monotonic())):
+                        # As a new process would still be importing: a start timeout. The
+                        # launcher goes on importing, for the next engine.
+                        raise EngineStartTimeout(
+                            f"vLLM did not answer /health within {self.spec.ready_timeout_s:.0f}"
+                            f" s (its launcher was still importing vLLM; raise --ready-timeout "
+                            f"if start-up is just slow)", log_tail=log_tail(self.log_path))
+                    proc = la.launch(argv, env=env, log_path=self.log_path, cleanup=cleanup)
+                    log.write(f"# tuner: forked by launcher pid {la.proc.pid}, which imported "
+                              f"vLLM once in {la.import_s:.1f} s\n".encode())
+                    log.flush()
+                    return proc, {"start": FORKED, "launcher_import_s": f"{la.import_s:.1f}"}
+                except launcher.Refused as e:
+                    why = _REFUSED[key] = str(e)
+            line = f"fast start refused ({why}); starting vLLM as a new process"
+            log.write(f"# tuner: {line}\n".encode())
+            log.flush()
+            if why not in _WARNED:  # once per reason and driver; engine.log has it each time
+                _WARNED.add(why)
+                _log.warning("tuner: %s", line)
+        proc = watchdog.spawn(argv, env=env, log=log, grace_s=ORPHAN_GRACE_S, cleanup=cleanup)
+        return proc, ({"start": SPAWNED, "fast_start_refused": why[:300]} if why
+                      else {"start": SPAWNED})
 
     def _attach(self) -> EngineInfo:
         """A live server: answer /health now, say its version; its path is unknown here (no
@@ -275,15 +333,51 @@ class Engine:
         with _signals_deferred():
             proc, self.proc = self.proc, None
             if proc is None:
+                # Nothing started (a start that failed before its process existed): only its
+                # IPC folder, made for it, is to go.
+                if self._ipc_dir:
+                    shutil.rmtree(self._ipc_dir, ignore_errors=True)
                 return
             reap_group(proc, grace_s=TEARDOWN_GRACE_S)
             # The watchdog exits once the tree is gone; a tree left alive it keeps killing.
             if proc.close(timeout_s=5.0) and not proc.tree_alive():
                 _STARTED.pop(proc.pid, None)
+                self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        """What vLLM leaves in the temp folder once its tree is gone: the sockets of its IPC
+        folder (the watchdog or launcher removes it too, when the driver dies) and the gloo
+        store file this launch's log names. Only this engine's."""
+        if self._ipc_dir:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return
+        for path in set(_DIST_FILE.findall(text)):
+            if Path(path).parent == Path(tempfile.gettempdir()):
+                Path(path).unlink(missing_ok=True)
 
 
 # Every engine this process started whose tree may still run, by the engine's pid.
-_STARTED: dict[int, watchdog.Watched] = {}
+_STARTED: dict[int, watchdog.Watched | launcher.Forked] = {}
+# Launchers that could not start, by launcher_key, with why: not tried again in this process.
+_REFUSED: dict[tuple, str] = {}
+_WARNED: set[str] = set()
+
+
+def launcher_key(argv: list[str], env: dict[str, str]) -> tuple:
+    return (argv[2] if len(argv) > 2 else "", tuple(sorted(env.items())))
+
+
+def fast_start_applies(spec: EngineSpec, argv: list[str]) -> bool:
+    """Whether an engine may be forked from a launcher: asked for (`fast_start`), and vLLM's
+    own server run from this Python (not a --vllm-cmd: another environment, a container, a
+    fake engine)."""
+    return (spec.fast_start and not spec.vllm_cmd and argv[:2] == [sys.executable, "-m"]
+            and len(argv) > 2 and argv[2] in launcher.MODULES)
 
 
 def live_engines() -> list[int]:

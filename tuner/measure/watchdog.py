@@ -99,15 +99,7 @@ class Watched:
             return False
 
     def _running(self) -> bool:
-        """The engine is neither gone, nor exiting, nor a zombie waiting for the watchdog
-        (its pid cannot be reused before that). Exiting counts: it has closed its sockets
-        already, so a client sees it dead a millisecond before it is a zombie."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return False
-        fields = stat[stat.rindex(")") + 2:].split()
-        return fields[0] not in "ZX" and not int(fields[6]) & PF_EXITING
+        return running(self.pid)
 
     def _read(self, *, timeout_s: float | None) -> dict | None:
         """Wait up to timeout_s (None: forever) for the watchdog's next report and apply it."""
@@ -136,9 +128,23 @@ class Watched:
         return report
 
 
-def spawn(argv: list[str], *, env: dict[str, str], log: IO[bytes], grace_s: float) -> Watched:
+def running(pid: int) -> bool:
+    """The process is neither gone, nor exiting, nor a zombie waiting for its parent (its pid
+    cannot be reused before that). Exiting counts: it has closed its sockets already, so a
+    client sees it dead a millisecond before it is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[0] not in "ZX" and not int(fields[6]) & PF_EXITING
+
+
+def spawn(argv: list[str], *, env: dict[str, str], log: IO[bytes], grace_s: float,
+          cleanup: tuple[str, ...] = ()) -> Watched:
     """Start `argv` under a new watchdog; returns once the engine process exists. Raises the
-    OSError that exec raised (a missing executable), as subprocess.Popen would."""
+    OSError that exec raised (a missing executable), as subprocess.Popen would. The folders
+    in `cleanup` (the engine's IPC sockets) are removed once its tree is gone."""
     watchdog = subprocess.Popen(
         [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--grace-s", str(grace_s)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -148,7 +154,8 @@ def spawn(argv: list[str], *, env: dict[str, str], log: IO[bytes], grace_s: floa
     handle = Watched(watchdog, argv)
     try:
         assert watchdog.stdin is not None
-        watchdog.stdin.write(json.dumps({"argv": argv, "env": env}).encode() + b"\n")
+        watchdog.stdin.write(json.dumps({"argv": argv, "env": env,
+                                         "cleanup": list(cleanup)}).encode() + b"\n")
         watchdog.stdin.flush()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not handle.pid:
@@ -337,14 +344,22 @@ def main(argv: list[str] | None = None) -> int:
     if tree.exit_code is not None:
         _report(exit=tree.exit_code)
         # The leader is gone: what it left behind serves nobody (reap_group SIGKILLs it too).
-        return 0 if tree.stop(grace_s=0) else 1
-    t0 = time.monotonic()
-    _say("its driver is gone (EOF on the pipe)" if driver_gone else "SIGTERM")
-    _say(f"stopping engine pid {engine_pid} and its whole process tree")
-    done = tree.stop(grace_s=args.grace_s)
-    _say(f"engine tree {'stopped' if done else 'NOT stopped'} in {time.monotonic() - t0:.1f} s")
-    if tree.exit_code is not None:
-        _report(exit=tree.exit_code)
+        done = tree.stop(grace_s=0)
+    else:
+        t0 = time.monotonic()
+        _say("its driver is gone (EOF on the pipe)" if driver_gone else "SIGTERM")
+        _say(f"stopping engine pid {engine_pid} and its whole process tree")
+        done = tree.stop(grace_s=args.grace_s)
+        _say(f"engine tree {'stopped' if done else 'NOT stopped'} in "
+             f"{time.monotonic() - t0:.1f} s")
+        if tree.exit_code is not None:
+            _report(exit=tree.exit_code)
+    if done:
+        # The sockets a killed vLLM could not unlink; nothing else uses these folders.
+        import shutil
+
+        for path in request.get("cleanup", []):
+            shutil.rmtree(path, ignore_errors=True)
     return 0 if done else 1
 
 

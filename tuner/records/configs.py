@@ -110,6 +110,9 @@ class EngineSpec(Frozen):
     tokenizer: str | None = None
     # A server that is already running (`tuner bench --base-url`): measured, never launched.
     base_url: str | None = None
+    # Fork each engine from a launcher that imported vLLM once (tuner.measure.launcher) where
+    # vLLM runs from this Python; False: every engine is a new interpreter (`--no-fast-start`).
+    fast_start: bool = True
 
 
 # vLLM's num_speculative_tokens where a config leaves it out, per method: (the config key it

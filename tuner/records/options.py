@@ -44,13 +44,15 @@ class EngineOptions:
     request_timeout_s: float = REQUEST_TIMEOUT_S
     level_timeout_s: float = LEVEL_TIMEOUT_S
     base_url: str | None = None
+    fast_start: bool = True  # fork engines from a launcher that imported vLLM once
 
     @classmethod
     def from_cli_args(cls, args: Namespace) -> EngineOptions:
         return cls(model=args.model, tokenizer=args.tokenizer, vllm_cmd=args.vllm_cmd or (),
                    extra_args=args.engine_args or (), env=dict(args.engine_env),
                    ready_timeout_s=args.ready_timeout, request_timeout_s=args.request_timeout,
-                   level_timeout_s=args.level_timeout, base_url=getattr(args, "base_url", None))
+                   level_timeout_s=args.level_timeout, base_url=getattr(args, "base_url", None),
+                   fast_start=getattr(args, "fast_start", cls.fast_start))
 
 
 def _workload_from(args: Namespace) -> WorkloadSpec:
