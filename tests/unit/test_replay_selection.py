@@ -143,3 +143,12 @@ def test_the_interval_covers_the_true_speedup_over_many_seeded_studies():
         widths.append(sel.hi / sel.lo)
     assert covered >= 180, covered
     assert np.median(widths) < 1.6
+
+
+def test_a_launched_twin_of_the_best_forecast_answers_for_it_and_nothing_more_is_launched():
+    level = _level({"best": 2.0, "twin": 1.995, "far": 1.4}, seed=3)
+    counts = forecast.resample_counts(64, draws=500, seed=1)
+    sel = select(level, counts, host=HOST, checks=[_check("twin", 0.01)])
+    assert sel.subject == "twin" and sel.launched and "best" in sel.equivalent
+    alone = select(level, counts, host=HOST, checks=[_check("far", 0.01)])
+    assert alone.subject == "best" and not alone.launched  # far is no twin: best is launched

@@ -47,7 +47,8 @@ def equivalent_text(s: Selection) -> str:
 def decides_text(s: Selection) -> str:
     """What would decide an undecided level."""
     if s.undecided == Undecided.UNLAUNCHED:
-        return f"{s.subject} was never launched to confirm it: a larger --n-trials decides"
+        return (f"{s.subject} is not launched yet to confirm the forecast (the study launches "
+                f"it next; where --n-trials is spent, a larger one does)")
     if s.undecided == Undecided.SAMPLE:
         return ("the workload prompts differ too much for the sample's size: a larger "
                 "--sample-prompts (or --dataset-path with more prompts) decides")

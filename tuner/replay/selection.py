@@ -16,7 +16,9 @@ freedom. The rule, one for every level and every output:
 
 The zone is the study's --margin: within it of 1.00x is no gain that matters, and within
 it of each other two configs are one choice. Configs whose paired bootstrap cannot show them worse than the subject by more than the zone
-are one choice with it (`equivalent`). Where a launch of the subject misses the forecast beyond
+are one choice with it (`equivalent`); where the best forecast was never launched but a
+config of its choice was, that one is the subject, so the answer stays put as launches refit
+the step cost and twins are never launched against each other. Where a launch of the subject misses the forecast beyond
 its stated accuracy, the level rests on the launches instead (RestsOn.MEASURED), judged by the
 same rule on their interval (tuner.intervals.speedup).
 """
@@ -100,6 +102,13 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
     points = level.log_speedups()
     boot = level.log_speedups(counts)
     best = int(np.argmax(points))
+    tried = {*launched, *(measured or {}),
+             *(k for k, lab in zip(level.keys, level.labels, strict=True)
+               if lab in {c.label for c in checks})}
+    if level.keys[best] not in tried:  # a launched config of the same choice answers for it
+        twins = [i for i in _equivalent(level, boot, best, confidence, indifference)
+                 if level.keys[i] in tried]
+        best = max(twins, key=lambda i: points[i], default=best)
     key, label = level.keys[best], level.labels[best]
     sample_sd = float(np.std(boot[best], ddof=1)) if boot.shape[1] > 1 else 0.0
     residuals = [math.log(c.measured / c.predicted) for c in checks]
@@ -107,7 +116,8 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
     t = intervals.t_quantile(0.5 + confidence / 2, max(1, cost_df))
     half = t * math.hypot(sample_sd, cost_sd)
     lo, hi = math.exp(points[best] - half), math.exp(points[best] + half)
-    equivalent = _equivalent(level, boot, best, confidence, indifference)
+    equivalent = [level.labels[i] for i in _equivalent(level, boot, best, confidence,
+                                                        indifference)]
     mine = [c for c in checks if c.label == label]
     fig = dict(
         concurrency=level.concurrency, subject=label, subject_key=key,
@@ -115,7 +125,7 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
         equivalent=tuple(equivalent[:EQUIVALENT_SHOWN]), equivalent_total=len(equivalent),
         sample_prompts=level.requests, sample_sd=sample_sd, cost_sd=cost_sd, cost_df=cost_df,
         residuals=len(residuals), host=host,
-        launched=bool(mine) or key in (measured or {}) or key in launched,
+        launched=key in tried,
         measured_speedup=(measured or {}).get(key).point if key in (measured or {}) else None,
         checks=tuple(checks))
     if any(c.missed for c in mine):
@@ -144,15 +154,15 @@ def _on_launches(fig: dict, measured: intervals.Interval | None, indifference: f
 
 
 def _equivalent(level: LevelForecast, boot: np.ndarray, best: int, confidence: float,
-                indifference: float) -> list[str]:
-    """The configs the paired bootstrap cannot show worse than the best by more than the zone
-    (upper bound of their log ratio above log(1 - zone)), best first."""
+                indifference: float) -> list[int]:
+    """The configs (indices) the paired bootstrap cannot show worse than `best` by more than
+    the zone (upper bound of their log ratio above log(1 - zone)), best first."""
     diff = boot - boot[best]
     upper = np.quantile(diff, 0.5 + confidence / 2, axis=1)
     points = level.log_speedups()
     inside = [i for i in range(len(level.keys))
               if i != best and upper[i] >= math.log(1.0 - indifference)]
-    return [level.labels[i] for i in sorted(inside, key=lambda i: -points[i])]
+    return sorted(inside, key=lambda i: -points[i])
 
 
 def _what_decides(point: float, sample_sd: float, cost_sd: float, cost_df: int,
