@@ -132,7 +132,7 @@ BOUNDS: dict[str, Bound] = {
                             "a level sends this many times the concurrency; use --num-requests "
                             "for a fixed count", "4"),
     "sample_prompts": _b("--sample-prompts", int, 0, 100_000, "prompts",
-                         "the workload sample's prompts; 0 leaves it out", "64"),
+                         "the workload sample's prompts; 0 leaves it out", "128"),
     "num_warmups": _b("--num-warmups", int, 0, 10_000, "requests",
                       "warm-ups are prompts prepared in the driver like measured ones; a few "
                       "per slot warm every code path", "8"),

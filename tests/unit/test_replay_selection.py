@@ -52,7 +52,11 @@ def test_a_clear_winner_launched_is_on_and_its_twins_are_one_choice():
     assert sel.lo > 1.0 and sel.lo < sel.speedup < sel.hi
     other = "twin" if sel.subject == "a" else "a"
     assert other in sel.equivalent and "far" not in sel.equivalent
-    assert sel.launched and sel.rests_on == RestsOn.REPLAY
+    assert sel.launched and sel.rests_on == RestsOn.SCALED  # its own launch scales it
+    own = 0.01 if sel.subject == "a" else -0.01
+    assert sel.scale == pytest.approx(math.exp(own))
+    assert sel.cost_sd == pytest.approx(HOST.sd * math.sqrt(2))  # one launch each
+    assert "scaled by" in words.answer_text(sel)
 
 
 def test_a_subject_never_launched_is_not_turned_on():
@@ -143,6 +147,43 @@ def test_the_interval_covers_the_true_speedup_over_many_seeded_studies():
         widths.append(sel.hi / sel.lo)
     assert covered >= 180, covered
     assert np.median(widths) < 1.6
+
+
+def test_a_subject_scaled_to_its_own_launch_covers_the_truth_and_is_narrower():
+    # As above, but the subject itself was launched: its forecast is scaled by its own launch
+    # (the model's error, 8% here, removed; the launch's and the baseline's noise, 2% each,
+    # left). Coverage holds at 95% and the interval is narrower than on the prior alone.
+    rng = np.random.default_rng(11)
+    pop_base = rng.uniform(500, 2000, 2000)
+    pop_a = pop_base / 1.6 * np.exp(rng.normal(0, 0.25, 2000))
+    truth = pop_base.sum() / pop_a.sum()
+    host = HostNoise(sd=0.02, df=20, source="profile")
+    covered, scaled, prior = 0, [], []
+    for seed in range(200):
+        r = np.random.default_rng(seed)
+        idx = r.choice(2000, 128, replace=False)
+        bias = r.normal(0, 0.08)
+        level = LevelForecast(concurrency=1, keys=("a",), labels=("a",),
+                              base_share_ms=pop_base[idx],
+                              share_ms=(pop_a[idx] * math.exp(-bias))[None, :])
+        counts = forecast.resample_counts(128, draws=400, seed=seed)
+        own = _check("a", -bias + r.normal(0, 0.02) - r.normal(0, 0.02))  # measured / forecast
+        sel = select(level, counts, host=host, checks=[own], launched={"a"})
+        assert sel.rests_on == RestsOn.SCALED and sel.scale_launches == (1, 1)
+        covered += sel.lo <= truth <= sel.hi
+        scaled.append(sel.hi / sel.lo)
+        bare = select(level, counts, host=host, launched={"a"})
+        prior.append(bare.hi / bare.lo)
+    assert covered >= 180, covered
+    assert np.median(scaled) < np.median(prior)
+
+
+def test_undecided_when_scaled_counts_the_launches_that_would_close_it():
+    level = _level({"a": 1.06}, spread=0.005, n=128)
+    sel = select(level, forecast.resample_counts(128, draws=300, seed=1),
+                 host=HostNoise(sd=0.03, df=12, source="profile"), checks=[_check("a")])
+    assert sel.rests_on == RestsOn.SCALED and sel.choice == Choice.UNDECIDED
+    assert sel.undecided == Undecided.COST and sel.launches_to_decide is not None
 
 
 def test_a_launched_twin_of_the_best_forecast_answers_for_it_and_nothing_more_is_launched():

@@ -30,6 +30,13 @@ def basis_text(s: Selection) -> str:
         return f"on the launches alone: {why}"
     host = s.host
     noise = (f"host spread {s.host.sd:.1%} ({host.source}, {host.df} df)" if host else "")
+    if s.rests_on == RestsOn.SCALED and s.scale is not None and s.scale_launches and host:
+        mine, base = s.scale_launches
+        return (f"forecast over {s.sample_prompts} workload prompts the study never measured "
+                f"(their spread ±{s.sample_sd:.1%}), its step cost scaled by "
+                f"{s.scale - 1.0:+.1%} to its own launch(es) on the paired requests "
+                f"({mine} of it, {base} of the baseline; their noise ±{s.cost_sd:.1%} from "
+                f"the host's spread, {host.sd:.1%} on {host.df} df, {host.source})")
     return (f"forecast over {s.sample_prompts} workload prompts the study never measured "
             f"(their spread ±{s.sample_sd:.1%}), step-cost error ±{s.cost_sd:.1%} from "
             f"{s.residuals} out-of-fit launch(es) and the {noise}")

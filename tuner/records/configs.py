@@ -258,7 +258,7 @@ class MeasureSettings(Frozen):
     # `--sample-prompts`: prompts of the workload, beyond every level's, that the study's
     # first baseline launch also sends (after its levels, at SAMPLE_CONCURRENCY or the highest
     # level), so the replay predicts every config over far more prompts than a launch measures.
-    sample_prompts: int = Field(64, ge=0)
+    sample_prompts: int = Field(128, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -22,6 +22,9 @@ class RestsOn(str, Enum):
     """Which figures the answer rests on."""
 
     REPLAY = "replay"  # the forecast over the workload sample, its cost model confirmed
+    # The forecast over the workload sample, its step cost scaled by the subject's own
+    # launches on the paired requests (their measured over predicted throughput).
+    SCALED = "scaled"
     MEASURED = "measured"  # a launch missed the forecast beyond its accuracy: the launches
 
 
@@ -54,6 +57,9 @@ class ThroughputCheck(Frozen):
     error_pct: float  # 100 (predicted - measured) / measured
     accuracy_pct: float
     missed: bool
+    launches: int = 1  # launches of the config behind `measured` (their mean)
+    base_launches: int = 1  # launches of the plain baseline it is priced against
+    fitted: bool = False  # the step cost was fitted on it (a calibration launch): no check
 
 
 class Selection(Frozen):
@@ -82,6 +88,10 @@ class Selection(Frozen):
     cost_sd: float = 0.0  # the step-cost model's error, log SD
     cost_df: int = 0
     residuals: int = 0  # out-of-fit launches behind cost_sd
+    # RestsOn.SCALED: the subject's measured over predicted throughput on its paired
+    # requests, which the forecast was multiplied by, and the launches behind the ratio.
+    scale: float | None = None
+    scale_launches: tuple[int, int] | None = None  # (the subject's, the baseline's)
     host: HostNoise | None = None
     launched: bool = False  # the subject was launched on the paired requests
     measured_speedup: float | None = None  # its measured speedup there

@@ -7,7 +7,11 @@ prompts) and the step-cost model's error: the residuals of the launches the mode
 fitted on (log measured over predicted throughput, on their paired requests), pooled with
 the host's between-launch spread as a prior (a residual of an exact model still carries two
 launches' noise: its own and the baseline's), with a Student-t quantile on their degrees of
-freedom. The rule, one for every level and every output:
+freedom. Where the subject itself was launched, the model's error for it is measured instead:
+its forecast is scaled by its launches' measured over predicted throughput on the paired
+requests (RestsOn.SCALED), and the cost side of the interval is the noise of those launches
+and the baseline's (the host's spread), on the host's degrees of freedom. The rule, one for
+every level and every output:
 
 - OFF when the interval's top lies below 1 + zone: nothing beats the baseline by the zone;
 - ON when its bottom lies above 1.00x;
@@ -94,7 +98,11 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
     (their residuals, log measured over predicted throughput, make the cost model's error);
     `measured`: each launched config's measured speedup interval over the plain baseline, by
     key (the fallback where the subject missed); `launched`: the keys of every config
-    launched at this level (the calibration's too). The subject is the best of many
+    launched at this level (the calibration's too). Where the subject itself was launched (a check of its own, fitted
+    or not) and did not miss, its forecast is scaled by its measured over predicted throughput
+    on the paired requests (RestsOn.SCALED): the step-cost model's error for this config is
+    then measured, not assumed, and what is left of it is the noise of the launches behind the
+    ratio (the host's spread over the subject's and the baseline's launches). The subject is the best of many
     forecasts, so its point leans high by the luck of the draw; the paired bootstrap keeps
     that small where configs move together, and `tuner verify` measures what is left."""
     if not level.keys:
@@ -111,14 +119,25 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
         best = max(twins, key=lambda i: points[i], default=best)
     key, label = level.keys[best], level.labels[best]
     sample_sd = float(np.std(boot[best], ddof=1)) if boot.shape[1] > 1 else 0.0
-    residuals = [math.log(c.measured / c.predicted) for c in checks]
-    cost_sd, cost_df = cost_error(residuals, host)
+    residuals = [math.log(c.measured / c.predicted) for c in checks if not c.fitted]
+    mine = [c for c in checks if c.label == label]
+    point = float(points[best])
+    scaled = {}
+    if mine and not any(c.missed for c in mine):
+        own = mine[0]
+        point += math.log(own.measured / own.predicted)
+        counts_ = (max(1, own.launches), max(1, own.base_launches))
+        cost_sd = host.sd * math.sqrt(1.0 / counts_[0] + 1.0 / counts_[1])
+        cost_df = host.df
+        scaled = dict(rests_on=RestsOn.SCALED, scale=own.measured / own.predicted,
+                      scale_launches=counts_)
+    else:
+        cost_sd, cost_df = cost_error(residuals, host)
     t = intervals.t_quantile(0.5 + confidence / 2, max(1, cost_df))
     half = t * math.hypot(sample_sd, cost_sd)
-    lo, hi = math.exp(points[best] - half), math.exp(points[best] + half)
+    lo, hi = math.exp(point - half), math.exp(point + half)
     equivalent = [level.labels[i] for i in _equivalent(level, boot, best, confidence,
                                                         indifference)]
-    mine = [c for c in checks if c.label == label]
     fig = dict(
         concurrency=level.concurrency, subject=label, subject_key=key,
         confidence=confidence, indifference=indifference,
@@ -132,12 +151,13 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
         return _on_launches(fig, (measured or {}).get(key), indifference)
     said = choice(lo, hi, indifference)
     if said == Choice.ON and not fig["launched"]:
-        return Selection(choice=Choice.UNDECIDED, speedup=math.exp(points[best]), lo=lo, hi=hi,
+        return Selection(choice=Choice.UNDECIDED, speedup=math.exp(point), lo=lo, hi=hi,
                          undecided=Undecided.UNLAUNCHED, **fig)
     undecided, more = (None, None) if said != Choice.UNDECIDED else _what_decides(
-        float(points[best]), sample_sd, cost_sd, cost_df, confidence, indifference)
-    return Selection(choice=said, speedup=math.exp(points[best]), lo=lo, hi=hi,
-                     undecided=undecided, launches_to_decide=more, **fig)
+        point, sample_sd, host, cost_df, confidence, indifference,
+        scaled.get("scale_launches"), cost_sd)
+    return Selection(choice=said, speedup=math.exp(point), lo=lo, hi=hi,
+                     undecided=undecided, launches_to_decide=more, **fig, **scaled)
 
 
 def _on_launches(fig: dict, measured: intervals.Interval | None, indifference: float
@@ -165,18 +185,27 @@ def _equivalent(level: LevelForecast, boot: np.ndarray, best: int, confidence: f
     return sorted(inside, key=lambda i: -points[i])
 
 
-def _what_decides(point: float, sample_sd: float, cost_sd: float, cost_df: int,
-                  confidence: float, indifference: float) -> tuple[Undecided, int | None]:
-    """Why the interval is open, and how many more out-of-fit launches would close it where
-    the cost model's degrees of freedom are what is short (None: launches will not)."""
+def _what_decides(point: float, sample_sd: float, host: HostNoise, cost_df: int,
+                  confidence: float, indifference: float,
+                  scale_launches: tuple[int, int] | None, cost_sd: float
+                  ) -> tuple[Undecided, int | None]:
+    """Why the interval is open, and how many more launches would close it where the cost
+    side is what is short (None: launches will not). Scaled (`scale_launches`, the subject's
+    and the baseline's launches): launches of either, in turn, shrink the launches' noise;
+    else out-of-fit launches add degrees of freedom to the cost model's error."""
     room = max(point, math.log(1.0 + indifference) - point)  # the half-width that decides
     z = intervals.t_quantile(0.5 + confidence / 2, 10_000)
     if z * sample_sd >= room:
         return Undecided.SAMPLE, None
-    if z * math.hypot(sample_sd, cost_sd) >= room:
+    if scale_launches is None and z * math.hypot(sample_sd, cost_sd) >= room:
         return Undecided.COST, None
     for more in range(1, MAX_MORE_LAUNCHES + 1):
-        t = intervals.t_quantile(0.5 + confidence / 2, cost_df + more)
-        if t * math.hypot(sample_sd, cost_sd) < room:
+        sd = cost_sd
+        if scale_launches is not None:
+            mine, base = scale_launches[0] + (more + 1) // 2, scale_launches[1] + more // 2
+            sd = host.sd * math.sqrt(1.0 / mine + 1.0 / base)
+        t = intervals.t_quantile(0.5 + confidence / 2,
+                                 cost_df + (0 if scale_launches is not None else more))
+        if t * math.hypot(sample_sd, sd) < room:
             return Undecided.COST, more
     return Undecided.COST, None

@@ -586,7 +586,8 @@ class ReplaySearch:
             pool = intervals.Pool.of(runs.values())
             noise_profile.record(machine, c, study=me, pool=pool)
             host = noise_profile.host_noise(machine, c, study=me, pool=pool)
-            checks = _checks(pred, c, selection.accuracy(host, self.confidence))
+            checks = _checks(pred, c, selection.accuracy(host, self.confidence),
+                             base_launches=len(runs.get(plain_key, ())))
             measured = {k: iv for k, v in runs.items() if k != plain_key and (
                 iv := intervals.speedup(v, runs.get(plain_key, ()), pool=pool,
                                         confidence=self.confidence)) is not None}
@@ -871,20 +872,24 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
     return out
 
 
-def _checks(pred: Prediction, c: int, accuracy_log: float) -> list[ThroughputCheck]:
-    """Every launched speculative config the step cost was not fitted on, at level c: its
-    measured throughput against the prediction on its paired requests."""
+def _checks(pred: Prediction, c: int, accuracy_log: float, *, base_launches: int
+            ) -> list[ThroughputCheck]:
+    """Every launched speculative config at level c: its measured throughput against the
+    prediction on its paired requests; those the step cost was fitted on (calibration) are
+    kept as `fitted`, never a miss."""
     out = []
     for r in pred.rows:
         meas, want = r.meas_output_throughput, r.pred_output_throughput
-        if (r.concurrency != c or r.method == "none" or r.calibration or meas is None
+        if (r.concurrency != c or r.method == "none" or meas is None
                 or want is None or not meas > 0 or not want > 0):
             continue
         out.append(ThroughputCheck(
             label=r.label, concurrency=c, predicted=want, measured=meas,
             error_pct=100.0 * (want - meas) / meas,
             accuracy_pct=100.0 * (math.exp(accuracy_log) - 1.0),
-            missed=abs(math.log(meas / want)) > accuracy_log))
+            missed=not r.calibration and abs(math.log(meas / want)) > accuracy_log,
+            launches=max(1, r.measured_trials or 1), base_launches=max(1, base_launches),
+            fitted=bool(r.calibration)))
     return out
 
 
