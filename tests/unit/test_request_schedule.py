@@ -95,11 +95,15 @@ def test_the_workload_sample_takes_prompts_no_level_sends_and_shrinks_to_what_is
     assert not set(schedule.sample) & set(_all(schedule))
     assert schedule.without_sample().sample == () and schedule.without_sample().levels == \
         schedule.levels
+    # A short workload: the sample leaves as many prompts as the levels send (17) for an
+    # out-of-sample check, and says so.
     short, note = rs.build(_workload(40), settings)
-    assert short.sample == tuple(range(17, 40)) and note is None  # bench never sends it
-    assert "holds 23 of the 64 prompts" in rs.sample_note(_workload(40), short, settings)
-    none, _ = rs.build(_workload(17), settings)
-    assert "is empty (64 prompts asked for)" in rs.sample_note(_workload(17), none, settings)
+    assert short.sample == tuple(range(17, 23)) and note is None  # bench never sends it
+    said = rs.sample_note(_workload(40), short, settings)
+    assert "holds 6 of the 64 prompts" in said and "17 are kept" in said
+    none, _ = rs.build(_workload(34), settings)
+    assert "is empty (64 prompts asked for)" in rs.sample_note(_workload(34), none, settings)
+    assert settings.pool_size(_workload(40).spec.num_prompts) == 17 + 64 + 17
     assert rs.build(_workload(40), MeasureSettings(concurrencies=(1, 4), requests_per_slot=2,
                                                    sample_prompts=0))[0].sample == ()
 
@@ -107,7 +111,7 @@ def test_the_workload_sample_takes_prompts_no_level_sends_and_shrinks_to_what_is
 # --- tuner verify: the study's levels over prompts it never sent ----------------------------
 def test_used_takes_every_level_s_prompts_and_the_workload_sample():
     schedule, _ = rs.build(_workload(40), MeasureSettings(concurrencies=(1, 2)))
-    assert schedule.sample == tuple(range(15, 40))  # what the levels leave, up to 64
+    assert schedule.sample == tuple(range(15, 25))  # what the levels leave beside a check
     assert rs.used(schedule) == frozenset(_all(schedule)) | set(schedule.sample)
     assert rs.used(schedule.without_sample()) == frozenset(_all(schedule))
 

@@ -50,13 +50,21 @@ def build(workload: Workload, settings: MeasureSettings) -> tuple[RequestSchedul
         cursor += w + m
         out.append(LevelRequests(concurrency=c, warmups=tuple(ids[:w]),
                                  measured=tuple(ids[w:]), asked=None if m == a else a))
-    # The workload sample: the prompts no level sends, as many as asked for and left.
-    sample = tuple(range(cursor, min(distinct, cursor + settings.sample_prompts)))
+    # The workload sample: the prompts no level sends, as many as asked for and left once as
+    # many as the levels send are kept for an out-of-sample check (tuner verify).
+    sample = tuple(range(cursor, min(distinct - _reserve(settings, cursor),
+                                     cursor + settings.sample_prompts)))
     schedule = RequestSchedule(workload_digest=workload.digest, levels=tuple(out),
                                allow_repeats=settings.allow_repeats, sample=sample,
                                sample_concurrency=settings.sample_concurrency()
                                if sample else None)
     return schedule, _shortened_note(workload, schedule, warm=sum(warm), asked=sum(asked))
+
+
+def _reserve(settings: MeasureSettings, levels: int) -> int:
+    """Prompts the workload sample leaves for an out-of-sample check: as many as the levels
+    send (`levels`), where a sample is asked for."""
+    return levels if settings.sample_prompts else 0
 
 
 def sample_note(workload: Workload, schedule: RequestSchedule, settings: MeasureSettings
@@ -68,9 +76,11 @@ def sample_note(workload: Workload, schedule: RequestSchedule, settings: Measure
         return None
     held = (f"holds {len(schedule.sample)} of the {asked} prompts asked for" if schedule.sample
             else f"is empty ({asked} prompts asked for)")
+    levels = sum(len(lv.warmups) + len(lv.measured) for lv in schedule.levels)
     return (f"The workload sample (--sample-prompts) {held}: {_source(workload)} has "
-            f"{len(workload.prompts)} distinct prompts and the levels send the rest. For a "
-            f"larger sample: {_more(workload)}.")
+            f"{len(workload.prompts)} distinct prompts, the levels send {levels} and "
+            f"{_reserve(settings, levels)} are kept for an out-of-sample check (tuner verify). "
+            f"For a larger sample: {_more(workload)}.")
 
 
 def used(schedule: RequestSchedule) -> frozenset[int]:

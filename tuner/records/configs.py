@@ -270,9 +270,12 @@ class MeasureSettings(Frozen):
         return data
 
     def pool_size(self, num_prompts: int) -> int:
-        """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine."""
-        return sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
-                   for c in self.concurrencies) + self.sample_prompts
+        """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine,
+        with the workload sample and, beside it, as many again as the levels send: the
+        sample never takes the prompts an out-of-sample check (`tuner verify`) needs."""
+        levels = sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
+                     for c in self.concurrencies)
+        return levels + self.sample_prompts + (levels if self.sample_prompts else 0)
 
     def sample_concurrency(self) -> int:
         """The concurrency the workload sample is sent at: its tokens are all that is kept,
