@@ -256,7 +256,7 @@ def test_an_aligned_baseline_a_dead_driver_left_is_launched_again():
     study._storage.set_trial_user_attr(orphan._trial_id, TrialAttr.FAILURE,
                                        {"reason": "x", "kind": "driver_died"})
     study._storage.set_trial_state_values(orphan._trial_id, optuna.trial.TrialState.FAIL)
-    assert not loop.has_aligned_baseline(study)
+    assert not trials.has_aligned_baseline(study)
     _search(study, executor, [], aligned="auto").run(n_trials=3, timeout_s=None)
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert [t.user_attrs[TrialAttr.ROLE] for t in done].count("aligned_baseline") == 1

@@ -27,7 +27,6 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError, TrialFailed
-from tuner.measure import enginepath
 from tuner.records.configs import RequestSchedule, TrialConfig, Workload
 from tuner.records.options import OptimizePlan
 from tuner.records.results import BenchResult, Role, TrialOutcome
@@ -45,7 +44,7 @@ from tuner.search.strategy import (
     Strategy,
     StudyView,
 )
-from tuner.search.trials import first_aligned
+from tuner.search.trials import aligned_gap, has_aligned_baseline, path_alignment
 
 # Proposals in a row that storage already answers before the sampler counts as stuck.
 MAX_KNOWN_IN_ROW = 25
@@ -76,51 +75,6 @@ def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
             for params in sp.grid():
                 study.enqueue_trial(params.params(),
                                     user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
-
-
-def has_aligned_baseline(study: Any) -> bool:
-    """An aligned baseline is measured, queued, running or refused: never launch another. One
-    a dead driver left behind does not count (it is launched again)."""
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(TrialAttr.ROLE) != Role.ALIGNED_BASELINE:
-            continue
-        died = t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died"
-        if t.state != TrialState.FAIL or not died:
-            return True
-    return False
-
-
-def path_alignment(study: Any) -> tuple[Any, Any] | None:
-    """The first completed speculative trial and the Alignment that puts a no-speculation
-    engine on its engine path (None there when it ran the plain baseline's path, or a path
-    no stored line tells); None until the study has a plain baseline and such a trial."""
-    done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                  key=lambda t: t.number)
-    measured = [t for t in done if TrialAttr.RESULT in t.user_attrs
-                and TrialAttr.DUPLICATE_OF not in t.user_attrs]
-    base = next((t for t in measured if st.is_baseline(t)), None)
-    spec = next((t for t in measured
-                 if t.user_attrs[TrialAttr.RESULT]["config"].get("speculative_config")), None)
-    if base is None or spec is None:
-        return None
-    return spec, enginepath.alignment(_engine_path(base), _engine_path(spec))
-
-
-def _engine_path(trial: Any) -> Any:
-    return enginepath.EnginePath.from_details(
-        trial.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details"))
-
-
-def _aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
-    """(aligned trial, first speculative trial, Alignment still between them) where the
-    measured aligned baseline did not land on the speculative path; None where it did, or
-    where either is not measured."""
-    found = path_alignment(study)
-    aligned = first_aligned(study)
-    if found is None or aligned is None:
-        return None
-    gap = enginepath.alignment(_engine_path(aligned), _engine_path(found[0]))
-    return None if gap is None else (aligned, found[0], gap)
 
 
 def _quiet(*_args: Any) -> None:
@@ -227,7 +181,7 @@ class SearchLoop:
                                           Role.ALIGNED_BASELINE for t in self.study.get_trials(
                                               deepcopy=False, states=(TrialState.RUNNING,))):
             self._check_landed = False  # the one this driver launched has ended
-            gap = _aligned_gap(self.study)
+            gap = aligned_gap(self.study)
             if gap is not None:
                 text = (f"the aligned baseline (trial {gap[0].number}) still differs from "
                         f"trial {gap[1].number}'s path ({gap[2].describe()}); its split into "
