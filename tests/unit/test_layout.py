@@ -236,3 +236,13 @@ def test_the_cycle_check_sees_a_cycle(monkeypatch):
     # A canary for the check itself: errors importing api closes a loop (api imports errors).
     monkeypatch.setitem(GRAPH, "tuner.errors", GRAPH["tuner.errors"] | {"tuner.api"})
     assert any({"tuner.errors", "tuner.api"} <= set(c) for c in _cycles())
+
+
+def test_only_the_storage_module_reads_a_trials_raw_attrs_in_search():
+    # tuner.search.study.stored parses a trial's attrs once into a StoredTrial (ladder_run a
+    # campaign's run); the rest of the search reads those records, never the raw keys.
+    bad = [f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}"
+           for path in sorted((PACKAGE / "search").rglob("*.py")) if path.name != "study.py"
+           for n, line in enumerate(path.read_text().splitlines(), 1)
+           if ".user_attrs" in line]
+    assert not bad, "raw user_attrs reads outside tuner/search/study.py:\n" + "\n".join(bad)

@@ -177,8 +177,8 @@ class SearchLoop:
         baseline's. None otherwise."""
         if self.aligned == "off":
             return None
-        if self._check_landed and not any(t.user_attrs.get(TrialAttr.ROLE) ==
-                                          Role.ALIGNED_BASELINE for t in self.study.get_trials(
+        if self._check_landed and not any(st.stored(t).role == Role.ALIGNED_BASELINE
+                                          for t in self.study.get_trials(
                                               deepcopy=False, states=(TrialState.RUNNING,))):
             self._check_landed = False  # the one this driver launched has ended
             gap = aligned_gap(self.study)
@@ -203,7 +203,7 @@ class SearchLoop:
             return None  # no speculative trial (or no baseline) measured yet
         self._aligned_decided = True
         spec, alignment = found
-        label = spec.user_attrs.get(TrialAttr.LABEL) or f"trial {spec.number}"
+        label = st.stored(spec).label or f"trial {spec.number}"
         if alignment is None:
             text = (f"Trial {spec.number} ({label}) ran the plain baseline's path, or one its "
                     "log does not tell apart; no aligned baseline to measure.")
@@ -229,13 +229,12 @@ class SearchLoop:
 
     def config_of(self, trial) -> TrialConfig:
         """The enqueued override (baseline, aligned baseline, repeat) or the sampler's pick."""
-        override = trial.user_attrs.get(TrialAttr.CONFIG_OVERRIDE)
-        return TrialConfig.model_validate(override) if override else self.suggest(trial)
+        return st.stored(trial).override or self.suggest(trial)
 
     def _baseline(self):
         for t in st.completed(self.study).values():
             if st.is_baseline(t):
-                return t.user_attrs.get(TrialAttr.RESULT)
+                return st.result_json(t)
         return None
 
     def run(self, strategy: Strategy | None = None, *, n_trials: int,
@@ -416,7 +415,7 @@ class SearchLoop:
         if refused is None:
             return False
         st.tell_known_failure(self.study, trial, refused)
-        kind = refused.user_attrs[TrialAttr.FAILURE].get("kind")
+        kind = st.stored(refused).failure_kind
         self.say(f"trial {trial.number} {config.label()}: the engine refused this config in "
                  f"trial {refused.number} ({kind}); answered from storage as FAIL (no engine "
                  f"launched; a new --study-name would launch it again)")
@@ -454,7 +453,8 @@ class SearchLoop:
         self.progress()
 
     def _answer_duplicate(self, trial, dup) -> None:
-        result = BenchResult.model_validate(dup.user_attrs[TrialAttr.RESULT])
+        result = st.stored(dup).result
+        assert result is not None  # st.completed: trials with a result
         st.tell_result(self.study, trial, result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints,
                        duplicate_of=dup.number)

@@ -41,7 +41,6 @@ from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.records.results import Role
 from tuner.records.selection import Selection
-from tuner.records.storage import TrialAttr
 from tuner.replay import forecast, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import study as st
@@ -182,7 +181,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
     def _say_expected_time(self, base: Any) -> None:
         """Every launch sends the same requests, so the baseline's launch says what the others
         cost: said once, with the launches the budget leaves."""
-        wall = base.user_attrs.get(TrialAttr.WALL_S)
+        wall = st.stored(base).wall_s
         left = self.view.n_trials - self.launches()
         if not wall or left <= 0:
             return
@@ -277,7 +276,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
     def _launch(self, config: TrialConfig, role: Role | None) -> Launch:
         """`config` to measure once as a trial of the study; `role` None: a confirm launch,
         a repeat where the config was measured before."""
-        first = self._first(lambda t: t.user_attrs.get(TrialAttr.CONFIG_KEY) == config.key())
+        first = self._first(lambda t: st.stored(t).config_key == config.key())
         if role is None:
             role = Role.REPEAT if first is not None else Role.CONFIRM
         return Launch(config, role, repeat_of=first.number if role == Role.REPEAT else None)
@@ -291,7 +290,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
 
     def _first(self, match: Callable[[Any], bool]) -> Any:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT and match(t):
+            if st.stored(t).role != Role.REPEAT and match(t):
                 return t
         return None
 
@@ -368,10 +367,9 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
     def _vllm_version(self, key: str) -> str | None:
         """The vLLM version a completed launch of config `key` reported (EngineInfo)."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get(TrialAttr.CONFIG_KEY) == key:
-                engine = (t.user_attrs.get(TrialAttr.RESULT) or {}).get("engine") or {}
-                if engine.get("vllm_version"):
-                    return str(engine["vllm_version"])
+            s = st.stored(t)
+            if s.config_key == key and s.result is not None and s.result.engine.vllm_version:
+                return str(s.result.engine.vllm_version)
         return None
 
     def _calibration_config(self, pred: Prediction) -> TrialConfig | None:

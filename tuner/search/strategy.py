@@ -23,7 +23,7 @@ from tuner import intervals
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload
 from tuner.records.results import Role
 from tuner.records.selection import Selection
-from tuner.records.storage import TrialAttr
+from tuner.records.storage import StoredTrial
 from tuner.search import study as st
 from tuner.search.space import SearchSpace
 
@@ -144,7 +144,7 @@ class OptunaSearch:
             return Stop(StopReason.EXHAUSTED)
         trial = self._propose(view.study, aligned)
         config = view.config_of(trial)
-        role = Role(trial.user_attrs.get(TrialAttr.ROLE) or Role.SEARCH)
+        role = Role(st.stored(trial).role or Role.SEARCH)
         if config.method == "none" and role != Role.ALIGNED_BASELINE:
             role = Role.BASELINE
         role = Role.SEARCH if role == Role.RETRY else role
@@ -184,24 +184,20 @@ class Repeats:
     def of_leaders(cls, study: Any, *, target: int, repeats: int, leaders: int = 3) -> Repeats:
         """The repeats still due: `repeats` runs in all of the plain baseline, the aligned one
         and the `leaders` best speculative configs by output throughput at `target`."""
-        trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if t.user_attrs.get(TrialAttr.DUPLICATE_OF) is None
-                  and t.user_attrs.get(TrialAttr.CONFIG)]
-        originals = [t for t in trials if t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT]
-        spec = sorted((t for t in originals
-                       if t.user_attrs[TrialAttr.CONFIG].get("speculative_config")),
-                      key=lambda t: -_level_of(t, target, "output_throughput"))[:leaders]
-        base = [t for t in originals if st.is_baseline(t)][:1]
+        trials = [(t, s) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                  if (s := st.stored(t)).duplicate_of is None and s.config is not None]
+        originals = [(t, s) for t, s in trials if s.role != Role.REPEAT]
+        spec = sorted(((t, s) for t, s in originals if s.config.speculative_config),
+                      key=lambda ts: -_throughput(ts[1], target))[:leaders]
+        base = [(t, s) for t, s in originals if st.is_baseline(t)][:1]
         # The aligned baseline is repeated with the plain one: the path's cost is a ratio too.
-        base += [t for t in originals
-                 if t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE][:1]
+        base += [(t, s) for t, s in originals if s.role == Role.ALIGNED_BASELINE][:1]
         # The stored config itself, on a trial of its own: study.ask() would hand out a
         # WAITING grid point instead, and a re-sampled config might not be this one.
-        return cls([Launch(TrialConfig.model_validate(t.user_attrs[TrialAttr.CONFIG]),
-                           Role.REPEAT, repeat_of=t.number)
-                    for t in base + spec
+        return cls([Launch(s.config, Role.REPEAT, repeat_of=s.number)
+                    for _, s in base + spec
                     for _ in range(repeats - 1 - sum(
-                        1 for r in trials if r.user_attrs.get(TrialAttr.REPEAT_OF) == t.number))])
+                        1 for _, r in trials if r.repeat_of == s.number))])
 
     def ask(self, view: StudyView) -> Step:
         if not self.launches:
@@ -214,8 +210,7 @@ class Repeats:
         return None
 
 
-def _level_of(trial: Any, c: int, metric: str) -> float:
-    for lv in trial.user_attrs.get(TrialAttr.RESULT, {}).get("levels", []):
-        if lv["concurrency"] == c:
-            return float(lv[metric])
-    return float("nan")
+def _throughput(trial: StoredTrial, c: int) -> float:
+    """A trial's output throughput at level `c`; NaN where it has none."""
+    level = None if trial.result is None else trial.result.level(c)
+    return float("nan") if level is None else float(level.output_throughput)

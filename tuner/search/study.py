@@ -25,9 +25,16 @@ from tuner import tokens
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
+from tuner.records.policy import LadderRun
 from tuner.records.results import BenchResult, Failure, Role
 from tuner.records.selection import Selection
-from tuner.records.storage import SELECTIONS_ATTR, STUDY_ATTR, StudySettings, TrialAttr
+from tuner.records.storage import (
+    SELECTIONS_ATTR,
+    STUDY_ATTR,
+    StoredTrial,
+    StudySettings,
+    TrialAttr,
+)
 from tuner.search.space import Point
 
 if TYPE_CHECKING:
@@ -276,6 +283,50 @@ def recover_orphans(study: Any) -> list[Point]:
         if t.params:
             retry.append(Point.from_params(t.params))
     return retry
+
+
+def stored(trial: Any) -> StoredTrial:
+    """A trial of the study (a FrozenTrial, or a live Trial, which is RUNNING) as the search
+    reads it, its attrs parsed once."""
+    attrs = trial.user_attrs
+    state = getattr(trial, "state", None)
+    config, override = attrs.get(TrialAttr.CONFIG), attrs.get(TrialAttr.CONFIG_OVERRIDE)
+    result, failure = attrs.get(TrialAttr.RESULT), attrs.get(TrialAttr.FAILURE)
+    return StoredTrial(
+        number=trial.number, state="RUNNING" if state is None else state.name,
+        role=attrs.get(TrialAttr.ROLE), label=attrs.get(TrialAttr.LABEL),
+        config_key=attrs.get(TrialAttr.CONFIG_KEY),
+        config=TrialConfig.model_validate(config) if config else None,
+        override=TrialConfig.model_validate(override) if override else None,
+        result=None if result is None else BenchResult.model_validate(result),
+        failure_kind=failure.get("kind") if isinstance(failure, dict) else None,
+        duplicate_of=attrs.get(TrialAttr.DUPLICATE_OF), repeat_of=attrs.get(TrialAttr.REPEAT_OF),
+        wall_s=attrs.get(TrialAttr.WALL_S))
+
+
+# A policy campaign run's attrs (tuner.search.ladder), by name: TrialAttr values, LadderRun's
+# fields.
+LADDER_RUN_ATTRS = (TrialAttr.PHASE, TrialAttr.ROLE, TrialAttr.LABEL, TrialAttr.CONFIG_KEY,
+                    TrialAttr.REPEAT, TrialAttr.CONFIG, TrialAttr.RESULT, TrialAttr.FAILURE,
+                    TrialAttr.TOKENS)
+
+
+def ladder_run(trial: Any) -> LadderRun:
+    """A policy campaign's run (a trial of the companion study) as stored."""
+    return LadderRun.model_validate({k: trial.user_attrs.get(k) for k in LADDER_RUN_ATTRS})
+
+
+def ladder_run_key(trial: Any) -> tuple[Any, Any, Any]:
+    """What makes a campaign run the same run on resume, as its attrs store it: (phase,
+    config key, repeat index)."""
+    attrs = trial.user_attrs
+    return (attrs.get(TrialAttr.PHASE), attrs.get(TrialAttr.CONFIG_KEY),
+            attrs.get(TrialAttr.REPEAT))
+
+
+def result_json(trial: Any) -> dict | None:
+    """A trial's result as stored (JSON), for the lines that print it (tuner.outputs)."""
+    return trial.user_attrs.get(TrialAttr.RESULT)
 
 
 def failure_of(trial: Any) -> Failure | None:

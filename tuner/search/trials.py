@@ -16,7 +16,6 @@ from optuna.trial import TrialState
 from tuner.measure import enginepath
 from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult, LevelMetrics, Role
-from tuner.records.storage import TrialAttr
 from tuner.replay.predict import MeasuredTrial
 from tuner.search import study as st
 
@@ -26,18 +25,19 @@ def measured_trials(study: Any, study_dir: Path, *, captures: bool = True
     """Every completed trial with a result, as the predictor takes them; a repeat carries the
     role of the trial it repeats (a baseline's repeat is a baseline run)."""
     trials = study.get_trials(deepcopy=False)
-    roles = {t.number: t.user_attrs.get(TrialAttr.ROLE) for t in trials}
+    stored = [st.stored(t) for t in trials]
+    roles = {s.number: s.role for s in stored}
     out = []
-    for t in trials:
-        if t.state != TrialState.COMPLETE or TrialAttr.DUPLICATE_OF in t.user_attrs \
-                or TrialAttr.RESULT not in t.user_attrs:
+    for t, s in zip(trials, stored, strict=True):
+        if s.state != TrialState.COMPLETE.name or s.duplicate_of is not None \
+                or s.result is None:
             continue
-        result = BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT])
-        role = t.user_attrs.get(TrialAttr.ROLE) or Role.SEARCH.value
+        result = s.result
+        role = s.role or Role.SEARCH.value
         if role == Role.REPEAT.value:
-            role = roles.get(t.user_attrs.get(TrialAttr.REPEAT_OF)) or role
+            role = roles.get(s.repeat_of) or role
         levels: dict[int, LevelMetrics] = {lv.concurrency: lv for lv in result.levels}
-        path = t.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details") or {}
+        path = result.engine.details
         out.append(MeasuredTrial(
             number=t.number, config=result.config, role=role, levels=levels,
             capture=st.token_capture(study_dir, t) if captures else None,
@@ -50,25 +50,25 @@ def aligned_config(study: Any) -> TrialConfig | None:
     """The config of the study's measured aligned baseline (its first completed run); None
     when the study has none."""
     t = first_aligned(study)
-    return None if t is None else BenchResult.model_validate(
-        t.user_attrs[TrialAttr.RESULT]).config
+    return None if t is None else _result(t).config
 
 
 def first_aligned(study: Any) -> Any:
     """The study's first completed aligned-baseline run, or None."""
-    return next((t for t in sorted(study.get_trials(deepcopy=False, states=(
-        TrialState.COMPLETE,)), key=lambda t: t.number) if t.user_attrs.get(TrialAttr.ROLE)
-        == Role.ALIGNED_BASELINE and TrialAttr.RESULT in t.user_attrs), None)
+    done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                  key=lambda t: t.number)
+    return next((t for t in done if (s := st.stored(t)).role == Role.ALIGNED_BASELINE
+                 and s.result is not None), None)
 
 
 def has_aligned_baseline(study: Any) -> bool:
     """An aligned baseline is measured, queued, running or refused: never launch another. One
     a dead driver left behind does not count (it is launched again)."""
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(TrialAttr.ROLE) != Role.ALIGNED_BASELINE:
+        s = st.stored(t)
+        if s.role != Role.ALIGNED_BASELINE:
             continue
-        died = t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died"
-        if t.state != TrialState.FAIL or not died:
+        if t.state != TrialState.FAIL or s.failure_kind != "driver_died":
             return True
     return False
 
@@ -79,19 +79,24 @@ def path_alignment(study: Any) -> tuple[Any, Any] | None:
     no stored line tells); None until the study has a plain baseline and such a trial."""
     done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
                   key=lambda t: t.number)
-    measured = [t for t in done if TrialAttr.RESULT in t.user_attrs
-                and TrialAttr.DUPLICATE_OF not in t.user_attrs]
+    measured = [t for t in done if (s := st.stored(t)).result is not None
+                and s.duplicate_of is None]
     base = next((t for t in measured if st.is_baseline(t)), None)
-    spec = next((t for t in measured
-                 if t.user_attrs[TrialAttr.RESULT]["config"].get("speculative_config")), None)
+    spec = next((t for t in measured if _result(t).config.speculative_config), None)
     if base is None or spec is None:
         return None
     return spec, enginepath.alignment(_engine_path(base), _engine_path(spec))
 
 
+def _result(trial: Any) -> BenchResult:
+    """The result of a trial known to hold one."""
+    result = st.stored(trial).result
+    assert result is not None  # callers pick trials with a result
+    return result
+
+
 def _engine_path(trial: Any) -> Any:
-    return enginepath.EnginePath.from_details(
-        trial.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details"))
+    return enginepath.EnginePath.from_details(_result(trial).engine.details)
 
 
 def aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
