@@ -66,8 +66,8 @@ def names() -> dict[str, tuple[str, ...]]:
     """The valid names `--help` lists where the value is checked later (with a message that
     says what to do) rather than by argparse's `choices`: spaces, samplers, objectives."""
     from tuner.measure.metrics import OBJECTIVES
+    from tuner.search.samplers import SAMPLERS
     from tuner.search.space import available
-    from tuner.search.study import SAMPLERS
 
     return {"spaces": tuple(available()), "samplers": tuple(SAMPLERS),
             "objectives": tuple(OBJECTIVES)}
@@ -249,16 +249,15 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
 def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     """The search space, checked against the strategy, the objectives and this machine; and
     whether the replay strategy runs it."""
-    from tuner.search import candidates
+    from tuner.search import candidates, samplers
     from tuner.search import space as spaces
-    from tuner.search import study as st
 
     space = spaces.load(options.space_name)
     refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
         raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
-    st.validate_objectives(options.objectives)
+    samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
 
@@ -269,7 +268,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
     """The study, created (or resumed) once every input has passed, and announced; with the
     params of the trials a dead driver left, to be tried again."""
     from tuner.measure import machine
-    from tuner.search import loop
+    from tuner.search import loop, outcomes, samplers
     from tuner.search import study as st
 
     o, engine = plan.options, plan.engine
@@ -281,7 +280,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
         confidence=o.confidence, margin=o.margin, schedule=schedule,
         fingerprint=machine.fingerprint(engine, o.workload, wl.digest))
     constrained = any(v is not None for v in o.constraints.values())
-    sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
+    sampler = samplers.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
     # Every input is checked by now: only now is the study folder made and announced.
     say(f"Study '{plan.study_name}' in {plan.out_dir}: space {space.name}, strategy "
         f"{'replay' if use_replay else 'optuna/' + o.sampler}, {o.n_trials} trials, concurrency "
@@ -290,7 +289,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
         f"{_levels_text(schedule)}")
     study = st.create(out_dir=plan.out_dir, name=plan.study_name, objectives=list(o.objectives),
                       sampler=sampler, storage_url=o.storage_url, settings=settings)
-    retry = st.recover_orphans(study)
+    retry = outcomes.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
     if not use_replay:
@@ -853,7 +852,7 @@ def _traffic_stem(path: Path) -> str:
 @_one_driver
 def repair(*, study_dir: Path, say: Say = print) -> str:
     """Quarantine the bad lines of a study's journal, keep every good record, check it loads."""
-    from tuner.search import storage
+    from tuner.search import repair as journal
 
-    return storage.repair(study_dir)
+    return journal.repair(study_dir)
 

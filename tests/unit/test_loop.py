@@ -17,7 +17,7 @@ from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Work
 from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import loop, trials
+from tuner.search import loop, outcomes, trials
 from tuner.search import space as spaces
 from tuner.search import study as st
 from tuner.tokens import FILE_NAME, RequestTokens, TokenCapture
@@ -252,7 +252,7 @@ def test_a_resumed_study_never_launches_the_aligned_baseline_twice():
 def test_an_aligned_baseline_a_dead_driver_left_is_launched_again():
     study, executor = _study(), _PathExecutor(differs=True)
     _search(study, executor, [], aligned="auto").run(n_trials=2, timeout_s=None)
-    orphan = st.ask_fresh(study, user_attrs=st.aligned_attrs(ALIGNED))
+    orphan = outcomes.ask_fresh(study, user_attrs=outcomes.aligned_attrs(ALIGNED))
     study._storage.set_trial_user_attr(orphan._trial_id, TrialAttr.FAILURE,
                                        {"reason": "x", "kind": "driver_died"})
     study._storage.set_trial_state_values(orphan._trial_id, optuna.trial.TrialState.FAIL)

@@ -30,7 +30,7 @@ from tuner.records.configs import (
 from tuner.records.policy import LadderRun
 from tuner.records.results import TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import optuna_compat
+from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 
 # One run measured into its folder: a result or a failure, never an exception.
@@ -176,7 +176,7 @@ def _measure(comp: Any, campaign: Campaign, launch: Launch, *, phase: str, total
     assert result is not None  # an outcome holds a result or a failure
     if outcome.tokens is not None:
         st.store_tokens(campaign.out_dir, trial, outcome.tokens, trial_dir=run_dir)
-    trial.set_user_attr(TrialAttr.RESULT, st.result_attr(result))
+    trial.set_user_attr(TrialAttr.RESULT, outcomes.result_attr(result))
     comp.tell(trial, result.levels[0].output_throughput)
     campaign.say(head + " | ".join(
         f"c={lv.concurrency}" + ("" if lv.request_rate is None else f" at {lv.request_rate:.2f}"

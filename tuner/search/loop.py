@@ -31,7 +31,7 @@ from tuner.records.configs import RequestSchedule, TrialConfig, Workload
 from tuner.records.options import OptimizePlan
 from tuner.records.results import BenchResult, Role, TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import optuna_compat
+from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 from tuner.search.space import Point, SearchSpace
 from tuner.search.strategy import (
@@ -344,14 +344,14 @@ class SearchLoop:
         if launch.trial is not None:
             trial = launch.trial
         elif launch.role == Role.ALIGNED_BASELINE:
-            trial = st.ask_fresh(self.study, user_attrs=st.aligned_attrs(launch.config))
+            trial = outcomes.ask_fresh(self.study, user_attrs=outcomes.aligned_attrs(launch.config))
         else:
             attrs = {TrialAttr.ROLE: launch.role.value,
                      TrialAttr.CONFIG_OVERRIDE: launch.config.model_dump(mode="json")}
             if launch.repeat_of is not None:
                 attrs[TrialAttr.REPEAT_OF] = launch.repeat_of
-            trial = st.ask_fresh(self.study, user_attrs=attrs)
-        st.label_trial(trial, launch.config, launch.role.value)
+            trial = outcomes.ask_fresh(self.study, user_attrs=attrs)
+        outcomes.label_trial(trial, launch.config, launch.role.value)
         return trial
 
     def _finished(self, trial: Any) -> FrozenTrial | None:
@@ -414,7 +414,7 @@ class SearchLoop:
         refused = st.rejected(self.study, engine=self.engine_digest).get(config.key())
         if refused is None:
             return False
-        st.tell_known_failure(self.study, trial, refused)
+        outcomes.tell_known_failure(self.study, trial, refused)
         kind = st.stored(refused).failure_kind
         self.say(f"trial {trial.number} {config.label()}: the engine refused this config in "
                  f"trial {refused.number} ({kind}); answered from storage as FAIL (no engine "
@@ -434,7 +434,7 @@ class SearchLoop:
             f = outcome.failure
             exc = TrialFailed(f.reason, log_tail=f.log_tail)
             exc.kind = f.kind
-            st.tell_failure(self.study, trial, exc)
+            outcomes.tell_failure(self.study, trial, exc)
             self.say(f"{mark} trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
                      f"{f.reason[:300]} -- recorded; the study continues ({wall_s:.0f} s). "
                      f"Log: {self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
@@ -446,7 +446,7 @@ class SearchLoop:
                 trial_dir=self.out_dir / "trials" / str(trial.number)):
             self.say(f"trial {trial.number}: its token capture came back unreadable; stored "
                      f"without it, so replay is unavailable for this trial")
-        st.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
+        outcomes.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints)
         self.say(f"{mark} trial {trial.number} " + self.line(outcome.result, self._baseline())
                  + f" ({wall_s:.0f} s)")
@@ -455,7 +455,7 @@ class SearchLoop:
     def _answer_duplicate(self, trial, dup) -> None:
         result = st.stored(dup).result
         assert result is not None  # st.completed: trials with a result
-        st.tell_result(self.study, trial, result, objectives=self.objectives,
+        outcomes.tell_result(self.study, trial, result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints,
                        duplicate_of=dup.number)
         self.say(f"trial {trial.number} {result.config.label()}: same config as trial "

@@ -24,6 +24,7 @@ from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Work
 from tuner.records.results import Role
 from tuner.records.selection import Selection
 from tuner.records.storage import StoredTrial
+from tuner.search import outcomes
 from tuner.search import study as st
 from tuner.search.space import SearchSpace
 
@@ -157,7 +158,7 @@ class OptunaSearch:
         same conditions as the trials around it."""
         if aligned is None:
             return study.ask()
-        return st.ask_fresh(study, user_attrs=st.aligned_attrs(aligned))
+        return outcomes.ask_fresh(study, user_attrs=outcomes.aligned_attrs(aligned))
 
     def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:
         return None  # the loop told the study; the sampler reads it from there
