@@ -24,6 +24,11 @@ selection is stored with the study (tuner.search.study.store_selections), and th
 rests on it. --n-trials is the number of engine launches. The strategy never launches: the
 loop does (tuner.search.strategy); the selections, or the ranking the confirm launches
 reach, come back as figures in the Stop (tuner.outputs words them).
+
+This module holds the phases' order, the calibration and the predictions; its parts live
+beside it: tuner.search.candidates (what is replayed, and the climb), replay_select (the
+levels decided over the workload sample), replay_confirm with tuner.search.ranking (the
+leaders confirmed without one), tuner.search.trials (the stored trials the predictor takes).
 """
 
 from __future__ import annotations
