@@ -33,12 +33,12 @@ def _pct(pred: float | None, meas: float | None) -> str:
 def baseline_spread(study_dir: Path) -> dict[int, tuple[float, int]]:
     """Per level: the plain baseline's half-range over median across the study's launches (%)
     and how many launches."""
-    from tuner.search import replay_strategy
     from tuner.search import study as st
+    from tuner.search import trials
 
     study = st.open_existing(study_dir, None, None)
     runs: dict[int, list[float]] = {}
-    for t in replay_strategy.measured_trials(study, study_dir, captures=False):
+    for t in trials.measured_trials(study, study_dir, captures=False):
         if t.role != "baseline":
             continue
         for c, lv in t.levels.items():

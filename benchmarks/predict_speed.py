@@ -5,7 +5,7 @@ Fits on the H200 set's baseline, aligned baseline and two calibration launches
 every config of the space at every level (64 requests at c=1 and c=8, 128 at c=32) three
 times: cold (replays and the numba compile included), then twice with one replay memo, as the
 replay strategy re-predicts after each launch; then the climb over the sampled grids around the
-leaders (replay_strategy.refine, which the strategy and `tuner predict` run once). Prints the wall
+leaders (candidates.refine, which the strategy and `tuner predict` run once). Prints the wall
 seconds of each.
 
     .venv/bin/python benchmarks/predict_speed.py [--space ngram]
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tuner.replay.predict import predict
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import space as spaces
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -35,7 +35,7 @@ def main() -> None:
     fitted = [m for m in load_launches(args.data, graphs=GRAPHS)
               if m.role in ("baseline", "aligned_baseline", "calibration")]
     base = next(m.capture for m in fitted if m.role == "baseline")
-    configs = replay_strategy.candidates(spaces.load(args.space))
+    configs = candidates.candidates(spaces.load(args.space))
     memo: dict = {}
     times = []
     for label, kwargs in (("cold", {}), ("memo, 1st", {"memo": memo}), ("memo, 2nd", {"memo": memo})):
@@ -47,12 +47,12 @@ def main() -> None:
     for label, seconds in times:
         print(f"  {label:10} {seconds:6.2f} s")
     t0 = time.monotonic()
-    _, _, added = replay_strategy.refine(
+    _, _, added = candidates.refine(
         spaces.load(args.space), configs, pred,
         lambda more: predict(base, more, fitted, max_model_len=4096, max_num_seqs=256,
-                             memo=memo), limit=replay_strategy.refine_limit(base))
+                             memo=memo), limit=candidates.refine_limit(base))
     print(f"  climb      {time.monotonic() - t0:6.2f} s  ({added} configs added around the "
-          "predicted leaders, replay_strategy.refine)")
+          "predicted leaders, candidates.refine)")
 
 
 if __name__ == "__main__":

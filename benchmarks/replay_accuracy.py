@@ -34,7 +34,7 @@ from tuner.records.options import EngineOptions
 from tuner.records.results import BenchResult
 from tuner.replay import acceptance
 from tuner.replay.predict import MeasuredTrial, predict
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import FILE_NAME, TokenCapture
 
@@ -165,7 +165,7 @@ def main() -> None:
         print(f"summary {name}: {json.dumps(summary[name])}")
     t0 = time.monotonic()
     sp = spaces.load("default")
-    cands = replay_strategy.candidates(sp)
+    cands = candidates.candidates(sp)
     base_cap = TokenCapture.load(args.out / args.workloads.split(",")[0] / "baseline" / FILE_NAME)
     for cfg in cands:
         acceptance.replay(base_cap, cfg, max_model_len=max_model_len)

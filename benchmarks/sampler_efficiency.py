@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("study_dir", type=Path)
     ap.add_argument("--seeds", type=int, default=11)
     args = ap.parse_args()
-    from tuner.search.study import quiet_optuna
+    from tuner.search.samplers import quiet_optuna
 
     quiet_optuna()
     values, best, n, sp = table(args.study_dir)

@@ -7,7 +7,7 @@ drafts the most per step there), then three predictions are made:
 
 1. the strategy's candidates (every n-gram grid point, 24 seeded suffix points and the start
    points), per seed;
-2. the same after `replay_strategy.refine`, the climb over the suffix grid around the leaders;
+2. the same after `candidates.refine`, the climb over the suffix grid around the leaders;
 3. every one of the suffix grid's 1,536 points.
 
 Printed per seed and level: the best predicted suffix throughput of (1) and (2), their share
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tuner.records.results import BenchResult
 from tuner.replay.predict import MeasuredTrial, predict
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import FILE_NAME, TokenCapture
 
@@ -61,8 +61,8 @@ def check(root: Path, seeds: list[int]) -> None:
     measured = fitted_on(root)
     base = measured[0].capture
     space = spaces.load("default")
-    sub = replay_strategy.only_method(space, "suffix")
-    grid = [sub.config_from_params(p) for p in replay_strategy.grid_points(sub)]
+    sub = candidates.only_method(space, "suffix")
+    grid = [sub.config_from_params(p) for p in candidates.grid_points(sub)]
     t0 = time.monotonic()
     whole = predict(base, grid, measured, max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
     whole_s = time.monotonic() - t0
@@ -75,10 +75,10 @@ def check(root: Path, seeds: list[int]) -> None:
             return predict(base, configs, measured, max_model_len=MAX_MODEL_LEN,
                            max_num_seqs=256, memo=memo)
 
-        start = replay_strategy.candidates(space, seed=seed)
+        start = candidates.candidates(space, seed=seed)
         first = run(start)
         t0 = time.monotonic()
-        _, climbed, added = replay_strategy.refine(space, start, first, run)
+        _, climbed, added = candidates.refine(space, start, first, run)
         took = time.monotonic() - t0
         cells = []
         for c in levels:

@@ -57,11 +57,11 @@ def launches(name: str) -> Iterator[Launch]:
             yield Launch(f"trial{number}", json.loads(spec) if isinstance(spec, str) else None,
                          data / "tokens" / f"{number}.npz", "\n".join(logs.get(str(number), [])))
     else:  # a study folder: its Optuna journal and trials/N/tokens.npz
-        from tuner.search import replay_strategy
         from tuner.search import study as st
+        from tuner.search import trials
 
         study = st.open_existing(data, None, None)
-        for m in replay_strategy.measured_trials(study, data, captures=False):
+        for m in trials.measured_trials(study, data, captures=False):
             yield Launch(f"trial{m.number}", m.config.speculative_config,
                          data / "trials" / str(m.number) / "tokens.npz", None)
 

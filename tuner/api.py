@@ -66,8 +66,8 @@ def names() -> dict[str, tuple[str, ...]]:
     """The valid names `--help` lists where the value is checked later (with a message that
     says what to do) rather than by argparse's `choices`: spaces, samplers, objectives."""
     from tuner.measure.metrics import OBJECTIVES
+    from tuner.search.samplers import SAMPLERS
     from tuner.search.space import available
-    from tuner.search.study import SAMPLERS
 
     return {"spaces": tuple(available()), "samplers": tuple(SAMPLERS),
             "objectives": tuple(OBJECTIVES)}
@@ -249,16 +249,15 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
 def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     """The search space, checked against the strategy, the objectives and this machine; and
     whether the replay strategy runs it."""
-    from tuner.search import replay_strategy
+    from tuner.search import candidates, samplers
     from tuner.search import space as spaces
-    from tuner.search import study as st
 
     space = spaces.load(options.space_name)
-    refused = replay_strategy.why_not_replayable(space, rates=options.acceptance_rates)
+    refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
         raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
-    st.validate_objectives(options.objectives)
+    samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
 
@@ -269,7 +268,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
     """The study, created (or resumed) once every input has passed, and announced; with the
     params of the trials a dead driver left, to be tried again."""
     from tuner.measure import machine
-    from tuner.search import loop
+    from tuner.search import loop, outcomes, samplers
     from tuner.search import study as st
 
     o, engine = plan.options, plan.engine
@@ -281,7 +280,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
         confidence=o.confidence, margin=o.margin, schedule=schedule,
         fingerprint=machine.fingerprint(engine, o.workload, wl.digest))
     constrained = any(v is not None for v in o.constraints.values())
-    sampler = st.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
+    sampler = samplers.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
     # Every input is checked by now: only now is the study folder made and announced.
     say(f"Study '{plan.study_name}' in {plan.out_dir}: space {space.name}, strategy "
         f"{'replay' if use_replay else 'optuna/' + o.sampler}, {o.n_trials} trials, concurrency "
@@ -290,7 +289,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
         f"{_levels_text(schedule)}")
     study = st.create(out_dir=plan.out_dir, name=plan.study_name, objectives=list(o.objectives),
                       sampler=sampler, storage_url=o.storage_url, settings=settings)
-    retry = st.recover_orphans(study)
+    retry = outcomes.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
     if not use_replay:
@@ -318,7 +317,7 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
     if use_replay:
         search.say(f"Strategy replay: --n-trials {options.n_trials} engine launches at most.")
         replay = replay_strategy.ReplaySearch(
-            search, study_dir=out_dir, leaders=options.confirm_leaders, seed=options.seed or 0,
+            study_dir=out_dir, leaders=options.confirm_leaders, seed=options.seed or 0,
             confidence=options.confidence, margin=options.margin,
             limits=engine_cmdline.engine_limits(search.engine),
             watch=replay_strategy.Watch(
@@ -372,7 +371,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
     from tuner.outputs import files, policy_verdicts
-    from tuner.search import ladder, loop
+    from tuner.search import ladder, trials
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name, write=True)
@@ -388,7 +387,7 @@ def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None =
     # path's cost and speculation's own gain (tuner.analysis.policy).
     lineup = rules.ladder_lineup(rules.leaders(frame.trials_frame(study), options.leaders),
                                  options.k_values, study=study.study_name,
-                                 aligned=loop.aligned_config(study))
+                                 aligned=trials.aligned_config(study))
     say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, levels))}, "
         f"{options.repeats} repeat(s), {len(lineup)} configs "
         f"({', '.join(c.label() for _, c in lineup)})")
@@ -428,10 +427,10 @@ def _predicted_curves(ladder_runs: list[LadderRun], lineup: list[tuple[str, Tria
                       ) -> dict[int, dict[int, float]] | None:
     """The replay's curves: every K of the chosen config the ladder did not measure, at the
     study's `temperature` (a sampled study's streams are never followed, as in predict)."""
-    from tuner.search import replay_strategy
+    from tuner.search import k_curves
 
     chosen = next(c for role, c in lineup if role == "leader")
-    predicted = replay_strategy.ladder_predictions(
+    predicted = k_curves.ladder_predictions(
         ladder_runs, chosen, study_dir=study_dir, limits=engine_cmdline.engine_limits(engine),
         temperature=temperature)
     if predicted:
@@ -716,7 +715,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     Returns a tuner.replay.predict.Prediction."""
     from tuner.replay.predict import Prediction
     from tuner.replay.predict import predict as predict_space
-    from tuner.search import replay_strategy
+    from tuner.search import candidates, trials
     from tuner.search import space as spaces
     from tuner.search import study as st
 
@@ -724,7 +723,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     stored = st.settings_of(study)
     engine = stored.engine_spec
     sp = spaces.load(space_name or stored.space)
-    base = next((t for t in replay_strategy.measured_trials(study, study_dir)
+    base = next((t for t in trials.measured_trials(study, study_dir)
                  if t.role == "baseline" and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
@@ -735,10 +734,10 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     if levels and set(levels) - set(captured):
         raise ConfigError(f"--levels {','.join(map(str, levels))}: the baseline's tokens were "
                           f"captured at {','.join(map(str, captured))}. Pick among those.")
-    configs = replay_strategy.candidates(sp)
+    configs = candidates.candidates(sp)
     say(f"Replaying {len(configs)} configs of space '{sp.name}' over trial {base.number}'s "
         f"tokens ...")
-    measured = replay_strategy.measured_trials(study, study_dir)
+    measured = trials.measured_trials(study, study_dir)
     memo: dict = {}
     limits = engine_cmdline.engine_limits(engine)
     temperature = stored.workload.temperature
@@ -749,8 +748,8 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
                              levels=list(levels or captured), temperature=temperature)
 
     t0 = time.monotonic()
-    configs, pred, added = replay_strategy.refine(sp, configs, run(configs), run,
-                                          limit=replay_strategy.refine_limit(base.capture))
+    configs, pred, added = candidates.refine(sp, configs, run(configs), run,
+                                          limit=candidates.refine_limit(base.capture))
     if added:
         say(f"Searched the sampled grids around the predicted leaders: {added} more configs "
             f"replayed ({len(configs)} in all).")
@@ -764,7 +763,7 @@ def predict_traffic(options: TrafficOptions, *, say: Say = print) -> TrafficOutc
     from tuner.outputs import traffic as traffic_out
     from tuner.replay import traffic
     from tuner.replay.traffic import prompts
-    from tuner.search import replay_strategy
+    from tuner.search import candidates
     from tuner.search import space as spaces
 
     levels = list(options.levels or (1,))
@@ -776,7 +775,7 @@ def predict_traffic(options: TrafficOptions, *, say: Say = print) -> TrafficOutc
                         model=options.model or _study_model(engine),
                         max_model_len=limits.max_model_len if limits else None,
                         context_of=prompts.context_len)
-    configs = replay_strategy.candidates(sp)
+    configs = candidates.candidates(sp)
     say(f"Replaying {len(configs)} configs of space '{sp.name}' over {len(logs)} requests at "
         f"c={','.join(map(str, levels))} ...")
     pred = traffic.predict(logs, configs, levels=levels, max_model_len=logs.max_model_len,
@@ -798,12 +797,12 @@ def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, Eng
     its measured trials (tuner.replay.predict with no config to predict), and its engine."""
     from tuner.replay.predict import predict as predict_space
     from tuner.replay.traffic import price
-    from tuner.search import replay_strategy
     from tuner.search import study as st
+    from tuner.search import trials
 
     study = st.open_existing(options.study_dir, options.storage_url, options.study_name)
     engine = st.settings_of(study).engine_spec
-    measured = replay_strategy.measured_trials(study, options.study_dir)
+    measured = trials.measured_trials(study, options.study_dir)
     base = next((t for t in measured if t.role == "baseline" and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"--study {options.study_dir}: no completed baseline with token ids, "
@@ -853,7 +852,7 @@ def _traffic_stem(path: Path) -> str:
 @_one_driver
 def repair(*, study_dir: Path, say: Say = print) -> str:
     """Quarantine the bad lines of a study's journal, keep every good record, check it loads."""
-    from tuner.search import storage
+    from tuner.search import repair as journal
 
-    return storage.repair(study_dir)
+    return journal.repair(study_dir)
 

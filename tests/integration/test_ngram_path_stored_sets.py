@@ -22,8 +22,8 @@ import pytest
 from tuner import api
 from tuner.measure import enginepath
 from tuner.replay import ngram_v2
-from tuner.search import replay_strategy
 from tuner.search import study as st
+from tuner.search import trials
 
 pytestmark = pytest.mark.vllm
 
@@ -38,7 +38,7 @@ def test_every_stored_ngram_launch_recorded_the_v1_proposer() -> None:
             if x.spec and x.log is not None:
                 recorded[f"{name} {x.name}"] = _ngram_path(x.log, x.spec["method"])
     study = st.open_existing(H100_STUDY, None, None)  # its trials' stored details
-    for m in replay_strategy.measured_trials(study, H100_STUDY, captures=False):
+    for m in trials.measured_trials(study, H100_STUDY, captures=False):
         if m.config.method == "ngram":
             recorded[f"h100 trial{m.number}"] = m.ngram_path
     assert len(recorded) >= 20

@@ -17,7 +17,7 @@ from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.outputs import decisions
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import study as st
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers: fails where vLLM is missing
@@ -256,8 +256,8 @@ def test_the_suffix_sample_is_climbed_around_the_predicted_leaders(tmp_path):
             if e.topic == "climb"] == climbed
     pred = pd.read_csv(tmp_path / "study" / "predicted.csv")
     keys = pred[pred["method"] == "suffix"]["key"].unique()
-    assert len(keys) > replay_strategy.SUFFIX_POINTS + 1  # the sample, its start point, the climb
-    assert len(keys) <= replay_strategy.SUFFIX_POINTS + 1 + replay_strategy.REFINE_MAX
+    assert len(keys) > candidates.SUFFIX_POINTS + 1  # the sample, its start point, the climb
+    assert len(keys) <= candidates.SUFFIX_POINTS + 1 + candidates.REFINE_MAX
 
 
 def _cli_optimize(out, *flags: str) -> None:

@@ -22,6 +22,7 @@ from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import OptimizeOptions
 from tuner.records.results import BenchResult
+from tuner.search import outcomes
 from tuner.search import study as st
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=2, output_len=8)
@@ -131,8 +132,8 @@ def test_trials_csv_lists_each_config_once_per_level(tmp_path):
     # A proposal answered from storage, as the sampler makes when it re-proposes a config.
     dup = study.ask()
     first = trials[1]
-    st.label_trial(dup, TrialConfig.model_validate(first.user_attrs["config"]), "search")
-    st.tell_result(study, dup, BenchResult.model_validate(first.user_attrs["result"]),
+    outcomes.label_trial(dup, TrialConfig.model_validate(first.user_attrs["config"]), "search")
+    outcomes.tell_result(study, dup, BenchResult.model_validate(first.user_attrs["result"]),
                    objectives=["output_throughput", "mean_tpot_ms"], concurrency=1,
                    constraints={}, duplicate_of=first.number)
     paths = write_outputs(study, out)

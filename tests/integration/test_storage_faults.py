@@ -19,7 +19,7 @@ import pytest
 from tuner import cli
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.storage import STUDY_ATTR
-from tuner.search import storage
+from tuner.search import outcomes, storage
 from tuner.search import study as st
 from tuner.search.space import Point
 
@@ -186,7 +186,7 @@ def test_shared_database_fails_only_trials_whose_heartbeat_went_stale(tmp_path, 
     live = optuna.load_study(study_name="s", storage=st.storage(tmp_path, url))
     running = live.ask({"k": optuna.distributions.IntDistribution(1, 8)})
     time.sleep(3.5)
-    retry = st.recover_orphans(live)
+    retry = outcomes.recover_orphans(live)
     states = {t.number: t.state.name for t in live.get_trials(deepcopy=False)}
     assert states == {orphan.number: "FAIL", running.number: "RUNNING"}
     assert retry == [Point(method="ngram", values=(("k", orphan.params["ngram.k"]),))]

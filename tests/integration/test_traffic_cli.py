@@ -25,7 +25,7 @@ from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import OptimizeOptions
 from tuner.replay import acceptance, sampling
 from tuner.replay.predict import predict
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import TokenCapture
 
@@ -96,7 +96,7 @@ def test_priced_rows_carry_the_half_widths_predict_gives_a_sampled_baseline(stud
                                  "ngram", "--levels", "2", "--json", "--output-dir",
                                  str(tmp_path / "p")])["rows"], 2)
     capture = TokenCapture.load(requests.parent / "tokens.npz")
-    configs = replay_strategy.candidates(spaces.load("ngram"))
+    configs = candidates.candidates(spaces.load("ngram"))
     want = _by_key([r.csv_row() for r in predict(
         capture, configs, [], max_model_len=None, max_num_seqs=256, levels=[2],
         temperature=0.8).rows], 2)
@@ -131,7 +131,7 @@ def test_stored_real_tokens_replay_as_the_baseline_capture_predicts(tmp_path, ca
     got = _by_key(_json(capsys, ["predict", "--traffic", str(folder / "requests.jsonl"),
                                  "--levels", "4", "--json", "--output-dir",
                                  str(tmp_path / "t")])["rows"], 4)
-    configs = replay_strategy.candidates(spaces.load("ngram"))
+    configs = candidates.candidates(spaces.load("ngram"))
     want = _by_key([r.csv_row() for r in predict(
         capture, configs, [], max_model_len=None, max_num_seqs=256, levels=[4]).rows], 4)
     for cfg in configs:

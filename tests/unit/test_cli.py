@@ -142,8 +142,8 @@ def test_help_describes_every_option_and_shows_every_default():
 def test_help_lists_the_valid_names():
     from tuner import checks, cli
     from tuner.measure.metrics import OBJECTIVES
+    from tuner.search.samplers import SAMPLERS
     from tuner.search.space import available
-    from tuner.search.study import SAMPLERS
 
     assert cli.api.names() == {"spaces": tuple(available()), "samplers": tuple(SAMPLERS),
                                "objectives": tuple(OBJECTIVES)}

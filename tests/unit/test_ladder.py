@@ -173,11 +173,11 @@ def test_a_stored_run_with_an_undefined_metric_reads_back_as_nan():
     import math
 
     from tuner.records.policy import LadderRun
-    from tuner.search import study as st
+    from tuner.search import outcomes
 
     level = LevelMetrics.model_validate(fake_level(1, output_throughput=100.0,
                                                    mean_tpot_ms=float("nan")))
-    attr = st.result_attr(BenchResult(config=A, engine=EngineInfo(start_s=1.0), levels=(level,)))
+    attr = outcomes.result_attr(BenchResult(config=A, engine=EngineInfo(start_s=1.0), levels=(level,)))
     assert attr["levels"][0]["mean_tpot_ms"] is None  # JSON has no NaN
     run = LadderRun.model_validate({"key": A.key(), "result": attr})
     assert math.isnan(run.result.levels[0].mean_tpot_ms)

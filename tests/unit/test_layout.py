@@ -159,3 +159,97 @@ def test_nothing_imports_api_or_cli():
 def test_the_checker_sees_function_level_imports():
     # A canary for the checker itself: api imports stage modules inside functions too.
     assert any(t.startswith("tuner.search") for t in EDGES["tuner.api"])
+
+
+def _resolve(target: str) -> str | None:
+    """The tuner module an import names: `tuner.search.loop.SearchLoop` -> tuner.search.loop."""
+    while target and target not in EDGES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _module_imports(module: str, path: Path) -> set[str]:
+    """The tuner modules `module` imports. `from pkg import mod` imports pkg.mod, not what
+    pkg/__init__.py imports: the package's own imports are its own edges."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in EDGES else base
+                     for a in node.names]
+        else:
+            continue
+        found.update(r for name in names if (r := _resolve(name)) is not None)
+    return found
+
+
+GRAPH = {name: _module_imports(name, path) for name, path in _modules().items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Every import cycle among tuner's modules (Tarjan's strongly connected components of
+    more than one module, or one that imports itself)."""
+    graph = {m: sorted(targets) for m, targets in GRAPH.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                n = stack.pop()
+                component.append(n)
+                if n == m:
+                    break
+            if len(component) > 1 or m in graph[m]:
+                found.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_no_import_cycle_inside_tuner():
+    # TYPE_CHECKING imports count: a cycle there is the same knot, only deferred.
+    assert _cycles() == []
+
+
+def test_the_cycle_check_sees_a_cycle(monkeypatch):
+    # A canary for the check itself: errors importing api closes a loop (api imports errors).
+    monkeypatch.setitem(GRAPH, "tuner.errors", GRAPH["tuner.errors"] | {"tuner.api"})
+    assert any({"tuner.errors", "tuner.api"} <= set(c) for c in _cycles())
+
+
+def test_only_the_storage_module_reads_a_trials_raw_attrs_in_search():
+    # tuner.search.study.stored parses a trial's attrs once into a StoredTrial (ladder_run a
+    # campaign's run); the rest of the search reads those records, never the raw keys.
+    bad = [f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}"
+           for path in sorted((PACKAGE / "search").rglob("*.py")) if path.name != "study.py"
+           for n, line in enumerate(path.read_text().splitlines(), 1)
+           if ".user_attrs" in line]
+    assert not bad, "raw user_attrs reads outside tuner/search/study.py:\n" + "\n".join(bad)
+
+
+def test_no_module_of_the_search_exceeds_500_lines():
+    # A module past 500 lines holds a second job (STYLE.md: split when one appears).
+    long = {str(p.relative_to(PACKAGE)): n for p in (PACKAGE / "search").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long

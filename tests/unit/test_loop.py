@@ -17,7 +17,7 @@ from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Work
 from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import loop
+from tuner.search import loop, outcomes, trials
 from tuner.search import space as spaces
 from tuner.search import study as st
 from tuner.tokens import FILE_NAME, RequestTokens, TokenCapture
@@ -223,7 +223,7 @@ def test_auto_alignment_measures_the_speculative_path_once_right_after_it_is_see
     assert "--no-async-scheduling VLLM_USE_V2_MODEL_RUNNER=0" in said[0]
     assert [(topic, key) for topic, _, key in notes] == [("engine_path", "decision")]
     assert notes[0][1] == said[0].removeprefix("Engine path: ")
-    assert loop.aligned_config(study) == ALIGNED
+    assert trials.aligned_config(study) == ALIGNED
 
 
 def test_auto_alignment_adds_no_launch_where_speculation_keeps_the_path():
@@ -235,7 +235,7 @@ def test_auto_alignment_adds_no_launch_where_speculation_keeps_the_path():
     # Nothing to decide: said with -v only.
     assert sum("no aligned baseline to measure" in ln for ln in detail) == 1
     assert not any("engine path" in ln.lower() for ln in lines)
-    assert loop.aligned_config(study) is None
+    assert trials.aligned_config(study) is None
 
 
 def test_a_resumed_study_never_launches_the_aligned_baseline_twice():
@@ -252,11 +252,11 @@ def test_a_resumed_study_never_launches_the_aligned_baseline_twice():
 def test_an_aligned_baseline_a_dead_driver_left_is_launched_again():
     study, executor = _study(), _PathExecutor(differs=True)
     _search(study, executor, [], aligned="auto").run(n_trials=2, timeout_s=None)
-    orphan = st.ask_fresh(study, user_attrs=st.aligned_attrs(ALIGNED))
+    orphan = outcomes.ask_fresh(study, user_attrs=outcomes.aligned_attrs(ALIGNED))
     study._storage.set_trial_user_attr(orphan._trial_id, TrialAttr.FAILURE,
                                        {"reason": "x", "kind": "driver_died"})
     study._storage.set_trial_state_values(orphan._trial_id, optuna.trial.TrialState.FAIL)
-    assert not loop.has_aligned_baseline(study)
+    assert not trials.has_aligned_baseline(study)
     _search(study, executor, [], aligned="auto").run(n_trials=3, timeout_s=None)
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert [t.user_attrs[TrialAttr.ROLE] for t in done].count("aligned_baseline") == 1

@@ -164,7 +164,7 @@ def test_repeats_extend_the_total_and_keep_counting(tmp_path):
 def test_the_replay_strategy_counts_launches_against_the_launch_budget(tmp_path):
     lines, ticks = [], []
     search = _loop(tmp_path, _Remote(), lines, ticks)
-    replay = replay_strategy.ReplaySearch(search, study_dir=tmp_path, limits=EngineLimits(
+    replay = replay_strategy.ReplaySearch(study_dir=tmp_path, limits=EngineLimits(
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048))
     # No token ids came back with the baseline: one launch, then the Optuna fallback.
     stop = search.run(replay, n_trials=5, timeout_s=None)

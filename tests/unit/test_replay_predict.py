@@ -13,7 +13,7 @@ from tuner.records.predictions import PredictedRow
 from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, cost, schedule
 from tuner.replay.predict import MeasuredTrial, predict
-from tuner.search import replay_strategy
+from tuner.search import candidates, replay_confirm
 from tuner.search import space as spaces
 from tuner.tokens import RequestTokens, TokenCapture
 
@@ -265,29 +265,29 @@ def test_without_a_speculative_trial_only_acceptance_is_predicted():
 
 def test_candidates_cover_the_whole_ngram_grid_and_a_seeded_suffix_sample():
     sp = spaces.load("default")
-    got = replay_strategy.candidates(sp, seed=0)
+    got = candidates.candidates(sp, seed=0)
     ngram = [c for c in got if c.method == "ngram"]
     suffix = [c for c in got if c.method == "suffix"]
     assert len(ngram) == len(sp.model_copy(update={"methods": {"ngram": sp.methods["ngram"]}})
                              .grid())
-    assert replay_strategy.SUFFIX_POINTS <= len(suffix) <= replay_strategy.SUFFIX_POINTS + 1  # + start point
-    assert [c.key() for c in got] == [c.key() for c in replay_strategy.candidates(sp, seed=0)]
+    assert candidates.SUFFIX_POINTS <= len(suffix) <= candidates.SUFFIX_POINTS + 1  # + start point
+    assert [c.key() for c in got] == [c.key() for c in candidates.candidates(sp, seed=0)]
     assert len({c.key() for c in got}) == len(got)
 
 
 def test_spaces_that_replay_cannot_predict_say_why():
-    assert replay_strategy.why_not_replayable(spaces.load("ngram"), rates=None) is None
-    assert "cannot be replayed" in replay_strategy.why_not_replayable(spaces.load("draft"), rates=None)
-    assert "synthetic" in replay_strategy.why_not_replayable(spaces.load("ngram"), rates=[0.5])
+    assert candidates.why_not_replayable(spaces.load("ngram"), rates=None) is None
+    assert "cannot be replayed" in candidates.why_not_replayable(spaces.load("draft"), rates=None)
+    assert "synthetic" in candidates.why_not_replayable(spaces.load("ngram"), rates=[0.5])
 
 
 def test_leaders_to_confirm_take_the_best_of_each_method_first():
     ranked = [PredictedRow(key=key, label=key, method=method, concurrency=1)
               for method, key in (("suffix", "s1"), ("suffix", "s2"), ("ngram", "n1"),
                                   ("ngram", "n2"))]
-    assert [r.key for r in replay_strategy._diverse(ranked, 2)] == ["s1", "n1"]
-    assert [r.key for r in replay_strategy._diverse(ranked, 3)] == ["s1", "s2", "n1"]
-    assert [r.key for r in replay_strategy._diverse(ranked[:2], 2)] == ["s1", "s2"]
+    assert [r.key for r in replay_confirm._diverse(ranked, 2)] == ["s1", "n1"]
+    assert [r.key for r in replay_confirm._diverse(ranked, 3)] == ["s1", "s2", "n1"]
+    assert [r.key for r in replay_confirm._diverse(ranked[:2], 2)] == ["s1", "s2"]
 
 
 def test_an_aligned_baseline_splits_each_predicted_speedup_into_path_cost_and_gain():

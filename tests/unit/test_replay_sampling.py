@@ -60,7 +60,7 @@ def _row(label: str, thr: float, pm: float | None, method: str = "ngram") -> Pre
 def _search(study=None) -> types.SimpleNamespace:
     said, notes, detail = [], [], []
     return types.SimpleNamespace(
-        loop=types.SimpleNamespace(target=4, engine=EngineSpec(model="m", device="cpu")),
+        view=types.SimpleNamespace(target=4, engine=EngineSpec(model="m", device="cpu")),
         leaders=2, study=study, said=said, notes=notes, details=detail, say=said.append,
         note=lambda *a: notes.append(a), detail=detail.append,
         _config_of=lambda r: TrialConfig(speculative_config={**NG, "num_speculative_tokens":

@@ -1,4 +1,4 @@
-"""The replay strategy's confirm launches (tuner/search/replay_strategy.py ReplaySearch
+"""The replay strategy's confirm launches (tuner/search/replay_confirm.py, tuner/search/ranking.py
 `_verdict`, `_confirm`): when speedup intervals decide the ranking, on synthetic launches,
 and the ranking in words (tuner/outputs/ranking.py).
 
@@ -33,8 +33,8 @@ def ngram(k: int, lo: int = 4, hi: int = 4) -> TrialConfig:
 A, B = ngram(3), ngram(5, 2, 5)
 
 
-class _Loop:
-    """What ReplaySearch reads of its SearchLoop while it confirms."""
+class _View:
+    """What ReplaySearch reads of its StudyView while it confirms."""
 
     def __init__(self) -> None:
         self.study, self.target, self.n_trials = None, 1, 0
@@ -50,8 +50,9 @@ class _Loop:
 
 def _search(runs: list[tuple[TrialConfig, list[float]]], *, aligned: bool = False,
             **options: float) -> ReplaySearch:
-    search = ReplaySearch(_Loop(), study_dir=Path("."), limits=EngineLimits(
+    search = ReplaySearch(study_dir=Path("."), limits=EngineLimits(
         max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048), **options)
+    search.view = _View()  # the loop hands it one with each ask
     search.runs = {cfg.key(): list(values) for cfg, values in runs}  # launches by config key
     search._throughputs = lambda: {k: list(v) for k, v in search.runs.items() if v}
     search.windows = {}  # config key -> [(prompts digest, windows)] per launch
@@ -74,7 +75,7 @@ def _run(flow) -> Stop:
 
 def _said(stop: Stop, search: ReplaySearch) -> None:
     """The ranking said as tuner.api says it, through the loop's lines."""
-    loop = search.loop
+    loop = search.view
     ranking.say_ranking(stop.ranking, say=loop.say, detail=loop.detail, note=loop.note)
 
 
@@ -189,7 +190,7 @@ def test_confirm_launches_least_measured_first_until_decided(n_trials):
 
     search._launch, search._align, search._predict = launch, lambda: iter(()), lambda _c: None
     search._room = lambda: len(launched) < n_trials
-    search.loop.n_trials = n_trials  # looks at the ranking: n_trials + 1, each at 5% / looks
+    search.view.n_trials = n_trials  # looks at the ranking: n_trials + 1, each at 5% / looks
     stop = _run(search._confirm([A, B], capture=None))
     assert stop.ranking is not None and stop.ranking.decided
     assert stop.reason == StopReason.DECIDED
@@ -199,12 +200,12 @@ def test_confirm_launches_least_measured_first_until_decided(n_trials):
     # an interval. With 12 allowed, each look is taken at 5% / 13 and needs the third launch.
     assert launched == ["baseline (no speculation)", "ngram k=3 window 4-4",
                         "ngram k=5 window 2-5"][:2 if n_trials == 3 else 3]
-    said = [ln for ln in search.loop.said if ln.startswith("Ranking")]
+    said = [ln for ln in search.view.said if ln.startswith("Ranking")]
     assert said == [said[-1]] and said[0].startswith("Ranking decided at c=1: first ngram k=3")
     assert said[0].endswith("; every figure: -v or the report.")
-    assert search.loop.details[-1].startswith("Ranking decided at c=1: ngram k=3 window 4-4 "
+    assert search.view.details[-1].startswith("Ranking decided at c=1: ngram k=3 window 4-4 "
                                               "beats baseline (no speculation)")
-    assert search.loop.notes[-1][0] == "confirmation"
+    assert search.view.notes[-1][0] == "confirmation"
 
 
 def test_confirm_says_what_is_open_when_the_budget_ends():
@@ -222,7 +223,7 @@ def test_confirm_says_what_is_open_when_the_budget_ends():
     assert stop.reason == StopReason.BUDGET
     assert stop.ranking.status == intervals.RankingStatus.OPEN
     _said(stop, search)
-    assert search.loop.said[-1].startswith("Ranking undecided at c=1: ngram k=3 window 4-4 "
+    assert search.view.said[-1].startswith("Ranking undecided at c=1: ngram k=3 window 4-4 "
                                            "against baseline (no speculation) is open")
 
 

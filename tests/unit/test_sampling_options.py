@@ -16,7 +16,7 @@ from tuner.measure import loadgen, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.results import Basis, Verdict
 from tuner.replay import sampling
-from tuner.search import storage
+from tuner.search import samplers, storage
 from tuner.search import study as st
 
 TOK = str(workloads.EMBEDDED_TOKENIZER)
@@ -104,7 +104,7 @@ def _create(out: Path, workload: dict) -> None:
         "workload": WorkloadSpec.model_validate(workload)})
     with storage.driver(say=lambda _m: None):
         st.create(out_dir=out, name="s", objectives=list(settings.objectives),
-                  sampler=st.make_sampler("random", seed=0, constrained=False),
+                  sampler=samplers.make_sampler("random", seed=0, constrained=False),
                   storage_url=None, settings=settings)
 
 

@@ -9,7 +9,7 @@ import types
 from tuner.records.configs import TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.replay.predict import Prediction
-from tuner.search import replay_strategy
+from tuner.search import candidates, k_curves
 from tuner.search import space as spaces
 
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
@@ -26,7 +26,7 @@ def _knobs(cfg: TrialConfig) -> dict:
 
 def test_a_suffix_point_has_one_neighbour_per_knob_and_direction():
     sp = spaces.load("default")
-    got = replay_strategy.neighbours(sp, [_cfg(**SUFFIX)])
+    got = candidates.neighbours(sp, [_cfg(**SUFFIX)])
     moved = sorted((k, v) for c in got for k, v in _knobs(c).items() if v != SUFFIX[k])
     assert moved == [("num_speculative_tokens", 4), ("num_speculative_tokens", 12),
                      ("suffix_decoding_max_spec_factor", 0.5),
@@ -41,15 +41,15 @@ def test_a_suffix_point_has_one_neighbour_per_knob_and_direction():
 def test_neighbours_stay_inside_the_grid_and_its_dependent_bounds():
     sp = spaces.load("default")
     corner = {**SUFFIX, "num_speculative_tokens": 4, "suffix_decoding_min_token_prob": 0.05}
-    got = replay_strategy.neighbours(sp, [_cfg(**corner)])
+    got = candidates.neighbours(sp, [_cfg(**corner)])
     assert len(got) == 6  # K and min_prob at their lowest: one direction each
     # n-gram: prompt_lookup_min <= prompt_lookup_max; min 3 = max 3 cannot move min up
     ngram = _cfg(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3,
                  prompt_lookup_min=3)
     got = {(c.speculative_config["prompt_lookup_min"], c.speculative_config["prompt_lookup_max"])
-           for c in replay_strategy.neighbours(sp, [ngram])}
+           for c in candidates.neighbours(sp, [ngram])}
     assert (4, 3) not in got and (2, 3) in got and (3, 4) in got
-    assert replay_strategy.neighbours(sp, [TrialConfig()]) == []  # the baseline has none
+    assert candidates.neighbours(sp, [TrialConfig()]) == []  # the baseline has none
 
 
 def _fake_predictor(peak: dict):
@@ -76,14 +76,14 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
     sp = spaces.load("suffix")
     peak = {"num_speculative_tokens": 28, "suffix_decoding_max_tree_depth": 56,
             "suffix_decoding_max_spec_factor": 2.0, "suffix_decoding_min_token_prob": 0.25}
-    start = [c for c in replay_strategy.candidates(sp, seed=3) if _knobs(c) != peak]
+    start = [c for c in candidates.candidates(sp, seed=3) if _knobs(c) != peak]
     run, calls = _fake_predictor(peak)
-    configs, pred, added = replay_strategy.refine(sp, start, run(start), run)
+    configs, pred, added = candidates.refine(sp, start, run(start), run)
     best = pred.leaders(1, 1)[0]
     assert json.loads(best.speculative_config) == {"method": "suffix", **peak}
     assert added == len(configs) - len(start) > 0
     assert len({c.key() for c in configs}) == len(configs)  # nothing replayed twice
-    assert len(calls) - 1 <= replay_strategy.REFINE_ROUNDS
+    assert len(calls) - 1 <= candidates.REFINE_ROUNDS
     assert sum(calls[1:]) == added  # each round predicts only the configs it adds
     assert pred.configs == len(configs) and len(pred.rows) == len(configs)
     assert added < 400  # a climb, not the whole grid of 1,536
@@ -91,14 +91,14 @@ def test_refine_climbs_from_a_sample_to_the_predicted_best_grid_point():
 
 def test_refine_needs_a_calibrated_step_cost():
     sp = spaces.load("suffix")
-    start = replay_strategy.candidates(sp, seed=0)
+    start = candidates.candidates(sp, seed=0)
     run, calls = _fake_predictor({"num_speculative_tokens": 32,
                                   "suffix_decoding_max_tree_depth": 64,
                                   "suffix_decoding_max_spec_factor": 2.0,
                                   "suffix_decoding_min_token_prob": 0.3})
     flat = run(start)
     flat.costs = {1: types.SimpleNamespace(calibrated=False)}
-    configs, pred, added = replay_strategy.refine(sp, start, flat, run)
+    configs, pred, added = candidates.refine(sp, start, flat, run)
     assert (configs, pred, added) == (start, flat, 0) and len(calls) == 1
 
 
@@ -113,10 +113,10 @@ def test_the_climb_adds_fewer_configs_over_larger_captures():
                           output=np.arange(tokens_per_request), max_tokens=tokens_per_request)
             for i in range(64)))
 
-    assert replay_strategy.refine_limit(capture(16)) == replay_strategy.REFINE_MAX  # 1k tokens: the README job
-    big = replay_strategy.refine_limit(capture(450))  # 29k tokens: an H200 capture
-    assert 1 <= big < replay_strategy.REFINE_MAX
-    assert big == replay_strategy.REFINE_TOKENS // (64 * 450)
+    assert candidates.refine_limit(capture(16)) == candidates.REFINE_MAX  # 1k tokens: the README job
+    big = candidates.refine_limit(capture(450))  # 29k tokens: an H200 capture
+    assert 1 <= big < candidates.REFINE_MAX
+    assert big == candidates.REFINE_TOKENS // (64 * 450)
 
 
 def test_the_policy_curves_replay_at_the_studys_temperature(monkeypatch, tmp_path):
@@ -130,13 +130,13 @@ def test_the_policy_curves_replay_at_the_studys_temperature(monkeypatch, tmp_pat
                                              concurrency=1, pred_speedup=1.2)],
                           costs={}, seconds=0.0, configs=1)
 
-    monkeypatch.setattr(replay_strategy, "predict", fake_predict)
-    monkeypatch.setattr(replay_strategy, "_ladder_measured", lambda runs, d: ([], object()))
+    monkeypatch.setattr(k_curves, "predict", fake_predict)
+    monkeypatch.setattr(k_curves, "_ladder_measured", lambda runs, d: ([], object()))
     limits = types.SimpleNamespace(max_model_len=2048, max_num_seqs=8)
     chosen = _cfg(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1,
                   prompt_lookup_max=3)
-    got = replay_strategy.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits,
+    got = k_curves.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits,
                                              temperature=0.8)
     assert got == {1: {1: 1.2}} and seen["temperature"] == 0.8
-    replay_strategy.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits)
+    k_curves.ladder_predictions([], chosen, study_dir=tmp_path, limits=limits)
     assert seen["temperature"] == 0.0

@@ -71,7 +71,7 @@ class _Scripted:
         self.script = list(script)
         self.told: list[tuple[Role, int | None]] = []
 
-    def ask(self) -> Launch | Stop:
+    def ask(self, view) -> Launch | Stop:
         return self.script.pop(0) if self.script else Stop(StopReason.DECIDED)
 
     def tell(self, launch: Launch, trial) -> None:
@@ -113,7 +113,7 @@ def test_optuna_samplers_stop_on_the_budget_and_on_a_space_they_exhausted(tmp_pa
     search = _loop(tmp_path, _Executor(), lines)
     loop.enqueue_start(search.study, search.space, "grid", [])
     # The baseline and the space's two configs (one the engine refuses), then nothing left.
-    stop = search.run(OptunaSearch(search), n_trials=10, timeout_s=None)
+    stop = search.run(OptunaSearch(), n_trials=10, timeout_s=None)
     assert stop == Stop(StopReason.EXHAUSTED)
     assert lines[-1] == ("Every config of search space '<space>' (2) is measured or refused; "
                          "stopping the search.")

@@ -11,7 +11,7 @@ import optuna
 from study_fakes import fake_settings
 
 from tuner.records.storage import StudySettings
-from tuner.search import storage
+from tuner.search import samplers, storage
 from tuner.search import study as st
 
 OLD_STUDY = Path(__file__).resolve().parent.parent / "data" / "old_study_grid"
@@ -21,7 +21,7 @@ SETTINGS = fake_settings()
 def _create(out: Path, settings: StudySettings, name: str = "s") -> optuna.Study:
     with storage.driver(say=lambda _m: None):
         return st.create(out_dir=out, name=name, objectives=list(settings.objectives),
-                         sampler=st.make_sampler("random", seed=0, constrained=False),
+                         sampler=samplers.make_sampler("random", seed=0, constrained=False),
                          storage_url=None, settings=settings)
 
 
@@ -56,4 +56,4 @@ def test_constrained_samplers_build_without_optunas_deprecation_warning():
     for name in ("nsga2", "tpe", "gp"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert st.make_sampler(name, seed=0, constrained=True) is not None
+            assert samplers.make_sampler(name, seed=0, constrained=True) is not None

@@ -23,7 +23,7 @@ from tuner.records.configs import TrialConfig
 from tuner.records.results import RequestRecord
 from tuner.replay import acceptance, sampling, traffic
 from tuner.replay.traffic import capture, logs, price, prompts, sweep
-from tuner.search import replay_strategy
+from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import RequestTokens, TokenCapture
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.vllm  # steps vLLM's proposers and renders with its cod
 
 STORED = (Path(__file__).parents[2] / "benchmarks" / "data" / "cpu-replay" /
           "sharegpt-8p-seed1-bf16.tar.xz")
-NGRAM = replay_strategy.candidates(spaces.load("ngram"))
+NGRAM = candidates.candidates(spaces.load("ngram"))
 
 
 @pytest.fixture(scope="module")

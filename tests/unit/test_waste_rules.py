@@ -12,7 +12,7 @@ from study_fakes import add_complete, add_failed, fake_level, ngram, realistic_s
 
 from tuner.analysis.frame import configs_frame, trials_frame
 from tuner.records.configs import TrialConfig
-from tuner.search import space
+from tuner.search import outcomes, space
 from tuner.search import study as st
 
 ENGINE = "e1"
@@ -83,7 +83,7 @@ def test_a_refusal_holds_only_for_an_engine_that_started_something():
 def test_a_known_failure_is_told_from_storage_and_not_counted(study):
     original = _trial(study, _cfg(9), TrialState.FAIL, kind="engine_crashed")
     trial = study.ask()
-    st.tell_known_failure(study, trial, original)
+    outcomes.tell_known_failure(study, trial, original)
     told = study.trials[-1]
     assert told.state == TrialState.FAIL and told.user_attrs["duplicate_of"] == original.number
     assert told.user_attrs["failure"]["reason"] == REFUSED

@@ -50,7 +50,7 @@ class LadderRun(Frozen):
     @classmethod
     def _undefined_as_nan(cls, value: Any) -> Any:
         """The RESULT attr keeps an undefined metric (NaN) as null (as pydantic writes JSON:
-        tuner.search.study.result_attr); read back as NaN, so a run with one still counts."""
+        tuner.search.outcomes.result_attr); read back as NaN, so a run with one still counts."""
         if not isinstance(value, dict) or not isinstance(value.get("levels"), list):
             return value
         return {**value, "levels": [

@@ -7,8 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tuner.records.configs import EngineSpec, MeasureSettings, RequestSchedule, WorkloadSpec
-from tuner.records.results import PredictionMiss
+from tuner.records.configs import (
+    EngineSpec,
+    MeasureSettings,
+    RequestSchedule,
+    TrialConfig,
+    WorkloadSpec,
+)
+from tuner.records.results import BenchResult, PredictionMiss
 
 # The study user attr that holds a StudySettings.
 STUDY_ATTR = "tuner"
@@ -114,3 +120,22 @@ class TrialAttr:
     # {"file": the tuner.tokens capture, relative to the study folder, "requests": n,
     #  "output_tokens": n (measured requests)}; absent when the engine returned no token ids
     TOKENS = "tokens"
+
+
+class StoredTrial(BaseModel):
+    """One trial of a study as the search reads it: its attrs (TrialAttr) parsed once, by
+    tuner.search.study.stored, the one reader of raw attrs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    number: int
+    state: str  # Optuna's TrialState name: COMPLETE, FAIL, RUNNING, WAITING, PRUNED
+    role: str | None = None  # a Role value
+    label: str | None = None
+    config_key: str | None = None
+    config: TrialConfig | None = None  # as measured
+    override: TrialConfig | None = None  # as enqueued (baseline, aligned baseline, repeat)
+    result: BenchResult | None = None
+    failure_kind: str | None = None
+    duplicate_of: int | None = None  # answered from this trial's storage, no launch
+    repeat_of: int | None = None
+    wall_s: float | None = None

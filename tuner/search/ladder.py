@@ -30,16 +30,12 @@ from tuner.records.configs import (
 from tuner.records.policy import LadderRun
 from tuner.records.results import TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import optuna_compat
+from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 
 # One run measured into its folder: a result or a failure, never an exception.
 MeasureRun = Callable[[TrialConfig, Path], TrialOutcome]
 RunKey = tuple[Any, Any, Any]  # (phase, config key, repeat) as a run's attrs store them
-# A run's attrs that stored_runs reads, by name (TrialAttr values, LadderRun's fields).
-RUN_FIELDS = (TrialAttr.PHASE, TrialAttr.ROLE, TrialAttr.LABEL, TrialAttr.CONFIG_KEY,
-              TrialAttr.REPEAT, TrialAttr.CONFIG, TrialAttr.RESULT, TrialAttr.FAILURE,
-              TrialAttr.TOKENS)
 
 
 @dataclass(frozen=True)
@@ -136,8 +132,7 @@ def done_keys(comp: Any) -> set[RunKey]:
     """The run keys the companion study holds complete (a failed run is measured again)."""
     from optuna.trial import TrialState
 
-    return {(t.user_attrs.get(TrialAttr.PHASE), t.user_attrs.get(TrialAttr.CONFIG_KEY),
-             t.user_attrs.get(TrialAttr.REPEAT))
+    return {st.ladder_run_key(t)
             for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
 
 
@@ -181,7 +176,7 @@ def _measure(comp: Any, campaign: Campaign, launch: Launch, *, phase: str, total
     assert result is not None  # an outcome holds a result or a failure
     if outcome.tokens is not None:
         st.store_tokens(campaign.out_dir, trial, outcome.tokens, trial_dir=run_dir)
-    trial.set_user_attr(TrialAttr.RESULT, st.result_attr(result))
+    trial.set_user_attr(TrialAttr.RESULT, outcomes.result_attr(result))
     comp.tell(trial, result.levels[0].output_throughput)
     campaign.say(head + " | ".join(
         f"c={lv.concurrency}" + ("" if lv.request_rate is None else f" at {lv.request_rate:.2f}"
@@ -200,6 +195,6 @@ def stored_runs(study: Any, phase: str | None = None) -> list[LadderRun]:
                                  storage=optuna_compat.storage_of(study))
     except KeyError:
         return []
-    return [LadderRun.model_validate({k: t.user_attrs.get(k) for k in RUN_FIELDS})
+    return [st.ladder_run(t)
             for t in comp.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-            if phase is None or t.user_attrs.get(TrialAttr.PHASE) == phase]
+            if phase is None or st.ladder_run_key(t)[0] == phase]

@@ -1,12 +1,14 @@
 """Search stage, the loop: it asks a strategy (tuner.search.strategy) which config next, or
-whether to stop, launches its picks as trials on an executor (inline or Ray) and tells it
-their outcomes.
+whether to stop, handing it a StudyView to read, launches its picks as trials on an executor
+(inline or Ray) and tells it their outcomes. It is the one launch path: the search and the
+repeats after it (--repeats) both run through it.
 
 Promises: the baseline is measured first in every study; every trial is told to the storage
 as it ends (a result, or a FAIL with its reason and log tail), a result with the token
 capture its executor brought back, saved in the trial's folder; what storage already knows is
 never launched again (a measured config is answered with its result, a config the same engine
-refused at start with its failure); one line per finished trial through `say`, "[done/total]"
+refused at start with its failure), and a proposal whose config is in flight waits for it and
+is answered from storage; one line per finished trial through `say`, "[done/total]"
 with its wall time, a line as each engine starts (and, inline, as it is ready), and the
 running count handed to `tick` for a progress bar. An aligned baseline (no speculation on the
 speculative engine path) is launched at most once per study, right after what calls for it:
@@ -25,15 +27,27 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError, TrialFailed
-from tuner.measure import enginepath
 from tuner.records.configs import RequestSchedule, TrialConfig, Workload
 from tuner.records.options import OptimizePlan
 from tuner.records.results import BenchResult, Role, TrialOutcome
 from tuner.records.storage import TrialAttr
-from tuner.search import optuna_compat
+from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 from tuner.search.space import Point, SearchSpace
-from tuner.search.strategy import Launch, OptunaSearch, Step, Stop, StopReason, Strategy
+from tuner.search.strategy import (
+    Launch,
+    OptunaSearch,
+    Repeats,
+    Step,
+    Stop,
+    StopReason,
+    Strategy,
+    StudyView,
+)
+from tuner.search.trials import aligned_gap, has_aligned_baseline, path_alignment
+
+# Proposals in a row that storage already answers before the sampler counts as stuck.
+MAX_KNOWN_IN_ROW = 25
 
 
 def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
@@ -61,65 +75,6 @@ def enqueue_start(study, sp, sampler: str, retry: list[Point]) -> None:
             for params in sp.grid():
                 study.enqueue_trial(params.params(),
                                     user_attrs={TrialAttr.ROLE: Role.SEARCH.value})
-
-
-def has_aligned_baseline(study: Any) -> bool:
-    """An aligned baseline is measured, queued, running or refused: never launch another. One
-    a dead driver left behind does not count (it is launched again)."""
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(TrialAttr.ROLE) != Role.ALIGNED_BASELINE:
-            continue
-        died = t.user_attrs.get(TrialAttr.FAILURE, {}).get("kind") == "driver_died"
-        if t.state != TrialState.FAIL or not died:
-            return True
-    return False
-
-
-def aligned_config(study: Any) -> TrialConfig | None:
-    """The config of the study's measured aligned baseline (its first completed run); None
-    when the study has none."""
-    t = _first_aligned(study)
-    return None if t is None else BenchResult.model_validate(t.user_attrs[TrialAttr.RESULT]).config
-
-
-def _first_aligned(study: Any) -> Any:
-    """The study's first completed aligned-baseline run, or None."""
-    return next((t for t in sorted(study.get_trials(deepcopy=False, states=(
-        TrialState.COMPLETE,)), key=lambda t: t.number) if t.user_attrs.get(TrialAttr.ROLE)
-        == Role.ALIGNED_BASELINE and TrialAttr.RESULT in t.user_attrs), None)
-
-
-def path_alignment(study: Any) -> tuple[Any, Any] | None:
-    """The first completed speculative trial and the Alignment that puts a no-speculation
-    engine on its engine path (None there when it ran the plain baseline's path, or a path
-    no stored line tells); None until the study has a plain baseline and such a trial."""
-    done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                  key=lambda t: t.number)
-    measured = [t for t in done if TrialAttr.RESULT in t.user_attrs
-                and TrialAttr.DUPLICATE_OF not in t.user_attrs]
-    base = next((t for t in measured if st.is_baseline(t)), None)
-    spec = next((t for t in measured
-                 if t.user_attrs[TrialAttr.RESULT]["config"].get("speculative_config")), None)
-    if base is None or spec is None:
-        return None
-    return spec, enginepath.alignment(_engine_path(base), _engine_path(spec))
-
-
-def _engine_path(trial: Any) -> Any:
-    return enginepath.EnginePath.from_details(
-        trial.user_attrs[TrialAttr.RESULT].get("engine", {}).get("details"))
-
-
-def _aligned_gap(study: Any) -> tuple[Any, Any, Any] | None:
-    """(aligned trial, first speculative trial, Alignment still between them) where the
-    measured aligned baseline did not land on the speculative path; None where it did, or
-    where either is not measured."""
-    found = path_alignment(study)
-    aligned = _first_aligned(study)
-    if found is None or aligned is None:
-        return None
-    gap = enginepath.alignment(_engine_path(aligned), _engine_path(found[0]))
-    return None if gap is None else (aligned, found[0], gap)
 
 
 def _quiet(*_args: Any) -> None:
@@ -174,7 +129,6 @@ class SearchLoop:
         self.detail = output.detail or _quiet
         self.note = output.note or _quiet
         self.tick = output.tick or _quiet
-        self.launched = 0
         self.engine_digest = st.engine_digest(self.engine)
         self.method_choices = st.method_choices(study)
         self._space_keys: frozenset | None = None  # config keys of a finite space
@@ -209,16 +163,6 @@ class SearchLoop:
         self.total, self._counts_repeats = n_trials, counts_repeats
         self.progress()
 
-    def _launch_now(self, launch: Launch, *, extra: bool = False) -> FrozenTrial | None:
-        """Launch one trial and wait for it (a repeat after the search: `extra`, outside
-        --n-trials); the stored trial where it completed."""
-        trial = self._open(launch)
-        started = time.monotonic()
-        self._submit(trial, launch.config)
-        _, outcome = self.executor.wait_one()
-        self._tell(trial, launch.config, outcome, time.monotonic() - started, extra=extra)
-        return self._finished(trial)
-
     def ordinal(self) -> int:
         return self.done() + self.extra + 1
 
@@ -233,11 +177,11 @@ class SearchLoop:
         baseline's. None otherwise."""
         if self.aligned == "off":
             return None
-        if self._check_landed and not any(t.user_attrs.get(TrialAttr.ROLE) ==
-                                          Role.ALIGNED_BASELINE for t in self.study.get_trials(
+        if self._check_landed and not any(st.stored(t).role == Role.ALIGNED_BASELINE
+                                          for t in self.study.get_trials(
                                               deepcopy=False, states=(TrialState.RUNNING,))):
             self._check_landed = False  # the one this driver launched has ended
-            gap = _aligned_gap(self.study)
+            gap = aligned_gap(self.study)
             if gap is not None:
                 text = (f"the aligned baseline (trial {gap[0].number}) still differs from "
                         f"trial {gap[1].number}'s path ({gap[2].describe()}); its split into "
@@ -259,7 +203,7 @@ class SearchLoop:
             return None  # no speculative trial (or no baseline) measured yet
         self._aligned_decided = True
         spec, alignment = found
-        label = spec.user_attrs.get(TrialAttr.LABEL) or f"trial {spec.number}"
+        label = st.stored(spec).label or f"trial {spec.number}"
         if alignment is None:
             text = (f"Trial {spec.number} ({label}) ran the plain baseline's path, or one its "
                     "log does not tell apart; no aligned baseline to measure.")
@@ -285,13 +229,12 @@ class SearchLoop:
 
     def config_of(self, trial) -> TrialConfig:
         """The enqueued override (baseline, aligned baseline, repeat) or the sampler's pick."""
-        override = trial.user_attrs.get(TrialAttr.CONFIG_OVERRIDE)
-        return TrialConfig.model_validate(override) if override else self.suggest(trial)
+        return st.stored(trial).override or self.suggest(trial)
 
     def _baseline(self):
         for t in st.completed(self.study).values():
             if st.is_baseline(t):
-                return t.user_attrs.get(TrialAttr.RESULT)
+                return st.result_json(t)
         return None
 
     def run(self, strategy: Strategy | None = None, *, n_trials: int,
@@ -299,32 +242,86 @@ class SearchLoop:
         """Ask `strategy` (default: Optuna's samplers, OptunaSearch) for its next step, launch
         it, store its outcome and tell the strategy, until it stops with no trial in flight;
         how it stopped. --n-trials and --timeout are the budget its `room` reads."""
-        strategy = OptunaSearch(self) if strategy is None else strategy
+        strategy = OptunaSearch() if strategy is None else strategy
         # A study the replay strategy began keeps counting every launch if Optuna takes over.
         self.budget(n_trials, counts_repeats=self._counts_repeats or strategy.counts_repeats)
         self.n_trials, self.timeout_s, self._t0 = n_trials, timeout_s, time.monotonic()
+        return self._drive(strategy)
+
+    def view(self) -> StudyView:
+        """What a strategy sees when it is asked (tuner.search.strategy StudyView)."""
+        return StudyView(
+            study=self.study, space=self.space, target=self.target, settings=self.settings,
+            workload=self.workload, engine=self.engine, n_trials=self.n_trials,
+            timeout_s=self.timeout_s, in_flight=self.in_flight,
+            requests_per_launch=self.requests_per_launch(), room=self.room, align=self.align,
+            exhausted=self.exhausted, space_size=self.space_size, config_of=self.config_of,
+            say=self.say, detail=self.detail, note=self.note)
+
+    def _drive(self, strategy: Strategy, *, extra: bool = False) -> Stop:
+        """The one launch path: ask, open the trial, answer a proposal storage knows or launch
+        it, wait for an outcome, store it and tell the strategy, until it stops with nothing
+        in flight. A proposal whose config is in flight waits for it and is answered from
+        storage then (a twin is never launched beside it). `extra`: launches outside
+        --n-trials (the repeats after the search)."""
         running: dict[int, tuple[Launch, Any, float]] = {}
+        held: list[tuple[Launch, Any]] = []  # proposals whose twin is in flight
         width = 1 if strategy.sequential else self.executor.parallel
+        known_in_row = 0
         while True:
             step: Step | None = None
-            while len(running) < width:
-                step = strategy.ask()
+            while len(running) < width and not held:
+                step = strategy.ask(self.view())
                 if isinstance(step, Stop):
                     break
                 trial = self._open(step)
-                # Started before the submit: an inline executor runs the whole trial in it.
-                running[trial.number] = (step, trial, time.monotonic())
-                self.in_flight = len(running)
-                self._submit(trial, step.config)
-                self.launched += 1
+                if step.trial is not None and self._in_flight(running, step):
+                    held.append((step, trial))
+                elif step.trial is not None and self.answer_known(trial, step.config):
+                    known_in_row += 1
+                    if known_in_row > MAX_KNOWN_IN_ROW:
+                        self.stop_line("The sampler keeps proposing configs already measured "
+                                       "or refused: the space looks exhausted; stopping the "
+                                       "search.")
+                        step = Stop(StopReason.REPEATING)
+                        break
+                else:
+                    known_in_row = 0
+                    self._start(running, step, trial)
             if not running:
                 assert isinstance(step, Stop)  # a strategy asked with nothing running stops
                 return step
             number, outcome = self.executor.wait_one()
             launch, trial, started = running.pop(number)
             self.in_flight = len(running)
-            self._tell(trial, launch.config, outcome, time.monotonic() - started)
+            self._tell(trial, launch.config, outcome, time.monotonic() - started, extra=extra)
             strategy.tell(launch, self._finished(trial))
+            held = self._release(held, running)
+
+    def _start(self, running: dict[int, tuple[Launch, Any, float]], launch: Launch,
+               trial: Any) -> None:
+        """Submit `trial` to the executor, counted in flight."""
+        # Started before the submit: an inline executor runs the whole trial in it.
+        running[trial.number] = (launch, trial, time.monotonic())
+        self.in_flight = len(running)
+        self._submit(trial, launch.config)
+
+    def _release(self, held: list[tuple[Launch, Any]],
+                 running: dict[int, tuple[Launch, Any, float]]) -> list[tuple[Launch, Any]]:
+        """The held proposals whose twin has ended are answered from storage, or launched
+        where it failed and storage knows nothing; those still waiting for theirs."""
+        waiting = []
+        for launch, trial in held:
+            if self._in_flight(running, launch):
+                waiting.append((launch, trial))
+            elif not self.answer_known(trial, launch.config):
+                self._start(running, launch, trial)
+        return waiting
+
+    @staticmethod
+    def _in_flight(running: dict[int, tuple[Launch, Any, float]], launch: Launch) -> bool:
+        """Whether a trial of `launch`'s config is running."""
+        return launch.config.key() in {other.config.key() for other, _, _ in running.values()}
 
     def room(self) -> StopReason | None:
         """None while --n-trials and --timeout leave room for one more launch (the trials in
@@ -342,18 +339,19 @@ class SearchLoop:
 
     def _open(self, launch: Launch) -> Any:
         """The trial `launch` runs as: the one its sampler proposed, else a fresh one with
-        its config as the override (a repeat names the trial it repeats), labelled."""
+        its config as the override (a repeat names the trial it repeats), labelled (before
+        storage is asked about it: a told trial takes no more attributes)."""
         if launch.trial is not None:
-            return launch.trial  # the strategy labelled it, before asking storage about it
-        if launch.role == Role.ALIGNED_BASELINE:
-            trial = st.ask_fresh(self.study, user_attrs=st.aligned_attrs(launch.config))
+            trial = launch.trial
+        elif launch.role == Role.ALIGNED_BASELINE:
+            trial = outcomes.ask_fresh(self.study, user_attrs=outcomes.aligned_attrs(launch.config))
         else:
             attrs = {TrialAttr.ROLE: launch.role.value,
                      TrialAttr.CONFIG_OVERRIDE: launch.config.model_dump(mode="json")}
             if launch.repeat_of is not None:
                 attrs[TrialAttr.REPEAT_OF] = launch.repeat_of
-            trial = st.ask_fresh(self.study, user_attrs=attrs)
-        st.label_trial(trial, launch.config, launch.role.value)
+            trial = outcomes.ask_fresh(self.study, user_attrs=attrs)
+        outcomes.label_trial(trial, launch.config, launch.role.value)
         return trial
 
     def _finished(self, trial: Any) -> FrozenTrial | None:
@@ -416,8 +414,8 @@ class SearchLoop:
         refused = st.rejected(self.study, engine=self.engine_digest).get(config.key())
         if refused is None:
             return False
-        st.tell_known_failure(self.study, trial, refused)
-        kind = refused.user_attrs[TrialAttr.FAILURE].get("kind")
+        outcomes.tell_known_failure(self.study, trial, refused)
+        kind = st.stored(refused).failure_kind
         self.say(f"trial {trial.number} {config.label()}: the engine refused this config in "
                  f"trial {refused.number} ({kind}); answered from storage as FAIL (no engine "
                  f"launched; a new --study-name would launch it again)")
@@ -436,7 +434,7 @@ class SearchLoop:
             f = outcome.failure
             exc = TrialFailed(f.reason, log_tail=f.log_tail)
             exc.kind = f.kind
-            st.tell_failure(self.study, trial, exc)
+            outcomes.tell_failure(self.study, trial, exc)
             self.say(f"{mark} trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
                      f"{f.reason[:300]} -- recorded; the study continues ({wall_s:.0f} s). "
                      f"Log: {self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
@@ -448,49 +446,27 @@ class SearchLoop:
                 trial_dir=self.out_dir / "trials" / str(trial.number)):
             self.say(f"trial {trial.number}: its token capture came back unreadable; stored "
                      f"without it, so replay is unavailable for this trial")
-        st.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
+        outcomes.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints)
         self.say(f"{mark} trial {trial.number} " + self.line(outcome.result, self._baseline())
                  + f" ({wall_s:.0f} s)")
         self.progress()
 
     def _answer_duplicate(self, trial, dup) -> None:
-        result = BenchResult.model_validate(dup.user_attrs[TrialAttr.RESULT])
-        st.tell_result(self.study, trial, result, objectives=self.objectives,
+        result = st.stored(dup).result
+        assert result is not None  # st.completed: trials with a result
+        outcomes.tell_result(self.study, trial, result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints,
                        duplicate_of=dup.number)
         self.say(f"trial {trial.number} {result.config.label()}: same config as trial "
                  f"{dup.number}, answered from storage (no engine launched)")
 
-    def repeat_leaders(self, *, repeats: int, leaders: int = 3) -> None:
-        """Re-measure the baseline and the leading configs so ranking can use their spread."""
-        trials = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if t.user_attrs.get(TrialAttr.DUPLICATE_OF) is None and t.user_attrs.get(TrialAttr.CONFIG)]
-        originals = [t for t in trials if t.user_attrs.get(TrialAttr.ROLE) != Role.REPEAT]
-        spec = sorted((t for t in originals if t.user_attrs[TrialAttr.CONFIG].get("speculative_config")),
-                      key=lambda t: -_level_of(t, self.target, "output_throughput"))[:leaders]
-        base = [t for t in originals if st.is_baseline(t)][:1]
-        # The aligned baseline is repeated with the plain one: the path's cost is a ratio too.
-        base += [t for t in originals
-                 if t.user_attrs.get(TrialAttr.ROLE) == Role.ALIGNED_BASELINE][:1]
-        todo = [(t, repeats - 1 - sum(1 for r in trials
-                                      if r.user_attrs.get(TrialAttr.REPEAT_OF) == t.number))
-                for t in base + spec]
+    def repeat_leaders(self, *, repeats: int, leaders: int = 3) -> Stop:
+        """Re-measure the baseline and the leading configs so ranking can use their spread
+        (tuner.search.strategy Repeats), outside --n-trials; how it stopped."""
+        repeat = Repeats.of_leaders(self.study, target=self.target, repeats=repeats,
+                                    leaders=leaders)
         # The bar's total becomes what will really run: the search as it ended, these repeats.
-        self.total = self.done() + self.extra + sum(max(n, 0) for _, n in todo)
+        self.total = self.done() + self.extra + len(repeat.launches)
         self.progress()
-        for t, n in todo:
-            for _ in range(n):
-                # The stored config itself, on a trial of its own: study.ask() would hand out a
-                # WAITING grid point instead, and a re-sampled config might not be this one.
-                launch = Launch(TrialConfig.model_validate(t.user_attrs[TrialAttr.CONFIG]),
-                                Role.REPEAT, repeat_of=t.number)
-                self.say(f"repeat of trial {t.number} ({launch.config.label()})")
-                self._launch_now(launch, extra=True)
-
-
-def _level_of(trial, c: int, metric: str) -> float:
-    for lv in trial.user_attrs.get(TrialAttr.RESULT, {}).get("levels", []):
-        if lv["concurrency"] == c:
-            return float(lv[metric])
-    return float("nan")
+        return self._drive(repeat, extra=True)

@@ -23,72 +23,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from tuner.checks import METHODS, NEEDS_MODEL, Bound, show, unknown_name
+from tuner.checks import METHODS, NEEDS_MODEL, show, unknown_name
 from tuner.errors import ConfigError
 from tuner.records.configs import TrialConfig
+from tuner.search.space_values import VALUE_TYPES, Value, check_value
 from tuner.speculative import VllmSchema, vllm_schema
 
 PARAM_TYPES = ("int", "float", "choice")
-# What a speculative-config key or an engine knob is set to: what YAML, JSON and Optuna's
-# categorical choices have in common (null: a key left to vLLM's default).
-Value = bool | int | float | str | None
-_VALUE_TYPES = (bool, int, float, str, type(None))
-
-
-def _value_bound(key: str, kind: type, low: float, high: float, why: str) -> Bound:
-    return Bound(key, kind, low, high, "", why, "")
-
-
-_WINDOW_WHY = "an n-gram longer than 64 tokens almost never matches twice"
-# Ranges of the values a space may fix or search, where we know the key; any other number in a
-# space only has to be finite and at most 2^53 (ANY_NUMBER). The reasons are in the messages.
-VALUE_BOUNDS = {
-    "num_speculative_tokens": _value_bound(
-        "num_speculative_tokens", int, 1, 64, "every sequence pays for K drafts each step, and "
-        "acceptance never reaches that far"),
-    "prompt_lookup_min": _value_bound("prompt_lookup_min", int, 1, 64, _WINDOW_WHY),
-    "prompt_lookup_max": _value_bound("prompt_lookup_max", int, 1, 64, _WINDOW_WHY),
-    "suffix_decoding_max_tree_depth": _value_bound(
-        "suffix_decoding_max_tree_depth", int, 1, 1024, "deeper costs memory for every cached "
-        "request, and no draft is that long"),
-    "suffix_decoding_min_token_prob": _value_bound(
-        "suffix_decoding_min_token_prob", float, 0, 1, "a probability"),
-    "draft_tensor_parallel_size": _value_bound(
-        "draft_tensor_parallel_size", int, 1, 64, "GPUs of one node"),
-    "gpu_memory_utilization": _value_bound(
-        "gpu_memory_utilization", float, 0.01, 1, "a fraction of the GPU's memory"),
-}
-ANY_NUMBER = _value_bound("", float, -2.0**53, 2.0**53, "beyond 2^53 a float no longer holds "
-                          "every whole number, so no engine option means it")
-
-
-def _check_value(where: str, key: str | None, value: object) -> None:
-    """Refuse a number no vLLM option means (NaN, an infinity, 1e300) or a known key out of its
-    range, naming the file, the key path and the value; lists and mappings are searched."""
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_value(f"{where}[{i}]", None, item)
-        return
-    if isinstance(value, dict):
-        for k, item in value.items():
-            _check_value(f"{where}.{k}", k if isinstance(k, str) else None, item)
-        return
-    bound = VALUE_BOUNDS.get((key or "").replace("-", "_"))  # vLLM reads `-` as `_`
-    number = value
-    if isinstance(value, str):
-        # YAML 1.1 reads `1e300` (no dot) as text, and vLLM's config parsing makes it a number.
-        try:
-            number = float(value)
-        except ValueError:
-            if bound is None:
-                return  # text: vLLM judges it
-        else:
-            number = int(number) if number.is_integer() else number
-    elif not isinstance(value, (int, float)) or (isinstance(value, bool) and bound is None):
-        return  # a flag, or null
-    why = (bound or ANY_NUMBER).problem(number)
-    if why is not None:
-        raise ConfigError(f"{where}: {show(value)}: {why}. Fix the value in the file.")
 
 
 class Param(BaseModel):
@@ -410,7 +351,7 @@ def parse(raw: Any, *, source: str = "<space>") -> SearchSpace:
         # A misspelt key would drop the point silently (params_of finds a searched key missing).
         _check_keys([k for k in start if k != "engine"], f"{source}: start_points[{i}]", schema,
                     method=None)
-        _check_value(f"{source}: start_points[{i}]", None, start)
+        check_value(f"{source}: start_points[{i}]", None, start)
         points.append(_start_point(start, f"{source}: start_points[{i}]"))
     name = raw.get("name") or Path(source).stem
     return SearchSpace(name=str(name), description=str(raw.get("description", "")),
@@ -431,7 +372,7 @@ def _start_point(start: dict[str, Any], where: str) -> Point:
     values = [(k, v) for k, v in start.items() if k not in ("method", "engine")]
     for prefix, pairs in ((where, values), (f"{where}.engine", engine.items())):
         for k, v in pairs:
-            if not isinstance(v, _VALUE_TYPES):
+            if not isinstance(v, VALUE_TYPES):
                 raise ConfigError(f"{prefix}.{k}: a start point sets each key to one value "
                                   f"(a number, text, true/false or null), got {show(v)}. "
                                   f"Fix the start point in the file.")
@@ -459,14 +400,14 @@ def _parse_param(key: str, spec: object, path: str, earlier: dict[str, Param | V
         if isinstance(spec, (list, set)):
             raise ConfigError(f"{path}: a list is ambiguous; write "
                               f"`{{type: choice, values: {list(spec)!r}}}` to search it.")
-        _check_value(path, key, spec)
-        if not isinstance(spec, _VALUE_TYPES):  # a YAML date or !!binary: no option takes it
+        check_value(path, key, spec)
+        if not isinstance(spec, VALUE_TYPES):  # a YAML date or !!binary: no option takes it
             raise ConfigError(f"{path}: {show(spec)} is no value a vLLM option takes; write a "
                               f"number, text, true/false or null (quote a date).")
         return spec  # a fixed value
     values = spec.get("values")
     for i, value in enumerate(values if isinstance(values, (list, tuple)) else ()):
-        if not isinstance(value, _VALUE_TYPES):
+        if not isinstance(value, VALUE_TYPES):
             raise ConfigError(f"{path}.values[{i}]: {show(value)} is no value Optuna can "
                               f"store; a choice is between numbers, texts, true/false or null.")
     try:
@@ -483,7 +424,7 @@ def _parse_param(key: str, spec: object, path: str, earlier: dict[str, Param | V
         if not p.values:
             raise ConfigError(f"{path}.values: a choice needs a non-empty list of values.")
         for i, value in enumerate(p.values):
-            _check_value(f"{path}.values[{i}]", key, value)
+            check_value(f"{path}.values[{i}]", key, value)
     else:
         _check_range(p, key, path)
         _check_references(p, path, earlier)
@@ -502,9 +443,9 @@ def _check_range(p: Param, key: str, path: str) -> None:
     if p.type == "int" and (p.low != int(p.low) or p.high != int(p.high)):
         raise ConfigError(f"{path}: int bounds must be integers, got {p.low}..{p.high}.")
     for end, value in (("low", p.low), ("high", p.high)):
-        _check_value(f"{path}.{end}", key, int(value) if p.type == "int" else value)
+        check_value(f"{path}.{end}", key, int(value) if p.type == "int" else value)
     if p.step is not None:
-        _check_value(f"{path}.step", None, p.step)
+        check_value(f"{path}.step", None, p.step)
     if p.low > p.high:
         raise ConfigError(f"{path}: impossible range: low {p.low} > high {p.high}.")
     if p.log and p.low <= 0:

@@ -80,7 +80,7 @@ class _Feed(BaseJournalBackend):
         raise RuntimeError("the journal check only reads")
 
 
-class _Replay:
+class Replay:
     """Optuna's own journal replay (a JournalStorage), one record at a time, so a record it
     would choke on (a bad op code, a missing field, a wrong type) is found here with its line
     number, not as an AssertionError or KeyError traceback from inside Optuna."""
@@ -112,7 +112,7 @@ class _Replay:
         return None
 
 
-def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+def journal_lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     """(line number, byte offset, line with its b"\\n") as Optuna's reader splits them."""
     start, number = 0, 1
     while start < len(data):
@@ -125,9 +125,9 @@ def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 def scan(path: Path) -> Scan:
     """Read the journal and classify every line; reads only."""
     data = path.read_bytes()
-    replay = _Replay()
+    replay = Replay()
     records, bad = 0, []
-    lines = list(_lines(data))
+    lines = list(journal_lines(data))
     for i, (number, offset, line) in enumerate(lines):
         last = i == len(lines) - 1
         why = replay.accepts(line)
@@ -174,7 +174,7 @@ def open_journal(study_dir: Path, *, write: bool = False) -> JournalStorage:
     """The study folder's journal storage, checked. `write`: this driver writes the study, so
     it takes the study lock first (a ConfigError names the holder) and repairs a torn tail."""
     path = study_dir / JOURNAL
-    say = _lock(study_dir) if write else None
+    say = take_lock(study_dir) if write else None
     if path.exists():
         found = scan(path)
         total = found.records + len(found.bad) + (1 if found.tail else 0)
@@ -188,7 +188,7 @@ def open_journal(study_dir: Path, *, write: bool = False) -> JournalStorage:
             raise ConfigError(_bad_lines_message(path, [(found.tail_line, found.tail_why)],
                                                  total))
     if say is not None:
-        _clear_stale_mutex(path)
+        clear_stale_mutex(path)
     return JournalStorage(_Backend(str(path)))
 
 
@@ -196,7 +196,7 @@ def _utc_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -204,7 +204,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _side_file(journal: Path, kind: str, data: bytes) -> Path:
+def side_file(journal: Path, kind: str, data: bytes) -> Path:
     """Write `data` to a new file beside the journal (never over an existing one), durably."""
     stamp = _utc_stamp()
     for n in range(100):
@@ -220,7 +220,7 @@ def _side_file(journal: Path, kind: str, data: bytes) -> Path:
             raise OSError(e.errno, e.strerror, str(side)) from e
         finally:
             os.close(fd)
-        _fsync_dir(journal.parent)
+        fsync_dir(journal.parent)
         return side
     raise FileExistsError(f"{journal}.{kind}-{stamp}: 100 side files in one second")
 
@@ -236,7 +236,7 @@ def _mend_tail(path: Path, found: Scan) -> str:
                 f"write); completed it. All {found.records + 1} records are kept.")
     # The side file is durable before the journal is cut: a crash in between leaves the tail
     # in both places, never in neither.
-    side = _side_file(path, "torn", found.tail)
+    side = side_file(path, "torn", found.tail)
     os.truncate(path, found.tail_start)
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
@@ -245,7 +245,7 @@ def _mend_tail(path: Path, found: Scan) -> str:
             f"are kept.")
 
 
-def _clear_stale_mutex(path: Path) -> None:
+def clear_stale_mutex(path: Path) -> None:
     mutex = path.with_name(JOURNAL_MUTEX)
     with contextlib.suppress(FileNotFoundError):
         # We hold the study lock, so no tuner writes; a mutex this old is a killed append's.
@@ -368,7 +368,7 @@ def driver(*, say: Say = print) -> Iterator[None]:
             os.close(fd)  # closing drops the flock
 
 
-def _lock(study_dir: Path) -> Say:
+def take_lock(study_dir: Path) -> Say:
     """Take the study lock for the current driver (once); returns where to say things."""
     if not _DRIVERS:
         raise RuntimeError("writing a study needs the study lock: open it inside "
@@ -459,83 +459,3 @@ def _in_use_message(study_dir: Path, holder: _Holder | None) -> str:
             else "stop it")
     return (f"Study {study_dir} is in use by {who}; wait for it, or {stop} and run this command "
             f"again. Two drivers on one study would fail each other's running trials.")
-
-
-# --- repair ------------------------------------------------------------------------------------
-def _salvage(line: bytes, replay: _Replay) -> int | None:
-    """Where a whole record starts inside a bad line: a torn line that the next record was
-    appended to (what Optuna does after a torn write) still carries that record."""
-    start = line.find(b'{"op_code":', 1)
-    while start > 0:
-        if replay.accepts(line[start:]) is None:
-            return start
-        start = line.find(b'{"op_code":', start + 1)
-    return None
-
-
-def repair(study_dir: Path) -> str:
-    """Move every bad line of the journal into `study.journal.quarantine-<UTC time>` beside it,
-    keep every good record (also one glued to a torn line), check that the studies load, and
-    return what was done. Takes the study lock (inside driver())."""
-    path = study_dir / JOURNAL
-    if not path.exists():
-        raise ConfigError(f"No journal in '{study_dir}' (no {JOURNAL}). Pass the folder that "
-                          f"`tuner optimize` printed, e.g. outputs/instructcoder-smollm2.")
-    _lock(study_dir)
-    data = path.read_bytes()
-    replay = _Replay()
-    keep: list[bytes] = []
-    moved: list[bytes] = []
-    notes: list[str] = []
-    salvaged = 0
-    for number, _, line in _lines(data):
-        why = replay.accepts(line)
-        whole = line if line.endswith(b"\n") else line + b"\n"
-        if why is None:
-            keep.append(whole)
-            continue
-        cut = _salvage(line, replay)
-        if cut is not None:
-            moved.append(line[:cut] + b"\n")
-            keep.append(whole[cut:])
-            salvaged += 1
-            notes.append(f"line {number}: torn start moved, the record after it kept")
-        else:
-            moved.append(whole)
-            notes.append(f"line {number}: {why}")
-    if not moved:
-        return f"{path}: all {len(keep)} records are valid; nothing to repair."
-    side = _side_file(path, "quarantine", b"".join(moved))
-    tmp = path.with_name(path.name + ".repair-tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(b"".join(keep))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(tmp)) from e
-    os.replace(tmp, path)
-    _fsync_dir(study_dir)
-    _clear_stale_mutex(path)
-    loaded = _verify(path)
-    lines = [f"Repaired {path}: moved {len(moved)} bad line(s) to {side.name} beside it and kept "
-             f"{len(keep)} records" + (f" ({salvaged} recovered from torn lines)" if salvaged
-                                       else "") + "."]
-    lines += [f"  {n}" for n in notes[:20]]
-    if len(notes) > 20:
-        lines.append(f"  ... and {len(notes) - 20} more (all in {side.name})")
-    lines.append(f"The journal loads: {loaded}.")
-    return "\n".join(lines)
-
-
-def _verify(path: Path) -> str:
-    import optuna
-
-    storage = JournalStorage(JournalFileBackend(str(path)))
-    parts = []
-    for frozen in storage.get_all_studies():
-        study = optuna.load_study(study_name=frozen.study_name, storage=storage)
-        parts.append(f"study '{frozen.study_name}' with {len(study.get_trials(deepcopy=False))} "
-                     f"trials")
-    return ", ".join(parts) or "no study in it yet"

@@ -1,19 +1,16 @@
 """Study stage: the Optuna study is the single truth about trials.
 
 Promises: storage in the study folder by default (a journal file, readable by
-optuna-dashboard, its values named after the objectives) or any Optuna RDB URL; every trial is
-written when it ends; a failed trial is told as FAIL with its reason and log tail in user
-attrs; trials left RUNNING by a dead
-driver are marked FAIL ("driver_died") and their configs retried; duplicate configs, and
-configs the engine refused at start, are answered from storage; constraints (SLOs) are
-stored per trial for constrained samplers; a trial's token capture is kept in its folder and
-named in its attrs. Nothing here starts an engine.
+optuna-dashboard, its values named after the objectives) or any Optuna RDB URL; the study's
+settings checked when it resumes; the one reader of a trial's raw attrs (`stored` parses them
+once into a StoredTrial); duplicate configs, and configs the engine refused at start, are
+found in storage (tuner.search.outcomes answers them and writes every outcome); a trial's
+token capture is kept in its folder and named in its attrs. Nothing here starts an engine.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import zipfile
 import zlib
@@ -22,18 +19,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner import tokens
-from tuner.errors import ConfigError, TrialFailed
+from tuner.errors import ConfigError
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
+from tuner.records.policy import LadderRun
 from tuner.records.results import BenchResult, Failure, Role
 from tuner.records.selection import Selection
-from tuner.records.storage import SELECTIONS_ATTR, STUDY_ATTR, StudySettings, TrialAttr
-from tuner.search.space import Point
+from tuner.records.storage import (
+    SELECTIONS_ATTR,
+    STUDY_ATTR,
+    StoredTrial,
+    StudySettings,
+    TrialAttr,
+)
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
-
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 
 
 def storage(out_dir: Path, url: str | None = None, *, write: bool = False) -> Any:
@@ -85,57 +86,9 @@ def open_existing(out_dir: Path, url: str | None = None, name: str | None = None
     return study
 
 
-def validate_objectives(names: list[str]) -> list[str]:
-    for n in names:
-        if n not in OBJECTIVES:
-            raise ConfigError(f"Unknown objective '{n}'. Available: {', '.join(OBJECTIVES)}. "
-                              f"Example: --objectives output_throughput,mean_tpot_ms.")
-    if len(set(names)) != len(names) or not names:
-        raise ConfigError(f"--objectives must list distinct names, got {names}.")
-    return names
-
-
-def quiet_optuna() -> None:
-    """Our own one line per trial replaces Optuna's INFO lines and experimental warnings
-    (for scripts; the CLI sets Optuna's verbosity from -q/-v once, in tuner.cli.main)."""
-    import warnings
-
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-def make_sampler(name: str, *, seed: int | None, constrained: bool) -> Any:
-    import warnings
-
-    import optuna
-
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    cons = _constraints if constrained else None
-    # Optuna 5 deprecates constraints_func (a FutureWarning per run) for Trial.set_constraint,
-    # which Optuna 4, still allowed by pyproject, lacks: the portable form stays, unwarned.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func")
-        return _sampler(name, seed=seed, cons=cons)
-
-
-def _sampler(name: str, *, seed: int | None, cons: Any) -> Any:
-    import optuna
-
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                          constraints_func=cons, n_startup_trials=5)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=cons, population_size=8)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, constraints_func=cons)
-    if name in ("random", "grid"):  # grid: every point is enqueued by the driver
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"Unknown sampler '{name}'. Available: {', '.join(SAMPLERS)}.")
-
-
-def _constraints(trial: Any) -> list[float]:
+def constraint_values(trial: Any) -> list[float]:
+    """A trial's stored SLO constraints as Optuna's constrained samplers take them (<= 0: met;
+    none stored: met)."""
     return list(trial.user_attrs.get(TrialAttr.CONSTRAINT, [0.0]))
 
 
@@ -253,29 +206,48 @@ def schedule_of(study: Any) -> RequestSchedule | None:
     return settings_of(study).schedule
 
 
-def recover_orphans(study: Any) -> list[Point]:
-    """Mark trials a dead driver left RUNNING as FAIL and return their points for a retry.
+def stored(trial: Any) -> StoredTrial:
+    """A trial of the study (a FrozenTrial, or a live Trial, which is RUNNING) as the search
+    reads it, its attrs parsed once."""
+    attrs = trial.user_attrs
+    state = getattr(trial, "state", None)
+    config, override = attrs.get(TrialAttr.CONFIG), attrs.get(TrialAttr.CONFIG_OVERRIDE)
+    result, failure = attrs.get(TrialAttr.RESULT), attrs.get(TrialAttr.FAILURE)
+    return StoredTrial(
+        number=trial.number, state="RUNNING" if state is None else state.name,
+        role=attrs.get(TrialAttr.ROLE), label=attrs.get(TrialAttr.LABEL),
+        config_key=attrs.get(TrialAttr.CONFIG_KEY),
+        config=TrialConfig.model_validate(config) if config else None,
+        override=TrialConfig.model_validate(override) if override else None,
+        result=None if result is None else BenchResult.model_validate(result),
+        failure_kind=failure.get("kind") if isinstance(failure, dict) else None,
+        duplicate_of=attrs.get(TrialAttr.DUPLICATE_OF), repeat_of=attrs.get(TrialAttr.REPEAT_OF),
+        wall_s=attrs.get(TrialAttr.WALL_S))
 
-    Under the study folder's lock every RUNNING trial is a dead driver's; in a database shared
-    by hosts only those whose heartbeat went stale are (tuner.search.storage.orphans)."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
 
-    from tuner.search import optuna_compat
-    from tuner.search import storage as store
+# A policy campaign run's attrs (tuner.search.ladder), by name: TrialAttr values, LadderRun's
+# fields.
+LADDER_RUN_ATTRS = (TrialAttr.PHASE, TrialAttr.ROLE, TrialAttr.LABEL, TrialAttr.CONFIG_KEY,
+                    TrialAttr.REPEAT, TrialAttr.CONFIG, TrialAttr.RESULT, TrialAttr.FAILURE,
+                    TrialAttr.TOKENS)
 
-    storage, retry = optuna_compat.storage_of(study), []
-    for t in store.orphans(study):
-        try:
-            storage.set_trial_user_attr(optuna_compat.trial_id(t), TrialAttr.FAILURE, _failure_attr(
-                Failure(reason="the driver stopped while this trial ran (killed or crashed); "
-                        "retried", kind="driver_died")))
-            storage.set_trial_state_values(optuna_compat.trial_id(t), TrialState.FAIL)
-        except UpdateFinishedTrialError:
-            continue  # another driver of the shared database failed it first and retries it
-        if t.params:
-            retry.append(Point.from_params(t.params))
-    return retry
+
+def ladder_run(trial: Any) -> LadderRun:
+    """A policy campaign's run (a trial of the companion study) as stored."""
+    return LadderRun.model_validate({k: trial.user_attrs.get(k) for k in LADDER_RUN_ATTRS})
+
+
+def ladder_run_key(trial: Any) -> tuple[Any, Any, Any]:
+    """What makes a campaign run the same run on resume, as its attrs store it: (phase,
+    config key, repeat index)."""
+    attrs = trial.user_attrs
+    return (attrs.get(TrialAttr.PHASE), attrs.get(TrialAttr.CONFIG_KEY),
+            attrs.get(TrialAttr.REPEAT))
+
+
+def result_json(trial: Any) -> dict | None:
+    """A trial's result as stored (JSON), for the lines that print it (tuner.outputs)."""
+    return trial.user_attrs.get(TrialAttr.RESULT)
 
 
 def failure_of(trial: Any) -> Failure | None:
@@ -288,13 +260,8 @@ def failure_of(trial: Any) -> Failure | None:
                    log_tail=str(stored.get("log_tail", "")))
 
 
-def _failure_attr(failure: Failure) -> dict[str, str]:
-    """A Failure as a trial's FAILURE attr (its reason, kind and log tail)."""
-    return {"reason": failure.reason, "kind": failure.kind, "log_tail": failure.log_tail}
-
-
 # What a FAIL trial stored without a FAILURE attr is read as (Failure's defaults).
-_UNSTATED = Failure(reason="")
+UNSTATED = Failure(reason="")
 
 
 def completed(study: Any) -> dict[str, FrozenTrial]:
@@ -369,18 +336,6 @@ def _transient(failure: Failure) -> bool:
     return bool(status and int(status[1]) < 0) or any(s in text for s in _TRANSIENT_AT_START)
 
 
-def tell_known_failure(study: Any, trial: Any, original: Any) -> None:
-    """Answer a proposal of a config the engine refused from storage: FAIL with the original's
-    reason and kind, `duplicate_of` pointing at it, no launch (and none counted)."""
-    import optuna
-
-    failure = failure_of(original) or _UNSTATED
-    trial.set_user_attr(TrialAttr.FAILURE, _failure_attr(failure.model_copy(update={
-        "log_tail": f"(not launched; see trial {original.number})"})))
-    trial.set_user_attr(TrialAttr.DUPLICATE_OF, original.number)
-    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-
-
 def is_baseline(trial: Any) -> bool:
     """The plain no-speculation baseline (not the aligned one), by its stored config, or by its
     "method" param (or enqueued value) in studies stored while "none" was a sampled choice."""
@@ -405,29 +360,6 @@ def method_choices(study: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def aligned_attrs(config: TrialConfig) -> dict[str, Any]:
-    """A trial's attrs for the aligned baseline: no speculation on the same engine path as the
-    speculative trials (e.g. no async scheduling, V1 runner), so speculation's own effect can
-    be told from the engine-path change it forces."""
-    return {TrialAttr.ROLE: Role.ALIGNED_BASELINE.value,
-            TrialAttr.CONFIG_OVERRIDE: json.loads(config.model_dump_json())}
-
-
-def ask_fresh(study: Any, *, user_attrs: dict[str, Any]) -> Any:
-    """A new RUNNING trial that is not one of the study's WAITING ones: study.ask() hands out
-    the oldest enqueued trial first (a grid point left when --n-trials ran out, say), which a
-    re-measurement must not take."""
-    import optuna
-
-    from tuner.search import optuna_compat
-
-    storage = optuna_compat.storage_of(study)
-    trial_id = storage.create_new_trial(optuna_compat.study_id(study))
-    for key, value in user_attrs.items():
-        storage.set_trial_user_attr(trial_id, key, value)
-    return optuna.trial.Trial(study, trial_id)
-
-
 def failure_summary(study: Any, out_dir: Path) -> str | None:
     """One line when the study has nothing to compare (no completed trial, or no completed
     baseline): the most common failure with its count, one reason and its log. None when the
@@ -444,7 +376,7 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
     base_failed = [t for t in failed if is_baseline(t)]
     pool = failed if not done else base_failed
     if pool:
-        failures = [(t, failure_of(t) or _UNSTATED) for t in pool]
+        failures = [(t, failure_of(t) or UNSTATED) for t in pool]
         kinds = Counter(failure.kind for _, failure in failures)
         kind, count = kinds.most_common(1)[0]
         last, failure = [(t, f) for t, f in failures if f.kind == kind][-1]
@@ -481,61 +413,6 @@ def counted_trials(study: Any, *, repeats: bool = False) -> int:
             continue
         n += 1
     return n
-
-
-def values_of(result: BenchResult, objectives: list[str], concurrency: int) -> list[float]:
-    level = result.level(concurrency)
-    if level is None:
-        raise ValueError(f"no level {concurrency} in result")
-    vals = [float(getattr(level, o)) for o in objectives]
-    if any(math.isnan(v) for v in vals):
-        raise TrialFailed(f"c={concurrency}: an objective is undefined ({objectives} = {vals}); "
-                          f"too few tokens per request?")
-    return vals
-
-
-def constraint_of(result: BenchResult, concurrency: int, constraints: dict[str, float | None]
-                  ) -> list[float]:
-    """Optuna's convention: a value <= 0 means the SLO is met."""
-    level = result.level(concurrency)
-    out = []
-    for metric, limit in (("mean_tpot_ms", constraints.get("max_tpot_ms")),
-                          ("p99_ttft_ms", constraints.get("max_ttft_ms"))):
-        if limit is not None and level is not None:
-            out.append(float(getattr(level, metric)) - float(limit))
-    return out or [0.0]
-
-
-def tell_result(study: Any, trial: Any, result: BenchResult, *, objectives: list[str],
-                concurrency: int, constraints: dict[str, float | None],
-                duplicate_of: int | None = None) -> list[float]:
-    import optuna
-
-    try:
-        values = values_of(result, objectives, concurrency)
-    except TrialFailed as e:
-        tell_failure(study, trial, e)
-        return []
-    trial.set_user_attr(TrialAttr.RESULT, result_attr(result))
-    trial.set_user_attr(TrialAttr.CONSTRAINT, constraint_of(result, concurrency, constraints))
-    if duplicate_of is not None:
-        trial.set_user_attr(TrialAttr.DUPLICATE_OF, duplicate_of)
-    study.tell(trial, values, state=optuna.trial.TrialState.COMPLETE)
-    return values
-
-
-def result_attr(result: BenchResult) -> dict[str, Any]:
-    """A BenchResult as a trial's RESULT attr: JSON, an undefined metric (NaN) written as null,
-    as pydantic writes JSON (its python dump would keep the NaN)."""
-    return json.loads(result.model_dump_json())
-
-
-def tell_failure(study: Any, trial: Any, exc: TrialFailed) -> None:
-    import optuna
-
-    trial.set_user_attr(TrialAttr.FAILURE, _failure_attr(Failure(
-        reason=str(exc), kind=exc.kind, log_tail=exc.log_tail[-4000:])))
-    study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
 # What np.load and TokenCapture.from_bytes raise on bytes that are not a whole capture. A
@@ -579,11 +456,3 @@ def token_capture(study_dir: Path, trial: Any, *, sample: bool = False
     except _CORRUPT:  # OSError included: a file gone or unreadable
         return None
     return capture if sample else capture.without_sample()
-
-
-def label_trial(trial: Any, config: TrialConfig, role: str) -> None:
-    """Store what a trial is: its config, label, config key and Role (as its plain value)."""
-    trial.set_user_attr(TrialAttr.CONFIG, config.model_dump(mode="json"))
-    trial.set_user_attr(TrialAttr.LABEL, config.label())
-    trial.set_user_attr(TrialAttr.CONFIG_KEY, config.key())
-    trial.set_user_attr(TrialAttr.ROLE, Role(role).value)
