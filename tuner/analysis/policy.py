@@ -15,7 +15,7 @@ is split into path cost (aligned over plain) x speculation gain (config over ali
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
 holds the rules (pure functions of measured ladder runs, tuner.records.policy.LadderRun) and
 returns the document as a record (PolicyDocument), figures only: tuner.outputs.policy_verdicts
-words it, tuner/search/ladder.py measures and tuner/api.py's policy() runs the whole step.
+words it, tuner/search/ladder.py measures and tuner/api/policy_pipeline.py runs the whole step.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import decomposition, frame
 from tuner.errors import ConfigError
@@ -403,14 +403,21 @@ def with_verification(doc: PolicyDocument, reference: Sequence[LadderRun], *,
     handed in by tuner.api), ignored the table or measured slower (schedule_check_of), the
     schedule is withheld: no schedule, no speculative config, no serve command, and the
     `schedule_check` that says why and offers the static K of the band that pays."""
+    return doc.model_copy(update=verified(doc, reference, policy_cfg=policy_cfg, static=static,
+                                          side_by_side=side_by_side, path_fields=path_fields))
+
+
+def verified(doc: PolicyDocument, reference: Sequence[LadderRun], *, policy_cfg: TrialConfig,
+             static: TrialConfig, side_by_side: bool, path_fields: Sequence[str] = ()
+             ) -> dict[str, Any]:
+    """with_verification's fields of the document, for the caller that builds it once."""
     ver = verification(reference, policy_cfg, static, path_fields=path_fields).model_copy(
         update={"side_by_side": side_by_side})
-    doc = doc.model_copy(update={"verification": ver})
     check = schedule_check_of(doc, ver)
     if check is None:
-        return doc
-    return doc.model_copy(update={"schedule_check": check, "schedule": None,
-                                  "speculative_config": None, "serve_command": None})
+        return {"verification": ver}
+    return {"verification": ver, "schedule_check": check, "schedule": None,
+            "speculative_config": None, "serve_command": None}
 
 
 def schedule_check_of(doc: PolicyDocument, ver: Verification) -> ScheduleCheck | None:
@@ -654,9 +661,19 @@ def with_open_loop(doc: PolicyDocument, edges: Sequence[EdgeCheck], static: Tria
     schedule replaces, so one K left everywhere is a static config, and K 0 everywhere no
     speculation). The closed-loop verification stays, about the schedule it measured
     (`schedule_verified`)."""
-    before = [(s, e, k) for s, e, k in doc.schedule or ()]
+    return doc.model_copy(update=open_loop_revision(doc.schedule, doc.k_stats, edges, static,
+                                                    varying_k=varying_k))
+
+
+def open_loop_revision(schedule: Sequence[Band] | None,
+                       k_stats: dict[int, dict[int, LevelSpeedup]], edges: Sequence[EdgeCheck],
+                       static: TrialConfig, *, varying_k: tuple[bool, str] | None = None
+                       ) -> dict[str, Any]:
+    """with_open_loop's fields of the document (of its `schedule` and `k_stats`), for the
+    caller that builds it once."""
+    before = [(s, e, k) for s, e, k in schedule or ()]
     edges = [e.model_copy(update={"gives_up": merge_cost(
-        before, doc.k_stats, edge=e.edge, best_k=e.best_k)})
+        before, k_stats, edge=e.edge, best_k=e.best_k)})
         if e.dips and e.best_k is not None else e for e in edges]
     after = merged_at_dips(before, edges)
     revised = after != before
@@ -666,11 +683,10 @@ def with_open_loop(doc: PolicyDocument, edges: Sequence[EdgeCheck], static: Tria
                      revised=revised, schedule_verified=tuple(before),
                      schedule_revised=tuple(after) if revised else None)
     if not revised:
-        return doc.model_copy(update={"open_loop": block})
+        return {"open_loop": block}
     cfg = policy_config(static, after, varying_k=varying_k)
-    return doc.model_copy(update={
-        "open_loop": block, "schedule": tuple(after), "bands": tuple(after),
-        "speculative_config": None if cfg is None else cfg.speculative_config})
+    return {"open_loop": block, "schedule": tuple(after), "bands": tuple(after),
+            "speculative_config": None if cfg is None else cfg.speculative_config}
 
 
 def median_or_none(values: list[float]) -> float | None:

@@ -32,10 +32,9 @@ def worded(doc: PolicyDocument) -> PolicyDocument:
     if ver is not None:
         ver = ver.model_copy(update={"verdict": verification_verdict(ver)})
     chosen = next((c for c in doc.configs if c.label == doc.chosen), None)
-    doc = doc.model_copy(update={
-        "decomposition": None if chosen is None else split_sentence(doc.chosen, chosen.stats)})
+    split = None if chosen is None else split_sentence(doc.chosen, chosen.stats)
     return doc.model_copy(update={
-        "verification": ver, "verdict": verdict(doc),
+        "decomposition": split, "verification": ver, "verdict": _verdict(doc, split),
         "fallback_bands": tuple(band_table(doc.bands, doc.chosen)) if doc.needs_router
         else None})
 
@@ -44,6 +43,10 @@ def verdict(doc: PolicyDocument) -> str | None:
     """The line a user reads, with whether the engine path or speculation itself decided
     (the document's decomposition); None before the policy is decided (a schedule not yet
     verified)."""
+    return _verdict(doc, doc.decomposition)
+
+
+def _verdict(doc: PolicyDocument, split: str | None) -> str | None:
     if doc.schedule_refused is not None:
         text = bands_verdict(doc.chosen, doc.schedule_refused, doc.bands, doc.k_predicted)
     elif doc.schedule_check is not None:
@@ -54,7 +57,7 @@ def verdict(doc: PolicyDocument) -> str | None:
         text = SPECULATION_OFF
     else:
         return None
-    return text + (f" {doc.decomposition}" if doc.decomposition else "")
+    return text + (f" {split}" if split else "")
 
 
 def verification_verdict(ver: Verification) -> str:
