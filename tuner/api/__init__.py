@@ -40,7 +40,7 @@ from tuner.records.options import (
 )
 from tuner.records.outcomes import StudyOutcome, TrafficOutcome
 from tuner.records.policy import PolicyDocument
-from tuner.records.results import BenchResult, Recommendation
+from tuner.records.results import BenchResult, Recommendation, Role
 from tuner.records.storage import StudySettings
 from tuner.records.verification import Verification, VerifyLaunch
 
@@ -623,7 +623,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     engine = stored.engine_spec
     sp = spaces.load(space_name or stored.space)
     base = next((t for t in replay_strategy.measured_trials(study, study_dir)
-                 if t.role == "baseline" and t.capture is not None), None)
+                 if t.role == Role.BASELINE and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
                           "before token capture (or on a vLLM that does not return token ids) "
@@ -702,7 +702,7 @@ def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, Eng
     study = st.open_existing(options.study_dir, options.storage_url, options.study_name)
     engine = st.settings_of(study).engine_spec
     measured = replay_strategy.measured_trials(study, options.study_dir)
-    base = next((t for t in measured if t.role == "baseline" and t.capture is not None), None)
+    base = next((t for t in measured if t.role == Role.BASELINE and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"--study {options.study_dir}: no completed baseline with token ids, "
                           f"so no step cost to price the traffic on. Drop --study for "

@@ -2,7 +2,7 @@
 the study's leaders and the baseline measured on the ladder, the document drafted from those
 runs, its schedule verified on the same ladder and, where the engine ran it, checked open
 loop at each band edge; then the document completed once from what the launches found, and
-worded (tuner.outputs.policy_verdicts)."""
+worded (tuner.outputs.policy_words)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tuner import engine_cmdline
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.options import PolicyOptions
 from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
+from tuner.records.results import Role
 
-Say = Callable[[str], None]
-Lineup = list[tuple[str, TrialConfig]]
+Lineup = list[tuple[Role, TrialConfig]]
 
 
 def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> PolicyDocument:
@@ -27,7 +27,7 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     from tuner import speculative  # whether vLLM takes a schedule of the leader's method
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
-    from tuner.outputs import policy_verdicts
+    from tuner.outputs import policy_words
     from tuner.search import ladder, loop
 
     study, engine, say = campaign.study, campaign.engine, campaign.say
@@ -60,15 +60,16 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
              _verified(draft, lineup, ladder_runs, measure=measure, campaign=campaign,
                        side_by_side=options.side_by_side))
     # The sentences the file, terminal and report show.
-    return policy_verdicts.worded(draft.model_copy(update=found))
+    return policy_words.worded(draft.model_copy(update=found))
 
 
 def _leader(lineup: Lineup) -> TrialConfig:
-    return next(c for role, c in lineup if role == "leader")
+    return next(c for role, c in lineup if role == Role.LEADER)
 
 
 def _predicted_curves(ladder_runs: list[LadderRun], chosen: TrialConfig, *, study_dir: Path,
-                      engine: EngineSpec, temperature: float, say: Say
+                      engine: EngineSpec, temperature: float,
+                      say: Callable[[str], None]
                       ) -> dict[int, dict[int, float]] | None:
     """The replay's curves: every K of the `chosen` config the ladder did not measure, at the
     study's `temperature` (a sampled study's streams are never followed, as in predict)."""
@@ -96,9 +97,9 @@ def _verified(draft: PolicyDocument, lineup: Lineup, ladder_runs: list[LadderRun
     from tuner.measure import enginepath
 
     policy_cfg, static = rules.policy_configs(draft, lineup)
-    verify_lineup = [("policy", policy_cfg)]
+    verify_lineup = [(Role.POLICY, policy_cfg)]
     if side_by_side:
-        verify_lineup = [("baseline", TrialConfig()), ("static", static)] + verify_lineup
+        verify_lineup = [(Role.BASELINE, TrialConfig()), (Role.STATIC, static)] + verify_lineup
     verify_runs = measure(lineup=verify_lineup, phase="verify")
     found = rules.verified(draft, verify_runs if side_by_side else ladder_runs + verify_runs,
                            policy_cfg=policy_cfg, static=static, side_by_side=side_by_side,

@@ -100,9 +100,11 @@ BOUNDS: dict[str, Bound] = {
                            "random prompts are built token by token in the driver; 128K tokens "
                            "is beyond most models' context", _num(_W.random_input_len)),
     "random_output_len": _b("--random-output-len", int, 1, MAX_TOKENS, "tokens",
-                            "1M tokens is beyond any served model's context", _num(_W.random_output_len)),
+                            "1M tokens is beyond any served model's context",
+                            _num(_W.random_output_len)),
     "temperature": _b("--temperature", float, 0, 2, "",
-                      "the OpenAI API's range; above 2 sampling is close to uniform noise", _num(_W.temperature)),
+                      "the OpenAI API's range; above 2 sampling is close to uniform noise",
+                      _num(_W.temperature)),
     "top_p": _b("--top-p", float, 0.001, 1, "",
                 "a share of the probability mass: 1 is off, and below 0.001 sampling is "
                 "greedy in all but name", "0.9"),
@@ -129,7 +131,8 @@ BOUNDS: dict[str, Bound] = {
                     "not agree on anything", _num(_M.stability_pct)),
     # search
     "n_trials": _b("--n-trials", int, 1, 10_000, "trials",
-                   "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks", _num(_O.n_trials)),
+                   "every trial launches an engine, 30-120 s on a GPU; 10000 is weeks",
+                   _num(_O.n_trials)),
     "timeout": _b("--timeout", float, 1, 30 * DAY_S, "seconds",
                   "a search longer than 30 days is better run in parts: the same command "
                   "resumes", "7200"),
@@ -159,22 +162,26 @@ BOUNDS: dict[str, Bound] = {
     "ladder_max": _b("--ladder-max", int, 1, MAX_LEVEL, "requests in flight", _LEVEL_WHY,
                      _num(_P.ladder_max)),
     "policy_repeats": _b("--policy-repeats", int, 1, 100, "measurements",
-                         "every repeat measures each config on the whole ladder again", _num(_P.repeats)),
+                         "every repeat measures each config on the whole ladder again",
+                         _num(_P.repeats)),
     "leaders": _b("--leaders", int, 1, 16, "configs",
-                  "one leader per speculative method, and vLLM has fewer than 16", _num(_P.leaders)),
+                  "one leader per speculative method, and vLLM has fewer than 16",
+                  _num(_P.leaders)),
     "confirm_leaders": _b("--confirm-leaders", int, 1, 16, "configs",
                           "each leader is launched and repeated; 16 exceed any launch budget "
                           "worth predicting for", _num(_O.confirm_leaders)),
     "confidence": _b("--confidence", float, 50, 99.9, "percent",
                      "below 50% an interval says less than a coin toss; beyond 99.9% the t "
-                     "factor of a launch pair exceeds 600 and no launch budget decides", _num(100 * _O.confidence)),
+                     "factor of a launch pair exceeds 600 and no launch budget decides",
+                     _num(100 * _O.confidence)),
     "margin": _b("--margin", float, 0, 50, "percent",
                  "the band around 1.00x that counts as no difference; wider than 50% would "
                  "call a 1.5x speedup the same", _num(100 * _O.margin)),
     "top": _b("--top", int, 1, 100_000, "rows", "more rows than any space has", _num(_T.top)),
     # tuner verify
     "launches": _b("--launches", int, 1, 100, "launches",
-                   "each one launches the baseline and every checked config again", _num(_V.launches)),
+                   "each one launches the baseline and every checked config again",
+                   _num(_V.launches)),
     "verify_num_prompts": _b("--num-prompts", int, 1, MAX_REQUESTS_PER_TRIAL, "requests",
                              "every request's record is kept in the driver and in "
                              "requests.jsonl", "16"),
@@ -186,7 +193,8 @@ BOUNDS: dict[str, Bound] = {
     "policy_output_len": _b("--policy-output-len", int, 1, MAX_TOKENS, "tokens",
                             "1M tokens is beyond any served model's context", "128"),
     "policy_requests_per_slot": _b("--policy-requests-per-slot", int, 1, 1000, "requests",
-                                   "a level sends this many times the concurrency", _num(_P.requests_per_slot)),
+                                   "a level sends this many times the concurrency",
+                                   _num(_P.requests_per_slot)),
 }
 
 

@@ -12,12 +12,8 @@ from pathlib import Path
 
 from tuner import engine_cmdline
 from tuner.errors import ConfigError
-from tuner.records.configs import (
-    EngineSpec,
-)
-from tuner.records.options import (
-    EngineOptions,
-)
+from tuner.records.configs import EngineSpec
+from tuner.records.options import EngineOptions
 
 OPEN_FILES_SPARE = 64  # journal, logs, engine pipes, the tokenizer's files
 

@@ -25,12 +25,7 @@ from tuner.records.configs import (
     TrialConfig,
     WorkloadSpec,
 )
-from tuner.records.options import (
-    BenchOptions,
-    OptimizeOptions,
-    OptimizePlan,
-    PolicyOptions,
-)
+from tuner.records.options import BenchOptions, OptimizeOptions, OptimizePlan, PolicyOptions
 
 
 def check_requests(measure: MeasureSettings, num_prompts: int) -> None:

@@ -10,10 +10,8 @@ from typing import Any
 
 from tuner.checks.bounds import show, unknown_name
 from tuner.errors import ConfigError
-from tuner.records.configs import (
-    EngineSpec,
-)
-from tuner.speculative import varying_k, vllm_schema, vllm_verdict
+from tuner.records.configs import EngineSpec
+from tuner.speculative import varying_k, vllm_answer, vllm_schema
 
 
 def check_methods(space: Any, engine: EngineSpec) -> None:
@@ -95,14 +93,14 @@ def _at_end(p: Any, end: str, *, at_most: float | None, at_least: float | None) 
 def vllm_accepts(spec: dict, engine: EngineSpec, *, where: str) -> None:
     """Refuse, before any engine starts, a speculative config vLLM's own SpeculativeConfig
     refuses (its field constraints and validators, run here without an engine:
-    tuner.speculative.vllm_verdict), or a per-batch-size K schedule for a method whose
+    tuner.speculative.vllm_answer), or a per-batch-size K schedule for a method whose
     proposer cannot take a changing K (tuner.speculative.varying_k): one message, vLLM's
     reason in its words, what to do."""
-    verdict = vllm_verdict(spec, model=engine.model)
+    answer = vllm_answer(spec, model=engine.model)
     shown = show(json.dumps(spec, separators=(",", ":")), 200, quote=True)
-    if verdict.refused:
-        raise ConfigError(f"{where} {shown}: {verdict.origin}'s SpeculativeConfig refuses it: "
-                          f"\"{verdict.refused.rstrip('.')}\". {_what_to_do(spec)} (vLLM would "
+    if answer.refused:
+        raise ConfigError(f"{where} {shown}: {answer.origin}'s SpeculativeConfig refuses it: "
+                          f"\"{answer.refused.rstrip('.')}\". {_what_to_do(spec)} (vLLM would "
                           f"refuse it only after an engine launch.)")
     schedule = spec.get("num_speculative_tokens_per_batch_size")
     k = spec.get("num_speculative_tokens")

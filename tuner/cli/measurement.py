@@ -30,7 +30,8 @@ def add_workload(p: argparse.ArgumentParser) -> None:
                    help="local dataset file (jsonl/json/parquet, or .jsonl.xz)")
     g.add_argument("--num-prompts", type=checks.option("num_prompts"), default=_W.num_prompts,
                    help="prompts drawn from the dataset (fewer than requests: reused)")
-    g.add_argument("--seed", type=checks.option("seed"), default=_W.seed, help="prompt sampling seed")
+    g.add_argument("--seed", type=checks.option("seed"), default=_W.seed,
+                   help="prompt sampling seed")
     g.add_argument("--output-len", type=checks.option("output_len"),
                    help="max output tokens per request")
     g.add_argument("--max-input-tokens", type=checks.option("max_input_tokens"),
@@ -83,7 +84,8 @@ def add_engine(p: argparse.ArgumentParser) -> None:
                                  "seconds one request may take"),
                                 ("--level-timeout", LEVEL_TIMEOUT_S,
                                  "seconds one concurrency level may take")):
-        g.add_argument(flag, type=checks.option(flag[2:].replace("-", "_")), default=default, help=what)
+        g.add_argument(flag, type=checks.option(flag[2:].replace("-", "_")), default=default,
+                       help=what)
     g.add_argument("--acceptance-profile", metavar="RESULT_JSON", type=checks.acceptance_profile,
                    help="use vLLM's synthetic rejection sampling with the per-position "
                    "acceptance measured by `tuner bench` on a real model (for dummy weights); "

@@ -47,8 +47,8 @@ def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
                    default=percent(_O.margin),
                    help="speedups whose interval lies within this many percent of 1.00x count "
                    "as no difference (either config will do)")
-    g.add_argument("--sampler", help=f"one of {names['samplers']} (default: tpe); naming one "
-                   "asks for the Optuna search (--strategy auto then means optuna)")
+    g.add_argument("--sampler", help=f"one of {names['samplers']} (default: {_O.sampler}); "
+                   "naming one asks for the Optuna search (--strategy auto then means optuna)")
     g.add_argument("--sampler-seed", type=checks.option("sampler_seed"), default=_O.seed,
                    help="seed of the sampler and of the replay's choices")
     g.add_argument("--objectives", type=checks.name_list,
