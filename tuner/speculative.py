@@ -403,7 +403,7 @@ class _Unchecked(Exception):
     """vLLM's check went on to something only vLLM proper has (a model's config)."""
 
 
-class SpecVerdict(NamedTuple):
+class VllmAnswer(NamedTuple):
     """vLLM's own answer to a --speculative-config: `refused` is its reason (None: accepted
     as far as it was checked), `checked` says how far that was, `origin` which vLLM
     ("vLLM 0.32.0")."""
@@ -592,7 +592,7 @@ def _compiled(rel: str) -> _Compiled | None:
     return _Compiled(module, str(path))
 
 
-def vllm_verdict(spec: dict[str, Any], *, model: str | None = None) -> SpecVerdict:
+def vllm_answer(spec: dict[str, Any], *, model: str | None = None) -> VllmAnswer:
     """vLLM's own checks of `spec` (a --speculative-config as vLLM takes it) on the target
     `model` (a path or hub id; only its name is used), run without an engine or a model. The
     keys are normalised as vLLM's EngineArgs does (`-` read as `_`)."""
@@ -601,49 +601,49 @@ def vllm_verdict(spec: dict[str, Any], *, model: str | None = None) -> SpecVerdi
     try:
         key = json.dumps(spec, sort_keys=True)
     except (TypeError, ValueError):
-        return SpecVerdict(None, "not checked: the config is not plain JSON", "")
-    return _verdict(key, model)
+        return VllmAnswer(None, "not checked: the config is not plain JSON", "")
+    return _answer(key, model)
 
 
 @functools.cache
-def _verdict(key: str, model: str | None) -> SpecVerdict:
+def _answer(key: str, model: str | None) -> VllmAnswer:
     import json
 
     origin = f"vLLM {vllm_version()}"
     # SpeculativeConfig's keyword arguments, as vLLM's EngineArgs passes them.
     args = {k.replace("-", "_"): v for k, v in json.loads(key).items()}
-    verdict = _class_verdict(lambda cls: cls(
+    answer = _class_answer(lambda cls: cls(
         **args, target_model_config=_Target(model),
         target_parallel_config=_Opaque("target_parallel_config")), origin)
-    if verdict.refused is None and args.get("num_speculative_tokens_per_batch_size") is not None:
+    if answer.refused is None and args.get("num_speculative_tokens_per_batch_size") is not None:
         refused = _schedule_refusal(args["num_speculative_tokens_per_batch_size"])
         if refused:
-            return SpecVerdict(refused, "refused", origin)
-    return verdict
+            return VllmAnswer(refused, "refused", origin)
+    return answer
 
 
-def _class_verdict(build: Callable[[type], object], origin: str) -> SpecVerdict:
+def _class_answer(build: Callable[[type], object], origin: str) -> VllmAnswer:
     """vLLM's answer to `build(SpeculativeConfig)`, the stand-in class made from its source."""
     built = _stand_in_class()
     if built is None:
-        return SpecVerdict(None, "not checked: vLLM's SpeculativeConfig could not be run here "
+        return VllmAnswer(None, "not checked: vLLM's SpeculativeConfig could not be run here "
                                  "without importing vLLM; vLLM checks it at launch", origin)
     cls, path = built
     try:
         build(cls)
     except _Unchecked as e:
-        return SpecVerdict(None, f"checked by vLLM's SpeculativeConfig up to what needs "
+        return VllmAnswer(None, f"checked by vLLM's SpeculativeConfig up to what needs "
                                  f"{e.args[0]} (vLLM checks the rest at launch)", origin)
     except ImportError as e:  # _validate_suffix_decoding: the arctic-inference package
         if _raised_in(e, path):
-            return SpecVerdict(str(e), "refused", origin)
-        return SpecVerdict(None, f"not checked ({type(e).__name__})", origin)
+            return VllmAnswer(str(e), "refused", origin)
+        return VllmAnswer(None, f"not checked ({type(e).__name__})", origin)
     except Exception as e:
         reason = _validation_reason(e, path)
         if reason is not None:
-            return SpecVerdict(reason, "refused", origin)
-        return SpecVerdict(None, f"not checked ({type(e).__name__}: {e})"[:200], origin)
-    return SpecVerdict(None, "accepted by vLLM's SpeculativeConfig", origin)
+            return VllmAnswer(reason, "refused", origin)
+        return VllmAnswer(None, f"not checked ({type(e).__name__}: {e})"[:200], origin)
+    return VllmAnswer(None, "accepted by vLLM's SpeculativeConfig", origin)
 
 
 def _schedule_refusal(schedule: Any) -> str | None:

@@ -1,5 +1,5 @@
 """No engine process survives, whatever kills the driver (tuner/measure/watchdog.py), and a second
-Ctrl-C cannot cut the engine's teardown short (tuner/measure/engine.py, tuner/cli.py).
+Ctrl-C cannot cut the engine's teardown short (tuner/measure/engine.py, tuner/cli/__init__.py).
 
 Every driver these tests start carries a marker in its environment, and so does everything it
 starts (watchdog, engine, the engine's children), so "nothing left" means: no live process with

@@ -60,7 +60,7 @@ def test_every_bound_refuses_what_lies_outside_it_and_names_the_range(name):
     for text in _outside(bound):
         message = refused(checks.check, name, text)
         assert message.startswith(f"{bound.flag} {checks.show(text)}: must be "), message
-        assert f"between {checks._num(bound.low)} and {checks._num(bound.high)}" in message
+        assert f"between {checks.bounds._num(bound.low)} and {checks.bounds._num(bound.high)}" in message
         assert f"({bound.why})" in message and message.endswith(f"{bound.example}.")
 
 
@@ -291,11 +291,11 @@ def test_dataset_path_that_is_no_regular_file(tmp_path):
 def test_dataset_file_and_line_size_limits(tmp_path, monkeypatch):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "x" * 300}) + "\n" + json.dumps({"prompt": "y"}))
-    monkeypatch.setattr(checks, "DATASET_MAX_LINE_BYTES", 200)
+    monkeypatch.setattr(checks.files, "DATASET_MAX_LINE_BYTES", 200)
     m = refused(workloads.read_rows, path)
     assert "line 1 is longer than" in m
-    monkeypatch.setattr(checks, "DATASET_MAX_LINE_BYTES", 1 << 20)
-    monkeypatch.setattr(checks, "DATASET_MAX_BYTES", 100)
+    monkeypatch.setattr(checks.files, "DATASET_MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(checks.files, "DATASET_MAX_BYTES", 100)
     assert "above the" in refused(workloads.read_rows, path)
 
 

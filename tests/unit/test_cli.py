@@ -126,7 +126,7 @@ def _help_texts():
         for action in p._actions:
             if action.help is not argparse.SUPPRESS and not isinstance(
                     action, argparse._SubParsersAction):
-                yield name, action, cli._HelpFormatter("tuner")._get_help_string(action)
+                yield name, action, cli.arguments.HelpFormatter("tuner")._get_help_string(action)
 
 
 def test_help_describes_every_option_and_shows_every_default():

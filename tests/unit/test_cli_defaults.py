@@ -1,5 +1,5 @@
 """One home for every default: the options records own them and the parser reads them from
-there (tuner/cli.py builds each record from its defaults: `_W`, `_M`, `_P`, `_O`), so code
+there (each module of tuner/cli/ builds its command's record from its defaults), so code
 that builds a record directly (the integration tests, a notebook) measures as a user at the
 command line does. Each command's options built from an empty command line equal the record
 built from its own defaults.

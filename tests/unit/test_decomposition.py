@@ -13,7 +13,7 @@ from study_fakes import H200_GAIN, H200_PATH, aligned_study, realistic_study
 
 from tuner.analysis import decomposition
 from tuner.analysis.frame import trials_frame
-from tuner.outputs import policy_verdicts, verdicts
+from tuner.outputs import policy_words, verdicts
 from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
 
 
@@ -142,8 +142,8 @@ def test_the_ladder_keeps_each_ratio_with_its_relative_noise():
     assert "path_cost" not in stat.model_dump()
     assert out.path_cost == 8.3 / 10.1 and out.path_noise == 0.03
     assert decomposition.policy_stats(stat, None) is stat
-    line = policy_verdicts.split_sentence("ngram k=3", {8: stat, 1: out})
+    line = policy_words.split_sentence("ngram k=3", {8: stat, 1: out})
     assert line == ("ngram k=3 over the plain baseline, split into the engine path's cost "
                     "(aligned baseline over plain) and speculation's own gain: c=1 1.05x "
                     "\u00b10.02 = path 0.82x \u00b10.02 x speculation 1.28x \u00b10.04.")
-    assert policy_verdicts.split_sentence("ngram k=3", {1: stat}) is None
+    assert policy_words.split_sentence("ngram k=3", {1: stat}) is None

@@ -103,7 +103,7 @@ def test_a_users_dataset_reads_the_same_plain_or_xz(tmp_path: Path, monkeypatch)
     assert workloads.read_rows(plain) == workloads.read_rows(packed) == \
         workloads.read_rows(array) == rows
     # The size limit counts what the file decompresses to, not its compressed size.
-    monkeypatch.setattr(checks, "DATASET_MAX_BYTES", plain.stat().st_size - 1)
+    monkeypatch.setattr(checks.files, "DATASET_MAX_BYTES", plain.stat().st_size - 1)
     with pytest.raises(ConfigError, match="above the"):
         workloads.read_rows(packed)
 

@@ -6,7 +6,7 @@ import pytest
 from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
-from tuner.outputs import policy_verdicts
+from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import BreakEvenStatus, LevelStat, PolicyDocument
 
@@ -165,7 +165,7 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
     assert doc.aligned_baseline.path_cost[1].speedup == pytest.approx(8.3 / 10.1)
     # Each ratio with its spread, in the ratio's units, as the recommendation and report say.
     assert "c=1 1.05x \u00b10.01 = path 0.82x \u00b10.01 x speculation 1.28x \u00b10.01" in \
-        policy_verdicts.worded(doc).decomposition
+        policy_words.worded(doc).decomposition
     # The decisions stay against the plain baseline, what a user gets today: at c=8
     # speculation alone gains 1.12x, yet on its path it is 0.9x of the plain baseline.
     assert stats[8].speculation_gain > 1.1 and stats[8].speedup < 0.95
@@ -174,11 +174,11 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
     verified = P.with_verification(doc, measured, policy_cfg=policy_cfg, static=static,
                                    side_by_side=False)
     # The line a user reads says whether the path or speculation itself decided.
-    assert policy_verdicts.worded(verified).verdict.endswith(policy_verdicts.worded(doc).decomposition)
+    assert policy_words.worded(verified).headline.endswith(policy_words.worded(doc).decomposition)
 
     plain = P.draft_policy(measured, [r for r in lineup if r[0] != "aligned_baseline"],
                            max_batch=8, where="x")
-    assert policy_verdicts.worded(plain).decomposition is None and plain.aligned_baseline is None
+    assert policy_words.worded(plain).decomposition is None and plain.aligned_baseline is None
     assert plain.configs[0].stats[1].path_cost is None
     # Without the split, a level's JSON has no split keys (policy.json as before).
     assert "path_cost" not in plain.configs[0].stats[1].model_dump()

@@ -214,4 +214,4 @@ def test_the_cli_shows_bars_on_a_terminal_unless_quiet_or_disabled(monkeypatch, 
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
     args = argparse.Namespace(quiet=quiet, disable_tqdm=disable)
-    assert cli._show_bar(args) is want
+    assert cli.arguments.show_bar(args) is want

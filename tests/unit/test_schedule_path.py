@@ -15,7 +15,7 @@ import pytest
 from study_fakes import fake_level
 
 from tuner.analysis import policy as P
-from tuner.outputs import policy_verdicts
+from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import LadderRun, PathChange, PathRule, ScheduleBasis
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
@@ -117,7 +117,7 @@ def _drafted(rule: PathRule | None = None):
 
 def test_a_path_the_table_changes_withholds_the_schedule_before_any_launch():
     rule = schedule_path("draft_model", runner="V1", cudagraph_mode="FULL_AND_PIECEWISE")
-    doc = policy_verdicts.worded(_drafted(rule))
+    doc = policy_words.worded(_drafted(rule))
     # No schedule and no config: tuner.api spends no verify launch on it.
     assert doc.schedule is None and doc.speculative_config is None
     check = doc.schedule_check
@@ -127,8 +127,8 @@ def test_a_path_the_table_changes_withholds_the_schedule_before_any_launch():
     assert check.offered_k == 3 and check.offered_bands == doc.bands
     assert doc.needs_router and doc.fallback_bands[-1].endswith("speculation off")
     assert doc.path_rule == rule
-    assert "No launch was spent" in doc.verdict and "static K=3" in doc.verdict
-    assert "PIECEWISE" in doc.verdict
+    assert "No launch was spent" in doc.headline and "static K=3" in doc.headline
+    assert "PIECEWISE" in doc.headline
 
 
 def test_without_a_path_change_the_schedule_is_emitted_for_its_verify_launch():
@@ -144,7 +144,7 @@ def _verified(levels: dict[int, tuple[float, float]], details: dict,
     doc = _drafted(rule)
     policy_cfg, static = P.policy_configs(doc, LINEUP)
     verify = _runs(policy_cfg, levels, details=details, repeats=1, phase="verify")
-    return policy_verdicts.worded(P.with_verification(
+    return policy_words.worded(P.with_verification(
         doc.model_copy(update={"serve_command": "vllm serve m"}), LADDER + verify,
         policy_cfg=policy_cfg, static=static, side_by_side=False, path_fields=FIELDS))
 
@@ -170,8 +170,8 @@ def test_another_path_and_a_slower_schedule_withhold_it_after_the_verify_launch(
     assert doc.schedule is None and doc.speculative_config is None and doc.serve_command is None
     assert doc.verification.slower_at == (1, 8, 64)
     assert doc.needs_router and doc.fallback_bands
-    assert doc.verdict.startswith("No per-batch-size schedule for")
-    assert "static K=3" in doc.verdict and "No launch was spent" not in doc.verdict
+    assert doc.headline.startswith("No per-batch-size schedule for")
+    assert "static K=3" in doc.headline and "No launch was spent" not in doc.headline
 
 
 def test_an_ignored_table_is_withheld_naming_the_issue_of_that_path():
@@ -181,7 +181,7 @@ def test_an_ignored_table_is_withheld_naming_the_issue_of_that_path():
     off = _verified({1: (150, 600), 8: (1100, 1300), 64: (6000, 9000)}, V1_FULL, rule)
     assert off.schedule_check.basis[0] is ScheduleBasis.DRAFTS_WHERE_OFF
     assert off.schedule_check.vllm_issue == 51510 and 64 in off.schedule_check.levels
-    assert "vLLM issue 51510" in off.verdict and not off.verification.honoured
+    assert "vLLM issue 51510" in off.headline and not off.verification.honoured
     # Almost no drafts where it says K=3.
     on = _verified({1: (150, 10), 8: (1100, 1300), 64: (6000, 900)}, V1_FULL, rule)
     assert on.schedule_check.basis == (ScheduleBasis.NO_DRAFTS_WHERE_ON,)
@@ -228,7 +228,7 @@ def test_the_stored_verify_launch_ran_piecewise_and_slower_so_it_is_withheld(sto
                          varying_k=varying_k("draft_model"))
     policy_cfg, static = P.policy_configs(doc, lineup)
     assert verify_runs[0].key == policy_cfg.key()
-    doc = policy_verdicts.worded(P.with_verification(
+    doc = policy_words.worded(P.with_verification(
         doc, ladder_runs + verify_runs, policy_cfg=policy_cfg, static=static,
         side_by_side=False, path_fields=FIELDS))
     check = doc.schedule_check

@@ -12,7 +12,7 @@ import pytest
 from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
-from tuner.outputs import policy_verdicts
+from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import PolicyDocument
 from tuner.speculative import varying_k
@@ -123,7 +123,7 @@ def _policy(method: str, *, runner: str | None = None) -> PolicyDocument:
     measured = (_ladder_runs(TrialConfig().key(), {1: [1.0, 1.0], 4: [1.0, 1.0], 16: [1.0, 1.0]})
                 + _ladder_runs(k8.key(), {1: [2.0, 2.02], 4: [1.1, 1.1], 16: [0.8, 0.8]})
                 + _ladder_runs(k4.key(), {1: [1.6, 1.6], 4: [1.3, 1.31], 16: [0.9, 0.9]}))
-    return policy_verdicts.worded(P.draft_policy(measured, lineup, max_batch=64, where="x",
+    return policy_words.worded(P.draft_policy(measured, lineup, max_batch=64, where="x",
                                                  varying_k=varying_k(method, runner=runner)))
 
 
@@ -146,11 +146,11 @@ def test_a_method_that_takes_no_changing_k_gets_bands_and_why(method):
     assert doc.schedule_refused == varying_k(method).why
     assert doc.fallback_bands[0].startswith("concurrency 1-")
     assert doc.fallback_bands[-1].endswith("speculation off")
-    verdict = doc.verdict
-    assert verdict.startswith("No per-batch-size schedule for")
-    assert varying_k(method).why in verdict and "static K per band" in verdict
-    assert "speculation stops paying from concurrency" in verdict
-    assert "Speculation does not pay" not in verdict
+    headline = doc.headline
+    assert headline.startswith("No per-batch-size schedule for")
+    assert varying_k(method).why in headline and "static K per band" in headline
+    assert "speculation stops paying from concurrency" in headline
+    assert "Speculation does not pay" not in headline
 
 
 def test_ngram_gpu_on_a_known_v2_runner_gets_its_schedule():

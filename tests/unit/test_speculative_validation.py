@@ -1,5 +1,5 @@
 """Checks before a launch: a --speculative-config vLLM's own SpeculativeConfig would refuse is
-refused before any engine starts (tuner.speculative.vllm_verdict runs vLLM's source of that
+refused before any engine starts (tuner.speculative.vllm_answer runs vLLM's source of that
 class over stand-ins for vLLM proper; tuner.checks.vllm_accepts words the refusal), with
 vLLM's reason, and never for a reason of the stand-ins' own."""
 
@@ -62,23 +62,23 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("spec, reason", REFUSED, ids=[str(s) for s, _ in REFUSED])
 def test_vllm_refuses_with_its_reason(spec, reason):
-    verdict = speculative.vllm_verdict(spec, model=ENGINE.model)
-    assert verdict.refused is not None and reason in verdict.refused, verdict
-    assert verdict.origin.startswith("vLLM ")
+    answer = speculative.vllm_answer(spec, model=ENGINE.model)
+    assert answer.refused is not None and reason in answer.refused, answer
+    assert answer.origin.startswith("vLLM ")
 
 
 @pytest.mark.parametrize("spec", ACCEPTED, ids=[str(s) for s in ACCEPTED])
 def test_what_vllm_takes_is_not_refused(spec):
-    verdict = speculative.vllm_verdict(spec, model=ENGINE.model)
-    assert verdict.refused is None, verdict
+    answer = speculative.vllm_answer(spec, model=ENGINE.model)
+    assert answer.refused is None, answer
     checks.vllm_accepts(spec, ENGINE, where="--speculative-config")
 
 
 def test_where_vllm_needs_a_model_the_check_stops_and_says_so():
-    verdict = speculative.vllm_verdict({"method": "eagle", "model": "/m",
+    answer = speculative.vllm_answer({"method": "eagle", "model": "/m",
                                         "num_speculative_tokens": 3})
-    assert verdict.refused is None and "ModelConfig" in verdict.checked
-    assert "launch" in verdict.checked
+    assert answer.refused is None and "ModelConfig" in answer.checked
+    assert "launch" in answer.checked
 
 
 def test_the_real_vllm_class_agrees():
@@ -97,12 +97,12 @@ def test_the_real_vllm_class_agrees():
             real = speculative._validation_reason(e, path) or str(e)
         else:
             real = None
-        assert real == speculative.vllm_verdict(spec).refused, spec
+        assert real == speculative.vllm_answer(spec).refused, spec
 
 
-def test_the_verdict_is_fast_and_imports_no_vllm():
+def test_the_answer_is_fast_and_imports_no_vllm():
     code = ("import sys, time; t = time.perf_counter(); from tuner import speculative; "
-            "v = speculative.vllm_verdict({'method': 'eagle'}); "
+            "v = speculative.vllm_answer({'method': 'eagle'}); "
             "print(round(time.perf_counter() - t, 3), 'vllm' in sys.modules, v.refused)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split(" ", 2)

@@ -14,8 +14,8 @@ speculative engine path), the ladder measures it too and every speedup over the 
 is split into path cost (aligned over plain) x speculation gain (config over aligned), each with
 its noise; the decisions stay against the plain baseline, which is what a user gets. This module
 holds the rules (pure functions of measured ladder runs, tuner.records.policy.LadderRun) and
-returns the document as a record (PolicyDocument), figures only: tuner.outputs.policy_verdicts
-words it, tuner/search/ladder.py measures and tuner/api.py's policy() runs the whole step.
+returns the document as a record (PolicyDocument), figures only: tuner.outputs.policy_words
+words it, tuner/search/ladder.py measures and tuner/api/policy_pipeline.py runs the whole step.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import decomposition, frame
 from tuner.errors import ConfigError
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import (
-    AlignedBaseline,
     Band,
     BandEdge,
     BreakEven,
@@ -44,21 +43,20 @@ from tuner.records.policy import (
     OpenLoop,
     OpenLoopLevel,
     PathChange,
+    PathCostCurve,
     PathRule,
     PolicyContext,
     PolicyDocument,
     ScheduleBasis,
     ScheduleCheck,
-    Verification,
+    ScheduleVerification,
     VerificationRow,
 )
-from tuner.records.results import Measured, SpeedupSplit
+from tuner.records.results import Measured, Role, SpeedupSplit
 
 if TYPE_CHECKING:
     import pandas as pd
 
-# tuner.records.results.Role.ALIGNED_BASELINE, as ladder runs store it
-ALIGNED_ROLE = "aligned_baseline"
 UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
 
 
@@ -246,7 +244,7 @@ def schedule_refused(schedule: Sequence[Sequence[int]], varying_k: tuple[bool, s
 
 # --- the step's plan and document -------------------------------------------------------------
 def ladder_lineup(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *, study: str,
-                  aligned: TrialConfig | None = None) -> list[tuple[str, TrialConfig]]:
+                  aligned: TrialConfig | None = None) -> list[tuple[Role, TrialConfig]]:
     """What the ladder measures, as (role, config): the baseline, the study's aligned baseline
     where it has one, the leaders, and K variants of the first leader (by default its K and
     half of it)."""
@@ -257,19 +255,19 @@ def ladder_lineup(picks: list[TrialConfig], k_values: tuple[int, ...] | None, *,
     # Where vLLM takes K from the draft model (chosen.k is None), only asked-for Ks vary.
     default_ks = (chosen.k, max(1, round(chosen.k / 2))) if chosen.k else ()
     ks = sorted(set(k_values or default_ks), reverse=True)
-    lineup: list[tuple[str, TrialConfig]] = [("baseline", TrialConfig())]
+    lineup: list[tuple[Role, TrialConfig]] = [(Role.BASELINE, TrialConfig())]
     if aligned is not None:
-        lineup.append((ALIGNED_ROLE, aligned))
-    lineup += [("leader", c) for c in picks]
+        lineup.append((Role.ALIGNED_BASELINE, aligned))
+    lineup += [(Role.LEADER, c) for c in picks]
     for k in ks:
         cfg = chosen.with_k(k)
         # The leader's own K is the leader, however its config spells it.
         if k != chosen.k and cfg.key() not in {c.key() for _, c in lineup}:
-            lineup.append(("k_variant", cfg))
+            lineup.append((Role.K_VARIANT, cfg))
     return lineup
 
 
-def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, TrialConfig]], *,
+def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[Role, TrialConfig]], *,
                  max_batch: int, where: str, context: PolicyContext | None = None,
                  predicted: dict[int, dict[int, float]] | None = None,
                  varying_k: tuple[bool, str] | None = None,
@@ -292,13 +290,13 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
     handed in by tuner.api) withholds the schedule the same way where vLLM's source says the
     table moves the engine off the path the bands were measured on (`schedule_check`, basis
     PATH_PREDICTED): no launch is spent on it.
-    The document's sentences are tuner.outputs.policy_verdicts'."""
+    The document's sentences are tuner.outputs.policy_words'."""
     chosen = _leader(lineup)
     base = throughput_series(ladder_runs, TrialConfig().key())
     if not base:
         raise ConfigError("The baseline could not be measured on the ladder (see the failures "
                           f"in {where}); no policy without it.")
-    aligned = next((c for role, c in lineup if role == ALIGNED_ROLE), None)
+    aligned = next((c for role, c in lineup if role == Role.ALIGNED_BASELINE), None)
     aligned_series = throughput_series(ladder_runs, aligned.key()) if aligned is not None else {}
     stats = {c.key(): split_stats(throughput_series(ladder_runs, c.key()), base, aligned_series)
              for _, c in lineup if c.method != "none"}
@@ -336,7 +334,7 @@ def draft_policy(ladder_runs: Sequence[LadderRun], lineup: list[tuple[str, Trial
         schedule_problems=tuple(validate_schedule(schedule, num_speculative_tokens=max(
             [k for *_, k in schedule] + [1]))),
         speculative_config=None if spec is None else spec.speculative_config,
-        aligned_baseline=None if aligned is None else AlignedBaseline(
+        aligned_baseline=None if aligned is None else PathCostCurve(
             label=aligned.label(), config=aligned, path_cost=level_stats(aligned_series, base)),
         path_rule=path_rule, schedule_check=check,
     )
@@ -363,12 +361,12 @@ def engine_details(ladder_runs: Sequence[LadderRun], key: str) -> dict[str, str]
                  if run.key == key and run.result is not None), {})
 
 
-def _leader(lineup: list[tuple[str, TrialConfig]]) -> TrialConfig:
+def _leader(lineup: list[tuple[Role, TrialConfig]]) -> TrialConfig:
     """The first leader: the config whose method and K the policy schedules."""
-    return next(c for role, c in lineup if role == "leader")
+    return next(c for role, c in lineup if role == Role.LEADER)
 
 
-def _measured_ks(lineup: list[tuple[str, TrialConfig]], stats: dict[str, dict[int, LevelStat]],
+def _measured_ks(lineup: list[tuple[Role, TrialConfig]], stats: dict[str, dict[int, LevelStat]],
                  chosen: TrialConfig) -> dict[int, dict[int, LevelSpeedup]]:
     """{K: level stats} of the ladder's configs that are the chosen one but for K."""
     return {c.k: stats[c.key()] for _, c in lineup
@@ -386,7 +384,7 @@ def _predicted_ks(predicted: dict[int, dict[int, float]],
             for k, curve in predicted.items() if k not in per_k}
 
 
-def policy_configs(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]]
+def policy_configs(doc: PolicyDocument, lineup: list[tuple[Role, TrialConfig]]
                    ) -> tuple[TrialConfig, TrialConfig]:
     """(the emitted policy, the static config it replaces: the first leader at its own K)."""
     chosen = _leader(lineup)
@@ -403,17 +401,25 @@ def with_verification(doc: PolicyDocument, reference: Sequence[LadderRun], *,
     handed in by tuner.api), ignored the table or measured slower (schedule_check_of), the
     schedule is withheld: no schedule, no speculative config, no serve command, and the
     `schedule_check` that says why and offers the static K of the band that pays."""
+    return doc.model_copy(update=verified(doc, reference, policy_cfg=policy_cfg, static=static,
+                                          side_by_side=side_by_side, path_fields=path_fields))
+
+
+def verified(doc: PolicyDocument, reference: Sequence[LadderRun], *, policy_cfg: TrialConfig,
+             static: TrialConfig, side_by_side: bool, path_fields: Sequence[str] = ()
+             ) -> dict[str, Any]:
+    """with_verification's fields of the document, for the caller that builds it once."""
     ver = verification(reference, policy_cfg, static, path_fields=path_fields).model_copy(
         update={"side_by_side": side_by_side})
-    doc = doc.model_copy(update={"verification": ver})
     check = schedule_check_of(doc, ver)
     if check is None:
-        return doc
-    return doc.model_copy(update={"schedule_check": check, "schedule": None,
-                                  "speculative_config": None, "serve_command": None})
+        return {"verification": ver}
+    return {"verification": ver, "schedule_check": check, "schedule": None,
+            "speculative_config": None, "serve_command": None}
 
 
-def schedule_check_of(doc: PolicyDocument, ver: Verification) -> ScheduleCheck | None:
+def schedule_check_of(doc: PolicyDocument, ver: ScheduleVerification
+                      ) -> ScheduleCheck | None:
     """Why the verified schedule is not emitted (None: it holds): it ran another engine path
     than the static config, drafted where the table says K=0 or not where it says K>0 (the
     vLLM issue the document's path rule names for that path, where one applies), or measured
@@ -434,7 +440,8 @@ def schedule_check_of(doc: PolicyDocument, ver: Verification) -> ScheduleCheck |
 
 
 def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
-                 static: TrialConfig, *, path_fields: Sequence[str] = ()) -> Verification:
+                 static: TrialConfig, *, path_fields: Sequence[str] = ()
+                 ) -> ScheduleVerification:
     """How the emitted policy fared on the ladder against the baseline and the static config,
     whether the engine honoured the schedule (drafts per level against the table) and ran the
     static config's engine path (`path_fields` of their logged paths), and where it was slower
@@ -445,7 +452,7 @@ def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
     pol = throughput_series(ladder_runs, policy_cfg.key())
     if not pol:
         reason = failures[0].reason if failures else "no successful run"
-        return Verification(engine_rejected=True, reason=reason)
+        return ScheduleVerification(engine_rejected=True, reason=reason)
     st_pol = level_stats(pol, base)
     st_static = level_stats(throughput_series(ladder_runs, static.key()), base)
     drafts = drafts_series(ladder_runs, policy_cfg.key())
@@ -481,7 +488,7 @@ def verification(ladder_runs: Sequence[LadderRun], policy_cfg: TrialConfig,
             static_speedup=s.speedup if s else None,
             policy_drafts=median_or_none(drafts.get(c, [])),
             below_baseline_beyond_noise=loses(p)))
-    return Verification(engine_rejected=False, honoured=not off, rows=tuple(rows),
+    return ScheduleVerification(engine_rejected=False, honoured=not off, rows=tuple(rows),
                         worse_at=tuple(worse), drafts_where_off=tuple(sorted(off)),
                         no_drafts_where_on=tuple(sorted(on_missing)), slower_at=tuple(slower),
                         path_changes=path_changes(
@@ -533,7 +540,7 @@ def open_loop_plan(schedule: Sequence[Band], closed: dict[int, Sequence[float]]
 
 
 def open_loop_lineup(plan: Sequence[OpenLoopLevel], policy_cfg: TrialConfig,
-                     chosen: TrialConfig) -> tuple[list[tuple[str, TrialConfig]], dict[int, str]]:
+                     chosen: TrialConfig) -> tuple[list[tuple[Role, TrialConfig]], dict[int, str]]:
     """What the open-loop phase launches, as (role, config): the schedule, then every K of the
     bands at the planned edges as a static config (the chosen config at that K; K 0 the
     baseline), and {K: config key} for open_loop_check."""
@@ -542,7 +549,7 @@ def open_loop_lineup(plan: Sequence[OpenLoopLevel], policy_cfg: TrialConfig,
         for k in (edge.k_below, edge.k_above):
             statics[k] = (TrialConfig() if k == 0 else chosen if k == chosen.k
                           else chosen.with_k(k))
-    lineup = [("policy", policy_cfg)] + [("baseline" if k == 0 else "static", cfg)
+    lineup = [(Role.POLICY, policy_cfg)] + [(Role.BASELINE if k == 0 else Role.STATIC, cfg)
                                          for k, cfg in sorted(statics.items(), reverse=True)]
     return lineup, {k: cfg.key() for k, cfg in statics.items()}
 
@@ -555,7 +562,7 @@ def open_loop_check(plan: Sequence[OpenLoopLevel], ladder_runs: Sequence[LadderR
     below it beyond the spread (`dips`: the ratio under 1 by more than the two relative
     spreads added, MAD over median of each one's repeats, UNMEASURED_NOISE for a single run;
     a smaller difference is no finding). An edge not measured for the
-    schedule or either K has no verdict (`dips` None)."""
+    schedule or either K is not decided (`dips` None)."""
     pol = throughput_series(ladder_runs, policy_key)
     out = []
     for edge in plan:
@@ -654,9 +661,19 @@ def with_open_loop(doc: PolicyDocument, edges: Sequence[EdgeCheck], static: Tria
     schedule replaces, so one K left everywhere is a static config, and K 0 everywhere no
     speculation). The closed-loop verification stays, about the schedule it measured
     (`schedule_verified`)."""
-    before = [(s, e, k) for s, e, k in doc.schedule or ()]
+    return doc.model_copy(update=open_loop_revision(doc.schedule, doc.k_stats, edges, static,
+                                                    varying_k=varying_k))
+
+
+def open_loop_revision(schedule: Sequence[Band] | None,
+                       k_stats: dict[int, dict[int, LevelSpeedup]], edges: Sequence[EdgeCheck],
+                       static: TrialConfig, *, varying_k: tuple[bool, str] | None = None
+                       ) -> dict[str, Any]:
+    """with_open_loop's fields of the document (of its `schedule` and `k_stats`), for the
+    caller that builds it once."""
+    before = [(s, e, k) for s, e, k in schedule or ()]
     edges = [e.model_copy(update={"gives_up": merge_cost(
-        before, doc.k_stats, edge=e.edge, best_k=e.best_k)})
+        before, k_stats, edge=e.edge, best_k=e.best_k)})
         if e.dips and e.best_k is not None else e for e in edges]
     after = merged_at_dips(before, edges)
     revised = after != before
@@ -666,11 +683,10 @@ def with_open_loop(doc: PolicyDocument, edges: Sequence[EdgeCheck], static: Tria
                      revised=revised, schedule_verified=tuple(before),
                      schedule_revised=tuple(after) if revised else None)
     if not revised:
-        return doc.model_copy(update={"open_loop": block})
+        return {"open_loop": block}
     cfg = policy_config(static, after, varying_k=varying_k)
-    return doc.model_copy(update={
-        "open_loop": block, "schedule": tuple(after), "bands": tuple(after),
-        "speculative_config": None if cfg is None else cfg.speculative_config})
+    return {"open_loop": block, "schedule": tuple(after), "bands": tuple(after),
+            "speculative_config": None if cfg is None else cfg.speculative_config}
 
 
 def median_or_none(values: list[float]) -> float | None:

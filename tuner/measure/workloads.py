@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import checks
+from tuner.checks import files as file_checks
 from tuner.errors import ConfigError
 from tuner.measure import model as embedded
 from tuner.records.configs import Prompt, Workload, WorkloadSpec
@@ -149,7 +150,7 @@ def read_rows(path: Path) -> list[dict]:
     as /dev/zero or a fifo is refused by name), JSONL line by line with a cap on each line, so
     no input can make the driver read without end.
     """
-    checks.dataset_file(path)
+    file_checks.dataset_file(path)
     if path.suffix == ".parquet":
         import importlib.util
 
@@ -172,7 +173,7 @@ def read_rows(path: Path) -> list[dict]:
                           f"--dataset-path.") from None
     packed = path.suffix == ".xz"
     with os.fdopen(fd, "rb") as raw:
-        checks.dataset_stat(path, os.fstat(raw.fileno()))
+        file_checks.dataset_stat(path, os.fstat(raw.fileno()))
         # The readers count decompressed bytes, so the size limits hold for .xz files too.
         f = lzma.LZMAFile(raw) if packed else raw
         try:
@@ -194,8 +195,8 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def _read_json_array(path: Path, f: Any) -> list:
-    raw = f.read(checks.DATASET_MAX_BYTES + 1)
-    checks.dataset_size(path, len(raw))  # it may have grown since it was checked
+    raw = f.read(file_checks.DATASET_MAX_BYTES + 1)
+    file_checks.dataset_size(path, len(raw))  # it may have grown since it was checked
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -214,7 +215,7 @@ def _read_json_array(path: Path, f: Any) -> list:
 
 
 def _read_jsonl(path: Path, f: Any) -> list:
-    limit = checks.DATASET_MAX_LINE_BYTES
+    limit = file_checks.DATASET_MAX_LINE_BYTES
     rows: list = []
     n = read = 0
 
@@ -228,7 +229,7 @@ def _read_jsonl(path: Path, f: Any) -> list:
             raise ConfigError(
                 f"{path}: line {n + 1} is longer than {limit >> 20} MiB, the limit for one "
                 f"record (no model's context holds a prompt that long). Shorten or drop it.")
-        checks.dataset_size(path, read)  # it may have grown since it was checked
+        file_checks.dataset_size(path, read)  # it may have grown since it was checked
         try:
             text = chunk.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -178,12 +178,12 @@ def format_recommendation(rec: Recommendation) -> str:
 
 def format_policy(policy: PolicyDocument) -> str:
     """Terminal lines: verdict, break-evens, the schedule and the serve command."""
-    lines = ["Load-aware policy: " + (policy.verdict or "")]
+    lines = ["Load-aware policy: " + (policy.headline or "")]
     for cfg in policy.configs:
         lines.append(f"  {cfg.label}: {break_even_text(cfg)}")
     lines.append(f"  K by measured concurrency: {policy.k_by_level}")
     if policy.schedule is None and policy.bands:
-        # The method's proposer takes no changing K (the verdict says why): bands, no schedule.
+        # The method's proposer takes no changing K (the headline says why): bands, no schedule.
         lines.append(f"  schedule: none; bands (a static K each): {json.dumps(policy.bands)}")
     else:
         lines.append(f"  schedule: {json.dumps(policy.schedule)}")

@@ -535,7 +535,7 @@ def _policy_summary(policy: PolicyDocument | None) -> dict[str, Any] | None:
     """The policy's part of recommendation.json."""
     if not policy:
         return None
-    keys = ("verdict", "method", "chosen", "ladder", "repeats", "schedule", "speculative_config",
+    keys = ("headline", "method", "chosen", "ladder", "repeats", "schedule", "speculative_config",
             "serve_command", "serve_note", "fallback_bands", "schedule_problems")
     out = policy.model_dump(include=set(keys))
     out = {k: out.get(k) for k in keys}
@@ -551,7 +551,7 @@ def policy_markdown(policy: PolicyDocument | None, out_dir: Path) -> list[str]:
     if not policy:
         return []
     e = _md
-    out = ["## Load-aware policy", "", e(policy.verdict or ""), ""]
+    out = ["## Load-aware policy", "", e(policy.headline or ""), ""]
     out += [f"- {e(c.label)}: {e(break_even_text(c))}" for c in policy.configs]
     out.append("")
     if policy.speculative_config:
@@ -577,7 +577,7 @@ def policy_html(policy: PolicyDocument | None) -> str:
     if not policy:
         return ""
     e = html.escape
-    parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(policy.verdict or '')}</b></p>",
+    parts = ["<h2>Load-aware policy</h2>", f"<p><b>{e(policy.headline or '')}</b></p>",
              "<ul>"]
     parts += [f"<li>{e(c.label)}: {e(break_even_text(c))}</li>" for c in policy.configs]
     parts.append("</ul>")

@@ -223,7 +223,7 @@ class OptimizeOptions:
             timeout_s=args.timeout,
             # A sampler named on the command line is a request for the Optuna search.
             strategy="optuna" if args.strategy == "auto" and args.sampler else args.strategy,
-            sampler=args.sampler or "tpe", seed=args.sampler_seed, objectives=args.objectives,
+            sampler=args.sampler or cls.sampler, seed=args.sampler_seed, objectives=args.objectives,
             target_concurrency=args.target_concurrency,
             constraints={"max_tpot_ms": args.max_tpot_ms, "max_ttft_ms": args.max_ttft_ms},
             repeats=args.repeats, confirm_leaders=args.confirm_leaders,

@@ -12,10 +12,16 @@ import math
 from enum import Enum
 from typing import Any
 
-from pydantic import SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import (
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tuner.records.configs import Frozen, TrialConfig
-from tuner.records.results import BenchResult, Failure, LevelMetrics
+from tuner.records.migrations import OLD_POLICY_KEYS, renamed
+from tuner.records.results import BenchResult, Failure, LevelMetrics, Role
 
 # (first batch size, last batch size, K): one band of vLLM's num_speculative_tokens_per_batch_size
 Band = tuple[int, int, int]
@@ -123,13 +129,13 @@ class ConfigCurve(_Part):
     """One speculative config of the ladder: its speedup per level and its break-even."""
 
     label: str
-    role: str
+    role: Role
     speculative_config: dict[str, Any] | None = None  # vLLM's --speculative-config JSON
     stats: dict[int, LevelStat] = {}
     break_even: BreakEven | None = None
 
 
-class AlignedBaseline(_Part):
+class PathCostCurve(_Part):
     """The study's aligned baseline on the ladder: the engine path's cost per level."""
 
     label: str
@@ -148,16 +154,16 @@ class VerificationRow(_Part):
     below_baseline_beyond_noise: bool
 
 
-class Verification(_Part):
+class ScheduleVerification(_Part):
     """How the emitted policy fared on the ladder; where the engine refused the schedule, only
-    why (`reason`). `verdict`: in words (tuner.outputs.policy_verdicts; None until worded)."""
+    why (`reason`). `headline`: in words (tuner.outputs.policy_words; None until worded)."""
 
     engine_rejected: bool
     reason: str | None = None
     honoured: bool = True
     rows: tuple[VerificationRow, ...] = ()
     worse_at: tuple[int, ...] = ()
-    verdict: str | None = None
+    headline: str | None = None
     side_by_side: bool = False
     # The schedule's engine against the static config's, and where the counters and the
     # speeds contradicted the table (tuner.analysis.policy.verification)
@@ -165,6 +171,11 @@ class Verification(_Part):
     drafts_where_off: tuple[int, ...] = ()
     no_drafts_where_on: tuple[int, ...] = ()
     slower_at: tuple[int, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        return renamed(data, OLD_POLICY_KEYS)  # policy.json as stored before the rename
 
     def _left_out(self) -> set[str]:
         checks = {"path_changes", "drafts_where_off", "no_drafts_where_on", "slower_at"}
@@ -215,7 +226,7 @@ class ScheduleCheck(_Part):
     levels where the verify launch contradicted the table or lost (`levels`), the vLLM source or
     issue that says why, the schedule withheld, and the offer: `offered_k`, the static K of the
     band that pays (one engine), and `offered_bands`, a static K per band (an engine per band of
-    load, tuner.outputs.policy_verdicts.band_table)."""
+    load, tuner.outputs.policy_words.band_table)."""
 
     basis: tuple[ScheduleBasis, ...]
     changes: tuple[PathChange, ...] = ()
@@ -290,8 +301,8 @@ class EdgeCheck(OpenLoopLevel):
 
 class OpenLoop(_Part):
     """The open-loop check: every edge, where the schedule dipped, where a dip was kept (its
-    merge would give up a closed-loop gain), where no verdict was reached, and the schedule as
-    verified on the ladder and as revised (None: not revised)."""
+    merge would give up a closed-loop gain), where no edge check was decided, and the schedule
+    as verified on the ladder and as revised (None: not revised)."""
 
     edges: tuple[EdgeCheck, ...] = ()
     dipped_at: tuple[int, ...] = ()
@@ -321,8 +332,8 @@ class PolicyDocument(PolicyContext):
     method's proposer takes no changing K: `schedule_refused` says why), every K the bands
     chose from (`k_stats`, measured or predicted), the speculative config that carries the
     schedule (None: speculation off, or no schedule), its verification and open-loop check.
-    The sentences (`verdict`, the verification's, `fallback_bands`: the band table for a
-    router) are tuner.outputs.policy_verdicts' words for these figures, None until worded."""
+    The sentences (`headline`, the verification's, `fallback_bands`: the band table for a
+    router) are tuner.outputs.policy_words' words for these figures, None until worded."""
 
     method: str
     chosen: str
@@ -340,11 +351,11 @@ class PolicyDocument(PolicyContext):
     speculative_config: dict[str, Any] | None = None  # vLLM's --speculative-config JSON
     serve_command: str | None = None
     serve_note: str | None = None
-    verification: Verification | None = None
+    verification: ScheduleVerification | None = None
     fallback_bands: tuple[str, ...] | None = None
-    aligned_baseline: AlignedBaseline | None = None
+    aligned_baseline: PathCostCurve | None = None
     decomposition: str | None = None
-    verdict: str | None = None
+    headline: str | None = None
     open_loop: OpenLoop | None = None
     # What vLLM's source says the table does to the static config's engine path, and why the
     # schedule is withheld though the method takes a changing K (None: not withheld)
@@ -360,6 +371,11 @@ class PolicyDocument(PolicyContext):
         return self.schedule_refused is not None or self.schedule_check is not None or (
             ver is not None and (ver.engine_rejected or not ver.honoured))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        return renamed(data, OLD_POLICY_KEYS)  # policy.json as stored before the rename
+
     def _left_out(self) -> set[str]:
-        return {k for k in ("verdict", "open_loop", "path_rule", "schedule_check")
+        return {k for k in ("headline", "open_loop", "path_rule", "schedule_check")
                 if getattr(self, k) is None}

@@ -174,7 +174,7 @@ class LevelMetrics(Frozen):
 
     @staticmethod
     def stability_text(converged: bool | None, stability_pct: float | None) -> str:
-        """The windows' verdict in a table cell: '±1.2%' where they agreed, 'unsteady ±6.1%'
+        """The windows' agreement in a table cell: '±1.2%' where they agreed, 'unsteady ±6.1%'
         where they spread more than --stability, '' for a level measured without."""
         if converged is None:
             return ""
@@ -237,7 +237,8 @@ class BenchHeader(Frozen):
 
 # --- across the search: what one trial produced, and why it stands in the study --------------
 class Role(str, Enum):
-    """Why a trial is in the study (stored as its plain string value in the trial's attrs)."""
+    """Why a trial is in the study, or a run in the policy's ladder (stored as its plain string
+    value in the trial's attrs)."""
 
     BASELINE = "baseline"  # no speculation, measured first in every study
     ALIGNED_BASELINE = "aligned_baseline"  # no speculation on the speculative engine path
@@ -247,6 +248,11 @@ class Role(str, Enum):
     REPEAT = "repeat"  # re-measurement of a leader, pooled with its original
     CALIBRATION = "calibration"  # replay strategy: the launch that fits the step-cost model
     CONFIRM = "confirm"  # replay strategy: a predicted leader, measured
+    # The policy's ladder (its companion study; BASELINE and ALIGNED_BASELINE there too)
+    LEADER = "leader"  # a leading config of the study, one per method
+    K_VARIANT = "k_variant"  # the first leader at another K
+    POLICY = "policy"  # the emitted schedule, verified
+    STATIC = "static"  # the config the schedule replaces, or a band's K as a static config
 
 
 class Failure(Frozen):

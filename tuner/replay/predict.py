@@ -118,7 +118,7 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
                        levels=levels, memo=memo, ngram_path=ngram_v2.engine_path(
                            m.ngram_path for m in measured if m.config.method == "ngram"))
     replay.alternate = _alternate(replay, measured) if temperature <= 0 else None
-    baseline = _pooled([m for m in measured if m.role == "baseline"])
+    baseline = _pooled([m for m in measured if m.role == Role.BASELINE])
     aligned = _pooled([m for m in measured if m.aligned])
     costs = calibrate(replay, measured, levels)
     by_key = _by_config(measured)
@@ -166,7 +166,7 @@ def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],
     spec = [m for m in measured if m.speculative and acceptance.replayable(m.config)]
     chosen = [m for m in spec if m.role == "calibration"] or spec
     aligned = [m for m in measured if m.aligned]
-    anchor = aligned or [m for m in measured if m.role == "baseline"]
+    anchor = aligned or [m for m in measured if m.role == Role.BASELINE]
     path = cost.PATH_ALIGNED if aligned else cost.PATH_PLAIN
     mixed_term = any(m.cudagraph_mode in cost.SPLIT_CUDAGRAPH_MODES for m in spec)
     observed: dict[int, list[_Observed]] = {}
@@ -485,7 +485,7 @@ def yardsticks(capture: TokenCapture, measured: Sequence[MeasuredTrial],
     """Per level of `costs`: the baseline the step cost is anchored on (the aligned one where
     the study measured it), `capture`'s requests at that level played out on the fitted cost,
     beside its measured throughput. Levels nothing measured or no cost prices are left out."""
-    plain = _pooled([m for m in measured if m.role == "baseline"])
+    plain = _pooled([m for m in measured if m.role == Role.BASELINE])
     anchor = _pooled([m for m in measured if m.aligned]) or plain
     out = {}
     for c, step in costs.items():

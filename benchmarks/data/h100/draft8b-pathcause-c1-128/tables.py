@@ -127,7 +127,7 @@ def policy() -> None:
     from tuner import speculative
     from tuner.analysis import policy as rules
     from tuner.measure import enginepath
-    from tuner.outputs import policy_verdicts
+    from tuner.outputs import policy_words
     from tuner.search import ladder
     from tuner.search import study as st
 
@@ -143,11 +143,11 @@ def policy() -> None:
     before = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
                                 varying_k=speculative.varying_k(leader.method), path_rule=rule)
     print(f"Before any launch (the leader ran {path.get('model_runner')}, "
-          f"{path.get('cudagraph_mode')}): {policy_verdicts.worded(before).verdict}")
+          f"{path.get('cudagraph_mode')}): {policy_words.worded(before).headline}")
     drafted = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
                                  varying_k=speculative.varying_k(leader.method))
     policy_cfg, static = rules.policy_configs(drafted, lineup)
-    after = policy_verdicts.worded(rules.with_verification(
+    after = policy_words.worded(rules.with_verification(
         drafted, runs, policy_cfg=policy_cfg, static=static, side_by_side=False,
         path_fields=enginepath.FIELDS))
     print(f"On its verify launch: {after.verdict}")

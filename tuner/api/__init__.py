@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import checks, engine_cmdline
+from tuner.api import policy_pipeline
 from tuner.errors import ConfigError
 from tuner.records.configs import (
     EngineSpec,
@@ -38,8 +39,8 @@ from tuner.records.options import (
     VerifyOptions,
 )
 from tuner.records.outcomes import StudyOutcome, TrafficOutcome
-from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
-from tuner.records.results import BenchResult, Recommendation
+from tuner.records.policy import PolicyDocument
+from tuner.records.results import BenchResult, Recommendation, Role
 from tuner.records.storage import StudySettings
 from tuner.records.verification import Verification, VerifyLaunch
 
@@ -361,135 +362,32 @@ def optimize_and_report(options: OptimizeOptions, *, engine: EngineSpec | None =
                         paths=paths, recommendations=tuple(recs), policy=doc)
 
 
-# --- policy: the load-aware schedule, measured and verified ---------------------------------
+# --- policy: the load-aware schedule, measured and verified (tuner.api.policy_pipeline) ----
 @_one_driver
 def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None = None,
            study_name: str | None = None, say: Say = print) -> PolicyDocument:
     """Measure the study's leading configs on a concurrency ladder, find where speculation
     stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder.
     Returns the policy document (also written to policy.json)."""
-    from tuner.analysis import frame
-    from tuner.analysis import policy as rules
-    from tuner.outputs import files, policy_verdicts
-    from tuner.search import ladder, trials
+    from tuner.outputs import files
+    from tuner.search import ladder
     from tuner.search import study as st
 
     study = st.open_existing(study_dir, storage_url, study_name, write=True)
     stored = st.settings_of(study)
-    engine = stored.engine_spec
     updates = {k: v for k, v in (("num_prompts", options.num_prompts),
                                  ("output_len", options.output_len)) if v}
     wspec = stored.workload.model_copy(update=updates)
-    levels = checks.ladder(options)
-    settings = MeasureSettings(concurrencies=levels, requests_per_slot=options.requests_per_slot)
-    wl, schedule = _load_workload(wspec, engine, settings, say)
-    # The study's aligned baseline joins the ladder, so every speedup splits into the engine
-    # path's cost and speculation's own gain (tuner.analysis.policy).
-    lineup = rules.ladder_lineup(rules.leaders(frame.trials_frame(study), options.leaders),
-                                 options.k_values, study=study.study_name,
-                                 aligned=trials.aligned_config(study))
-    say(f"Policy for study '{study.study_name}': ladder {','.join(map(str, levels))}, "
-        f"{options.repeats} repeat(s), {len(lineup)} configs "
-        f"({', '.join(c.label() for _, c in lineup)})")
+    settings = MeasureSettings(concurrencies=checks.ladder(options),
+                               requests_per_slot=options.requests_per_slot)
+    wl, schedule = _load_workload(wspec, stored.engine_spec, settings, say)
     campaign = ladder.Campaign(
-        study=study, engine=engine, workload=wl, settings=settings, schedule=schedule,
-        repeats=options.repeats, out_dir=study_dir, say=say)
-    measure = functools.partial(ladder.measure, campaign)
-    ladder_runs = measure(lineup=lineup, phase="ladder")
-    from tuner import speculative  # whether vLLM takes a schedule of the leader's method
-
-    leader = next(c for role, c in lineup if role == "leader")
-    path = rules.engine_details(ladder_runs, leader.key())  # the path the bands were measured on
-    doc = rules.draft_policy(
-        ladder_runs, lineup, where=f"{study_dir}/policy",
-        varying_k=speculative.varying_k(leader.method),
-        path_rule=speculative.schedule_path(leader.method, runner=path.get("model_runner"),
-                                            cudagraph_mode=path.get("cudagraph_mode")),
-        predicted=_predicted_curves(ladder_runs, lineup, study_dir=study_dir, engine=engine,
-                                    temperature=wspec.temperature, say=say),
-        max_batch=engine_cmdline.engine_limits(engine).max_num_seqs,
-        context=PolicyContext(study=study.study_name, ladder=levels, repeats=options.repeats,
-                              workload=wspec.name, num_prompts=wspec.num_prompts,
-                              output_len=wspec.output_len,
-                              requests_per_slot=options.requests_per_slot))
-    if doc.speculative_config is not None:
-        doc = _verified(doc, lineup, ladder_runs, measure=measure, engine=engine,
-                        side_by_side=options.side_by_side, campaign=campaign)
-    doc = policy_verdicts.worded(doc)  # the sentences the file, terminal and report show
+        study=study, engine=stored.engine_spec, workload=wl, settings=settings,
+        schedule=schedule, repeats=options.repeats, out_dir=study_dir, say=say)
+    doc = policy_pipeline.run(options, campaign, workload=wspec)
     # The one place policy.json is written (tuner.outputs.report reads it back).
     files.write_json(study_dir / "policy.json", doc.model_dump())
     _render(study, study_dir)  # the report shows the policy, and draws its plot
-    return doc
-
-
-def _predicted_curves(ladder_runs: list[LadderRun], lineup: list[tuple[str, TrialConfig]], *,
-                      study_dir: Path, engine: EngineSpec, temperature: float, say: Say
-                      ) -> dict[int, dict[int, float]] | None:
-    """The replay's curves: every K of the chosen config the ladder did not measure, at the
-    study's `temperature` (a sampled study's streams are never followed, as in predict)."""
-    from tuner.search import k_curves
-
-    chosen = next(c for role, c in lineup if role == "leader")
-    predicted = k_curves.ladder_predictions(
-        ladder_runs, chosen, study_dir=study_dir, limits=engine_cmdline.engine_limits(engine),
-        temperature=temperature)
-    if predicted:
-        say(f"Replay predicted K 1-{max(predicted)} of {chosen.label()} on the ladder; the "
-            "schedule may use a K the ladder did not measure and is verified by a launch; for "
-            "a method that takes no changing K, a band's K only the replay predicted is named "
-            "as such.")
-    return predicted
-
-
-def _verified(doc: PolicyDocument, lineup: list[tuple[str, TrialConfig]],
-              ladder_runs: list[LadderRun], *, measure: Callable[..., list[LadderRun]],
-              engine: EngineSpec, side_by_side: bool, campaign: Any = None) -> PolicyDocument:
-    """The policy document with its schedule measured on the same ladder; baseline and static
-    come from the ladder phase unless `side_by_side` re-measures them interleaved with it.
-    Then, where the engine ran the schedule, the open-loop check (_open_loop_checked)."""
-    from tuner.analysis import policy as rules
-    from tuner.measure import enginepath
-
-    policy_cfg, static = rules.policy_configs(doc, lineup)
-    doc = doc.model_copy(update={"serve_command": engine_cmdline.serve_command(engine, policy_cfg),
-                                 "serve_note": engine_cmdline.serve_note(engine)})
-    verify_lineup = [("policy", policy_cfg)]
-    if side_by_side:
-        verify_lineup = [("baseline", TrialConfig()), ("static", static)] + verify_lineup
-    verify_runs = measure(lineup=verify_lineup, phase="verify")
-    doc = rules.with_verification(doc, verify_runs if side_by_side else ladder_runs + verify_runs,
-                                  policy_cfg=policy_cfg, static=static,
-                                  side_by_side=side_by_side, path_fields=enginepath.FIELDS)
-    ver = doc.verification
-    if campaign is None or ver is None or ver.engine_rejected or not ver.honoured:
-        return doc
-    return _open_loop_checked(doc, verify_runs, policy_cfg=policy_cfg, static=static,
-                              campaign=campaign, engine=engine)
-
-
-def _open_loop_checked(doc: PolicyDocument, verify_runs: list[LadderRun], *,
-                       policy_cfg: TrialConfig, static: TrialConfig, campaign: Any,
-                       engine: EngineSpec) -> PolicyDocument:
-    """The schedule and the static Ks of its bands measured open loop at each band edge
-    (Poisson at the closed-loop request rate there, capped at the ladder level above it:
-    vLLM keys the schedule on scheduled requests, prefills included, so such load swings K
-    across the edge); bands merged where the schedule dipped beyond the spread."""
-    from tuner.analysis import policy as rules
-    from tuner.search import ladder
-
-    plan = rules.open_loop_plan(doc.schedule or (), rules.throughput_series(
-        verify_runs, policy_cfg.key(), "request_throughput"))
-    if not plan:
-        return doc
-    lineup, static_keys = rules.open_loop_lineup(plan, policy_cfg, static)
-    open_loop_runs = ladder.measure_open_loop(
-        campaign, lineup=lineup, rates={e.concurrency: e.rate for e in plan})
-    doc = rules.with_open_loop(doc, rules.open_loop_check(
-        plan, open_loop_runs, policy_key=policy_cfg.key(), static_keys=static_keys), static)
-    if doc.open_loop is not None and doc.open_loop.revised:
-        revised = static.model_copy(update={"speculative_config": doc.speculative_config})
-        doc = doc.model_copy(update={"serve_command": (
-            engine_cmdline.serve_command(engine, revised) if doc.speculative_config else None)})
     return doc
 
 
@@ -724,7 +622,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     engine = stored.engine_spec
     sp = spaces.load(space_name or stored.space)
     base = next((t for t in trials.measured_trials(study, study_dir)
-                 if t.role == "baseline" and t.capture is not None), None)
+                 if t.role == Role.BASELINE and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
                           "before token capture (or on a vLLM that does not return token ids) "
@@ -803,7 +701,7 @@ def _traffic_study(options: TrafficOptions, levels: list[int]) -> tuple[Any, Eng
     study = st.open_existing(options.study_dir, options.storage_url, options.study_name)
     engine = st.settings_of(study).engine_spec
     measured = trials.measured_trials(study, options.study_dir)
-    base = next((t for t in measured if t.role == "baseline" and t.capture is not None), None)
+    base = next((t for t in measured if t.role == Role.BASELINE and t.capture is not None), None)
     if base is None:
         raise ConfigError(f"--study {options.study_dir}: no completed baseline with token ids, "
                           f"so no step cost to price the traffic on. Drop --study for "

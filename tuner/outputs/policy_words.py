@@ -1,4 +1,4 @@
-"""The load-aware policy in words: the verdict a user reads, the verification's, and the band
+"""The load-aware policy in words: the headline a user reads, the verification's, and the band
 table a router can use instead of the schedule, from the figures of the document
 (tuner.records.policy.PolicyDocument, which tuner.analysis.policy decides). tuner.api words
 the document once (`worded`) before policy.json is written and the terminal prints it, so the
@@ -17,7 +17,7 @@ from tuner.records.policy import (
     PolicyDocument,
     ScheduleBasis,
     ScheduleCheck,
-    Verification,
+    ScheduleVerification,
 )
 from tuner.records.results import Measured, SpeedupSplit, ratio_text
 
@@ -25,39 +25,42 @@ SPECULATION_OFF = "Speculation does not pay beyond the noise at any measured lev
 
 
 def worded(doc: PolicyDocument) -> PolicyDocument:
-    """The document with its sentences: the split of the chosen config's speedup, the verdict,
-    the verification's verdict and, where a router must stand in for the schedule (the method
+    """The document with its sentences: the split of the chosen config's speedup, the headline,
+    the verification's headline and, where a router must stand in for the schedule (the method
     takes no changing K, the engine refused the schedule or ignored it), the band table."""
     ver = doc.verification
     if ver is not None:
-        ver = ver.model_copy(update={"verdict": verification_verdict(ver)})
+        ver = ver.model_copy(update={"headline": verification_headline(ver)})
     chosen = next((c for c in doc.configs if c.label == doc.chosen), None)
-    doc = doc.model_copy(update={
-        "decomposition": None if chosen is None else split_sentence(doc.chosen, chosen.stats)})
+    split = None if chosen is None else split_sentence(doc.chosen, chosen.stats)
     return doc.model_copy(update={
-        "verification": ver, "verdict": verdict(doc),
+        "decomposition": split, "verification": ver, "headline": _headline(doc, split),
         "fallback_bands": tuple(band_table(doc.bands, doc.chosen)) if doc.needs_router
         else None})
 
 
-def verdict(doc: PolicyDocument) -> str | None:
+def headline(doc: PolicyDocument) -> str | None:
     """The line a user reads, with whether the engine path or speculation itself decided
     (the document's decomposition); None before the policy is decided (a schedule not yet
     verified)."""
+    return _headline(doc, doc.decomposition)
+
+
+def _headline(doc: PolicyDocument, split: str | None) -> str | None:
     if doc.schedule_refused is not None:
-        text = bands_verdict(doc.chosen, doc.schedule_refused, doc.bands, doc.k_predicted)
+        text = bands_headline(doc.chosen, doc.schedule_refused, doc.bands, doc.k_predicted)
     elif doc.schedule_check is not None:
-        text = withheld_verdict(doc.chosen, doc.schedule_check, doc.k_stats)
+        text = withheld_headline(doc.chosen, doc.schedule_check, doc.k_stats)
     elif doc.verification is not None:
-        text = verification_verdict(doc.verification)
+        text = verification_headline(doc.verification)
     elif doc.speculative_config is None:
         text = SPECULATION_OFF
     else:
         return None
-    return text + (f" {doc.decomposition}" if doc.decomposition else "")
+    return text + (f" {split}" if split else "")
 
 
-def verification_verdict(ver: Verification) -> str:
+def verification_headline(ver: ScheduleVerification) -> str:
     """How the schedule fared on the ladder, or why the engine did not run it."""
     if ver.engine_rejected:
         return (f"The installed vLLM did not run the schedule ({ver.reason}); use the band "
@@ -75,7 +78,7 @@ def verification_verdict(ver: Verification) -> str:
     return text
 
 
-def withheld_verdict(label: str, check: ScheduleCheck,
+def withheld_headline(label: str, check: ScheduleCheck,
                      k_stats: Mapping[int, Mapping[int, LevelSpeedup]]) -> str:
     """The words of a schedule withheld though the method takes a changing K: why (the rule
     from vLLM's source, or what the verify launch showed) and what holds instead."""
@@ -114,7 +117,7 @@ def _changes(changes: Sequence[PathChange]) -> str:
     return ", ".join(f"{c.field} {c.static or '?'} -> {c.schedule or '?'}" for c in changes)
 
 
-def bands_verdict(label: str, why: str, bands: Sequence[Band], predicted_ks: Sequence[int]
+def bands_headline(label: str, why: str, bands: Sequence[Band], predicted_ks: Sequence[int]
                   ) -> str:
     """The words of a policy that offers bands where vLLM takes no schedule."""
     off = next((s for s, _, k in bands if k == 0), None)
