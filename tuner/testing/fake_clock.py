@@ -13,8 +13,8 @@ throughput or a ratio the test bounds.
   kernel has acknowledged every byte it wrote (TIOCOUTQ 0: the bytes are in the peer's receive
   queue, where the peer's `select(0)` sees them), so a peer idle in an older epoch must look
   again;
-- time advances only when every live loop said "idle" in the current epoch, and at least two
-  are on it (an engine alone has nobody to keep time for).
+- time advances only when every live loop said "idle" in the current epoch, and never for a
+  server alone on it (it has nobody to keep time for).
 Loops that are not on the clock (urllib, the test's own code) never hold it up; a process that
 died on it is dropped. State lives in a small file (mmap), guarded by flock; loops wake each
 other through abstract Unix datagram sockets.
@@ -37,7 +37,7 @@ from pathlib import Path
 START_S = 1000.0  # never 0: a stamp of 0.0 would read as "no stamp" to an `or`
 MAX_LOOPS = 32
 _HEAD = struct.Struct("=dq")  # now, epoch
-_SLOT = struct.Struct("=qqd")  # pid (0: free), idle epoch (-1: busy), next timer
+_SLOT = struct.Struct("=qqdq")  # pid (0: free), idle epoch (-1: busy), next timer, alone ok
 _BUSY = -1
 _POLL_S = 0.05  # a lost wake-up costs this much wall time, never a wrong time
 
@@ -65,9 +65,11 @@ class VirtualClock:
     def now(self) -> float:
         return _HEAD.unpack_from(self._map, 0)[0]
 
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        """An asyncio loop on this clock; it joins the clock now and leaves when closed."""
-        return _VirtualLoop(self)
+    def new_event_loop(self, *, alone: bool = True) -> asyncio.AbstractEventLoop:
+        """An asyncio loop on this clock; it joins the clock now and leaves when closed.
+        `alone=False`: time never moves for this loop alone (a server, whose housekeeping
+        timers must not run ahead while a client off the clock is mid-request)."""
+        return _VirtualLoop(self, alone=alone)
 
     # -- shared state, all under the lock ------------------------------------------------------
     def _lock(self) -> _Locked:
@@ -79,18 +81,21 @@ class VirtualClock:
     def _set_head(self, now: float, epoch: int) -> None:
         _HEAD.pack_into(self._map, 0, now, epoch)
 
-    def _slot(self, i: int) -> tuple[int, int, float]:
+    def _slot(self, i: int) -> tuple[int, int, float, int]:
         return _SLOT.unpack_from(self._map, _HEAD.size + i * _SLOT.size)
 
-    def _set_slot(self, i: int, pid: int, idle: int, timer: float) -> None:
-        _SLOT.pack_into(self._map, _HEAD.size + i * _SLOT.size, pid, idle, timer)
+    def _set_slot(self, i: int, pid: int, idle: int, timer: float, alone: int | None = None
+                  ) -> None:
+        if alone is None:
+            alone = self._slot(i)[3]
+        _SLOT.pack_into(self._map, _HEAD.size + i * _SLOT.size, pid, idle, timer, alone)
 
-    def _join(self) -> int:
+    def _join(self, alone: bool) -> int:
         with self._lock():
             for i in range(MAX_LOOPS):
                 pid = self._slot(i)[0]
                 if pid == 0 or not _alive(pid):
-                    self._set_slot(i, os.getpid(), _BUSY, math.inf)
+                    self._set_slot(i, os.getpid(), _BUSY, math.inf, int(alone))
                     return i
         raise RuntimeError(f"more than {MAX_LOOPS} event loops on the virtual clock {self.path}")
 
@@ -129,9 +134,9 @@ class VirtualClock:
 
     def _advance_if_all_idle(self, me: int) -> bool:
         now, epoch = self._head()
-        timers = []
+        timers, may_run_alone = [], False
         for j in range(MAX_LOOPS):
-            pid, idle, timer = self._slot(j)
+            pid, idle, timer, alone = self._slot(j)
             if pid == 0:
                 continue
             if idle != epoch:
@@ -140,10 +145,12 @@ class VirtualClock:
                     continue
                 return False
             timers.append(timer)
-        # A loop alone on the clock (the engine between levels) would skip through its own
-        # housekeeping timers (keep-alive, lingering) while a client off the clock (urllib
-        # reading /metrics) is mid-request: time moves only between two loops at least.
-        if len(timers) < 2 or math.isinf(soonest := min(timers)):
+            may_run_alone = bool(alone)
+        # A server alone on the clock (between levels) would skip through its housekeeping
+        # timers (keep-alive, lingering) while a client off the clock (urllib reading
+        # /metrics) is mid-request: time moves for one loop only where it may run alone.
+        if (not timers or (len(timers) == 1 and not may_run_alone)
+                or math.isinf(soonest := min(timers))):
             return False
         self._set_head(max(now, soonest), epoch + 1)
         return True
@@ -196,10 +203,10 @@ class _VirtualSelector(selectors.BaseSelector):
     """The loop's selector: returns at once while the loop has work, else takes part in the
     clock's idle protocol until an event comes or virtual time reaches the loop's next timer."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, *, alone: bool) -> None:
         self.clock = clock
         self.inner = selectors.DefaultSelector()
-        self.slot = clock._join()
+        self.slot = clock._join(alone)
         self.wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.wake.bind(_wake_name(clock, self.slot))
         self.wake.setblocking(False)
@@ -281,8 +288,8 @@ class _VirtualSelector(selectors.BaseSelector):
 
 
 class _VirtualLoop(asyncio.SelectorEventLoop):
-    def __init__(self, clock: VirtualClock) -> None:
-        selector = _VirtualSelector(clock)
+    def __init__(self, clock: VirtualClock, *, alone: bool = True) -> None:
+        selector = _VirtualSelector(clock, alone=alone)
         super().__init__(selector)
         selector.loop = self
         self._virtual_clock = clock

@@ -629,7 +629,8 @@ async def _serve(state: _State, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     _log("Shutting down FastAPI HTTP server.")
-    await runner.cleanup()
+    if not _VIRTUAL:  # its grace period is virtual time, which stands still for a lone server
+        await runner.cleanup()
     _exit(state.child)
 
 
@@ -709,7 +710,7 @@ def _run_on_virtual_clock(path: str, coro) -> None:
     global _now, _VIRTUAL
     clock = VirtualClock(path)
     _now, _VIRTUAL = clock.now, True
-    loop = clock.new_event_loop()
+    loop = clock.new_event_loop(alone=False)
     asyncio.set_event_loop(loop)
     loop.run_until_complete(coro)
 
