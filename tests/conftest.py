@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tuner.measure import loadgen
 from tuner.measure.engine import Engine
 from tuner.records.configs import EngineSpec, Prompt, TrialConfig
 from tuner.testing import fake_engine as _fake
+from tuner.testing.fake_clock import VirtualClock
 
 # What a child process needs to import this checkout (tests that start Python themselves).
 _PYTHONPATH = _fake.PYTHONPATH
@@ -39,6 +41,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"vllm: runs vLLM's own code; fails where vLLM is not installed, unless "
                    f"{WITHOUT_VLLM}=1 (then skipped)")
+
+
+# --- summaries printed after the run, whatever order the tests ran in ------------------------
+_SUMMARIES = pytest.StashKey[dict[str, Callable[[], str]]]()
+
+
+def terminal_summary(config: pytest.Config, title: str, render: Callable[[], str]) -> None:
+    """Print `render()` under `title` at the end of the session (pytest_terminal_summary):
+    a table a file builds up as its tests run, printed once all have run, in any order."""
+    config.stash.setdefault(_SUMMARIES, {})[title] = render
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    for title, render in config.stash.get(_SUMMARIES, {}).items():
+        text = render()
+        if text:
+            terminalreporter.write_sep("-", title)
+            terminalreporter.write_line(text)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -73,6 +93,16 @@ def _ctrl_c_raises_keyboard_interrupt():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def virtual_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """A virtual clock (tuner.testing.fake_clock) the load generator reads for this test; a
+    fake engine started with `virtual_clock=clock.path` serves on it. TTFTs, wall times and
+    throughputs then come out exactly as the script says, however loaded the host is."""
+    clock = VirtualClock.create(tmp_path / "virtual-clock")
+    monkeypatch.setattr(loadgen, "clock", clock)
+    return clock
 
 
 @pytest.fixture(scope="session")

@@ -38,8 +38,8 @@ class _DriftingPace(fake._Pace):
 
     drift: dict[str, float] = {}
 
-    def __init__(self, state: Any, t0: float) -> None:
-        super().__init__(state, t0)
+    def __init__(self, state: Any, t0: float, number: int) -> None:
+        super().__init__(state, t0, number)
         self.fixed_tpot_ms = tpot_ms(state.requests, state.script.tpot_ms, self.drift)
 
     def due(self, i: int, ends: list[int]) -> float:

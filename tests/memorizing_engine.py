@@ -42,8 +42,8 @@ def _remembering_plan(state: Any, req: Any) -> Any:
 
 
 class _MemorizingPace(fake._Pace):
-    def _step(self) -> None:
-        super()._step()
+    def _step(self, t: float) -> None:
+        super()._step(t)
         if getattr(self.state, "repeat", False):
             self.tpot_ms /= _speedup
 

@@ -8,10 +8,11 @@ starts vLLM: about a minute each). Every engine these tests start carries a mark
 environment, so "nothing left behind" means: no live process with that marker, none in the
 engine's process group or session, and nothing listening on the engine's port.
 
-Each fault is one row of the drill's table, which the last test prints (`pytest -s` not
-needed): `.venv/bin/python -m pytest tests/integration/test_faults.py` runs the whole drill,
-`-m "not engine"` the fake engine's part only, `-k NAME` one fault. Faults drilled in other
-files are named under the table.
+Each fault is one row of the drill's table, printed after the session's summary whatever
+order the faults ran in (tests/conftest.py `terminal_summary`; `pytest -s` not needed); a
+fault that fails fails its own test. `.venv/bin/python -m pytest tests/integration/
+test_faults.py` runs the whole drill, `-m "not engine"` the fake engine's part only, `-k NAME`
+one fault. Faults drilled in other files are named under the table.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import ctrl_c_delivered, fake_engine_spec
+from conftest import ctrl_c_delivered, fake_engine_spec, terminal_summary
 
 from tuner import api
 from tuner.errors import EngineStartTimeout
@@ -65,7 +66,7 @@ class Row:
     observed: str = "(the fault did not get that far)"
     lost: int = 0
     leftover: int = 0
-    ok: bool = False
+    result: str = "FAIL"  # PASS once the fault's block ends without an exception; SKIP
     seconds: float = 0.0
 
     def nothing_left(self, tag: str, *, pgids: tuple[int, ...] = (),
@@ -103,9 +104,29 @@ def drill(fault: str, engine: str, expected: str) -> Iterator[Row]:
     t0 = time.monotonic()
     try:
         yield row
-        row.ok = True
+        row.result = "PASS"
+    except pytest.skip.Exception:
+        row.result = "SKIP"
+        raise
     finally:
         row.seconds = time.monotonic() - t0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drill_table(pytestconfig: pytest.Config) -> None:
+    """The drill's table, printed once the session ends, in whatever order the faults ran."""
+    terminal_summary(pytestconfig, "fault drill", drill_report)
+
+
+def drill_report() -> str:
+    """The drill's table of the faults run in this session, and the faults drilled elsewhere."""
+    if not DRILL:
+        return ""
+    passed = sum(r.result == "PASS" for r in DRILL)
+    more = "\n".join(f"  {name}: {what}" for name, what in ELSEWHERE.items())
+    return (f"fault drill: {passed}/{len(DRILL)} faults passed in "
+            f"{sum(r.seconds for r in DRILL):.0f} s\n{table(DRILL)}\n\nalso drilled, in tests/"
+            f"integration/:\n{more}")
 
 
 def table(rows: list[Row]) -> str:
@@ -117,7 +138,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         observed = textwrap.wrap(r.observed, width[3]) or [""]
         cells = [r.fault, r.engine, r.expected, observed[0], str(r.lost), str(r.leftover),
-                 "PASS" if r.ok else "FAIL", f"{r.seconds:.0f} s"]
+                 r.result, f"{r.seconds:.0f} s"]
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, width, strict=True)).rstrip())
         pad = " " * (sum(width[:3]) + 6)
         lines += [pad + more for more in observed[1:]]
@@ -808,19 +829,3 @@ def test_real_engine_double_ctrl_c_lets_the_teardown_finish(tmp_path, tag):
         assert not by_watchdog, "the driver's teardown was cut short; the watchdog finished it"
         pid, port = _engine_of(log)
         row.nothing_left(tag, pgids=(pid,), ports=(port,))
-
-
-# --- the drill's table ------------------------------------------------------------------------
-def test_the_drill_table(capsys):
-    """Prints one row per fault run above in this session (to the terminal, -s or not), and
-    fails if any of them failed. Runs last: pytest keeps the order of the file."""
-    if not DRILL:
-        pytest.skip("no fault of the drill ran in this session (run the whole file)")
-    failed = [r for r in DRILL if not r.ok]
-    text = table(DRILL)
-    more = "\n".join(f"  {name}: {what}" for name, what in ELSEWHERE.items())
-    with capsys.disabled():
-        print(f"\n\nfault drill: {len(DRILL) - len(failed)}/{len(DRILL)} faults passed in "
-              f"{sum(r.seconds for r in DRILL):.0f} s\n{text}\n\nalso drilled, in tests/"
-              f"integration/:\n{more}\n")
-    assert not failed, f"failed: {', '.join(r.fault + ' [' + r.engine + ']' for r in failed)}"

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import memorizing_engine
-import numpy as np
+import pytest
 from conftest import fake_engine_spec
 
 from tuner.measure import request_schedule
@@ -93,26 +93,30 @@ def test_a_schedule_handed_in_is_what_the_launch_sends(tmp_path):
         out.failure.reason
 
 
-def test_an_engine_that_learns_from_repeats_gains_nothing_under_the_schedule(tmp_path):
-    # 12 distinct prompts; the level asks for 1 warm-up and 24 measured requests.
+def test_an_engine_that_learns_from_repeats_gains_nothing_under_the_schedule(tmp_path,
+                                                                            virtual_clock):
+    # 12 distinct prompts; the level asks for 1 warm-up and 24 measured requests. On the
+    # virtual clock every TPOT is the script's exactly: 4 ms, 1 ms for a prompt seen before.
     settings = MeasureSettings(concurrencies=(1,), num_requests=24, warmup_output_len=4)
     wl = _workload(12, output_len=40)
-    plain = _measure(tmp_path / "plain", fake_engine_spec(tpot_ms=4.0), TrialConfig(), wl,
+    on_clock = {"tpot_ms": 4.0, "virtual_clock": virtual_clock.path}
+    plain = _measure(tmp_path / "plain", fake_engine_spec(**on_clock), TrialConfig(), wl,
                      settings)[0].level(1)
-    learner = _measure(tmp_path / "learner", memorizing_engine.engine_spec(4.0, tpot_ms=4.0),
+    learner = _measure(tmp_path / "learner", memorizing_engine.engine_spec(4.0, **on_clock),
                        TrialConfig(), wl, settings)[0].level(1)
     # Shortened, never wrapped: 11 measured requests, each a prompt the engine never saw.
     assert plain.num_requests == learner.num_requests == 11
     assert learner.reused_prompts == 0
-    assert np.isclose(learner.mean_tpot_ms, plain.mean_tpot_ms, rtol=0.25), \
-        (learner.mean_tpot_ms, plain.mean_tpot_ms)
-    # The control: with --allow-repeats the same fake is shown its answers and speeds up.
+    assert plain.mean_tpot_ms == pytest.approx(4.0, abs=1e-6)
+    assert learner.mean_tpot_ms == pytest.approx(4.0, abs=1e-6)
+    # The control: with --allow-repeats the same fake is shown its answers and speeds up:
+    # 13 of the 24 measured requests repeat a prompt, at a quarter of the TPOT.
     again = settings.model_copy(update={"allow_repeats": True})
-    repeated = _measure(tmp_path / "repeats", memorizing_engine.engine_spec(4.0, tpot_ms=4.0),
+    repeated = _measure(tmp_path / "repeats", memorizing_engine.engine_spec(4.0, **on_clock),
                         TrialConfig(), wl, again)[0].level(1)
     assert repeated.num_requests == 24 and repeated.reused_prompts == 24 - 11
-    assert repeated.mean_tpot_ms < 0.75 * plain.mean_tpot_ms, \
-        (repeated.mean_tpot_ms, plain.mean_tpot_ms)
+    assert repeated.mean_tpot_ms == pytest.approx((11 * 4.0 + 13 * 1.0) / 24, abs=1e-6)
+    assert repeated.mean_tpot_ms < 0.75 * plain.mean_tpot_ms
 
 
 def test_the_launch_given_the_workload_sample_sends_it_after_its_levels_and_keeps_its_tokens(

@@ -1,7 +1,9 @@
 """`tuner verify STUDY` end to end on the fake engine: each level's pick and the baseline
 launched again, interleaved, on prompts the study never sent; verify.json and the table; the
 study's journal left as it was; a failed launch recorded while the check goes on; bad input
-refused with one message and exit 2."""
+refused with one message and exit 2. Every engine serves on one virtual clock
+(tuner.testing.fake_clock) the load generator reads too, so the measured speedups are the
+script's, however loaded the host is."""
 
 from __future__ import annotations
 
@@ -12,16 +14,28 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner import api, cli, tokens
+from tuner.measure import loadgen
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
 from tuner.records.storage import STUDY_ATTR
 from tuner.search import study as st
+from tuner.testing.fake_clock import VirtualClock
 from tuner.testing.fake_engine import SCRIPT_ENV
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)
 # Speculation pays on this fake engine: a step yields 1 + K * 0.6 tokens at almost no cost.
 SCRIPT = {"ttft_ms": 5, "tpot_ms": 4, "verify_cost_per_token": 0.001}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clock(tmp_path_factory):
+    """One virtual clock for the module: the made study's engines and verify's launches of
+    them (its stored engine spec names this clock) are all on it."""
+    clock = VirtualClock.create(tmp_path_factory.mktemp("clock") / "virtual-clock")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loadgen, "clock", clock)
+        yield clock
 
 
 def _study(out, *, n_trials: int, repeats: int = 2, workload: WorkloadSpec = WL):
@@ -30,7 +44,8 @@ def _study(out, *, n_trials: int, repeats: int = 2, workload: WorkloadSpec = WL)
         settings=MeasureSettings(concurrencies=(1, 2)), out_dir=out, study_name="s",
         n_trials=n_trials, repeats=repeats, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None}),
-        engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), **SCRIPT),
+        engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER),
+                                virtual_clock=loadgen.clock.path, **SCRIPT),
         say=lambda _m: None)
 
 

@@ -7,8 +7,9 @@ and .load of a custom workload with the packaged tokenizer), --speculative-confi
 (tuner.checks.speculative_config) and --concurrency (tuner.checks.int_list). Every numeric
 option of the CLI goes through tuner.cli.main itself, with the first stage after every check
 replaced by a recorder: it either gets there with a value inside its tuner.checks bound, or
-exits 2 with exactly one "tuner: error:" line. The last test prints how many inputs each property tried and how
-they ended.
+exits 2 with exactly one "tuner: error:" line. How many inputs each property tried and how
+they ended is printed once the session ends (tests/conftest.py `terminal_summary`), whatever
+order the tests ran in; a property that tried none fails.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import terminal_summary
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +44,25 @@ PROPERTY = settings(max_examples=200, deadline=None, database=None,
 TRIED: dict[str, Counter] = defaultdict(Counter)
 _DIR = Path(tempfile.mkdtemp(prefix="bad-input-"))
 atexit.register(shutil.rmtree, _DIR, True)
+
+
+def tried_report() -> str:
+    """How many inputs each property tried, and how they ended."""
+    lines = [f"{name}: {sum(c.values())} tried ({c['ConfigError']} ConfigError, "
+             f"{c['accepted']} accepted)" for name, c in sorted(TRIED.items())]
+    return "bad-input properties:\n  " + "\n  ".join(lines) if lines else ""
+
+
+@pytest.fixture(autouse=True)
+def _each_property_tries_inputs(request: pytest.FixtureRequest):
+    """A property (hypothesis) test must have sent its loader some input; the tally is
+    printed at the end of the session."""
+    terminal_summary(request.config, "bad-input properties", tried_report)
+    before = sum(sum(c.values()) for c in TRIED.values())
+    yield
+    if getattr(request.function, "is_hypothesis_test", False):
+        tried = sum(sum(c.values()) for c in TRIED.values()) - before
+        assert tried > 0, f"{request.node.name} tried no input"
 
 
 def only_config_error(name: str, load, *args, **kwargs):
@@ -357,16 +378,6 @@ def test_concurrency_above_max_num_seqs_is_refused(levels, max_num_seqs):
         assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
         if min(levels) >= 1 and max(levels) <= 4096 and pool <= bounds.MAX_REQUESTS_PER_TRIAL:
             assert f"--max-num-seqs {max_num_seqs}" in err
-
-
-def test_zz_report_what_was_tried():
-    """Runs last in this file: how many inputs each property tried, and how they ended."""
-    if not TRIED:
-        pytest.skip("no property ran in this session")
-    lines = [f"{name}: {sum(c.values())} tried ({c['ConfigError']} ConfigError, "
-             f"{c['accepted']} accepted)" for name, c in sorted(TRIED.items())]
-    print("\nbad-input properties:\n  " + "\n  ".join(lines))
-    assert all(sum(c.values()) > 0 for c in TRIED.values())
 
 
 @pytest.mark.parametrize("name, row", [

@@ -36,7 +36,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -49,6 +49,35 @@ from tuner.records.results import RequestRecord
 CONNECT_TIMEOUT_S = 30.0
 MAX_HEAD_BYTES = 64 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+class Clock(Protocol):
+    """What the load generator reads time from, and the event loop that keeps it."""
+
+    def now(self) -> float: ...
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop: ...
+
+
+class WallClock:
+    """time.perf_counter, on uvloop where installed (vLLM depends on it): less client
+    overhead per streamed chunk, which is what keeps client-side timestamps honest at high
+    concurrency."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.new_event_loop()
+        return uvloop.new_event_loop()
+
+
+# Every time the load generator stamps or waits for: the wall clock, which tests replace with
+# a virtual one (tuner.testing.fake_clock) so that their timing assertions are exact.
+clock: Clock = WallClock()
 
 
 @dataclass(frozen=True)
@@ -86,6 +115,7 @@ class _Level:
     deadline: float | None
     # Open loop: request i's arrival, in seconds after t0 (poisson_arrivals); None: closed loop.
     arrivals: tuple[float, ...] | None = None
+    clock: Clock | None = None  # the driver's, for client processes (None: the wall clock)
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> tuple[float, ...]:
@@ -122,7 +152,7 @@ def run_requests(
     from t0 to the last end either way, as vLLM's benchmark duration.
 
     Records' start_s count from the moment the connections are ready, or from `origin_s`
-    (a time.perf_counter() value) where given, which puts them on the caller's clock.
+    (a `clock.now()` value) where given, which puts them on the caller's clock.
     The slots are shared among `processes` client processes (client_processes() by default).
     """
     # The deadline also bounds every wait inside the loop: before Python 3.12, asyncio.wait_for
@@ -132,8 +162,8 @@ def run_requests(
     arrivals = (None if settings.request_rate is None else
                 poisson_arrivals(len(prompts), settings.request_rate, settings.arrival_seed))
     level = _Level(url=url, settings=settings, concurrency=concurrency, warmup=warmup,
-                   origin_s=origin_s, deadline=time.perf_counter() + timeout_s,
-                   arrivals=arrivals)
+                   origin_s=origin_s, deadline=clock.now() + timeout_s,
+                   arrivals=arrivals, clock=clock)
     slots = max(1, min(concurrency, len(prompts)))
     processes = min(slots, processes or client_processes(slots))
     try:
@@ -149,15 +179,15 @@ def run_requests(
 
 
 def _event_loop_run(coro):
-    """uvloop where installed (vLLM depends on it): less client overhead per streamed chunk,
-    which is what keeps client-side timestamps honest at high concurrency."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
+    """Run `coro` on the clock's event loop (WallClock: uvloop where installed)."""
     if not hasattr(asyncio, "Runner"):  # Python 3.10
-        return uvloop.run(coro) if uvloop else asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+        loop = clock.new_event_loop()
+        try:
+            return loop.run_until_complete(coro)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+    with asyncio.Runner(loop_factory=clock.new_event_loop) as runner:
         result = runner.run(coro)
         # Ctrl-C cancels the main task; before Python 3.12, asyncio.wait_for can swallow that
         # cancellation when a result is ready at the same moment, and the Runner then returns
@@ -233,7 +263,7 @@ class _ShardDriver:
         self.ready = 0
         self.done: set[int] = set()
         self.suspects: set[int] = set()
-        self.t0 = time.perf_counter()
+        self.t0 = clock.now()
 
     def collect(self) -> None:
         while len(self.done) < len(self.workers):
@@ -255,7 +285,7 @@ class _ShardDriver:
                 f"with status {self.workers[i].exitcode} before its requests were done"
             ) from None
         self.suspects = gone
-        if time.perf_counter() > self.level.deadline + CONNECT_TIMEOUT_S:
+        if clock.now() > self.level.deadline + CONNECT_TIMEOUT_S:
             raise asyncio.TimeoutError from None
 
     def _take(self, msg: tuple) -> None:
@@ -267,7 +297,7 @@ class _ShardDriver:
         elif kind == "ready":
             self.ready += 1
             if self.ready == len(self.workers):
-                self.t0 = self.shared.t0.value = time.perf_counter()
+                self.t0 = self.shared.t0.value = clock.now()
                 self.shared.go.set()
         elif kind == "done":
             self.done.add(msg[1])
@@ -297,6 +327,8 @@ def _shard(shard: int, slots: int, shared: _Shared, level: _Level, prompts: list
     # and a child's KeyboardInterrupt would only print a second traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    global clock
+    clock = level.clock or WallClock()  # the driver's: its t0 and this process's stamps agree
     deadline = level.deadline
 
     def claim() -> tuple[int, Prompt] | None:
@@ -315,7 +347,7 @@ def _shard(shard: int, slots: int, shared: _Shared, level: _Level, prompts: list
         shared.results.put(("ready", shard))
         # Blocking is right here: this loop has nothing to do until every shard is ready.
         while not shared.go.wait(0.2):
-            if os.getppid() != driver_pid or time.perf_counter() > deadline:
+            if os.getppid() != driver_pid or clock.now() > deadline:
                 raise asyncio.TimeoutError
         return shared.t0.value
 
@@ -323,7 +355,7 @@ def _shard(shard: int, slots: int, shared: _Shared, level: _Level, prompts: list
         coro = _closed_loop(level, prompts, slots=slots, claim=claim, start=start,
                             on_done=lambda rec: shared.results.put(("record", rec)))
         _, wall_s = _event_loop_run(asyncio.wait_for(
-            coro, timeout=max(0.0, deadline - time.perf_counter())))
+            coro, timeout=max(0.0, deadline - clock.now())))
         shared.results.put(("done", shard, shared.t0.value + wall_s))
     except (asyncio.TimeoutError, TimeoutError):
         shared.results.put(("timeout", shard))
@@ -629,7 +661,7 @@ class _Protocol(asyncio.Protocol):
         # stamped at its arrival rather than after the parsing of the chunks before it.
         if not self._arrived:
             asyncio.get_running_loop().call_soon(self._parse)
-        self._arrived.append((data, time.perf_counter()))
+        self._arrived.append((data, clock.now()))
 
     def _parse(self) -> None:
         arrived, self._arrived = self._arrived, []
@@ -644,7 +676,7 @@ class _Protocol(asyncio.Protocol):
         self.closed = True
         self._parse()
         if self.response is not None:
-            self.response.lost(exc, time.perf_counter())
+            self.response.lost(exc, clock.now())
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -654,7 +686,7 @@ class _Protocol(asyncio.Protocol):
 
 def _left(cap_s: float, deadline: float | None) -> float:
     """A wait of at most `cap_s` that also ends at the level's deadline."""
-    return cap_s if deadline is None else max(0.0, min(cap_s, deadline - time.perf_counter()))
+    return cap_s if deadline is None else max(0.0, min(cap_s, deadline - clock.now()))
 
 
 class _Slot:
@@ -698,13 +730,13 @@ class _Slot:
                         stream: bool = True) -> _Response:
         conn = self.conn
         conn.requests += 1
-        resp = conn.response = _Response(time.perf_counter(), asyncio.get_running_loop()
+        resp = conn.response = _Response(clock.now(), asyncio.get_running_loop()
                                          .create_future(), stream=stream)
         conn.transport.write(request)
         try:
             await asyncio.wait_for(asyncio.shield(resp.done), timeout=timeout_s)
         except asyncio.TimeoutError:
-            resp._finish(time.perf_counter(), f"timed out after {timeout_s:.0f} s{timeout_hint}")
+            resp._finish(clock.now(), f"timed out after {timeout_s:.0f} s{timeout_hint}")
             resp.keep_alive = False
         conn.response = None
         if not resp.keep_alive:
@@ -716,7 +748,7 @@ class _Slot:
         while idle is retried once on a fresh one, as any HTTP client does."""
         for attempt in (0, 1):
             if (why := await self.connect()) is not None:
-                failed = _Response(time.perf_counter(), asyncio.get_running_loop().create_future())
+                failed = _Response(clock.now(), asyncio.get_running_loop().create_future())
                 failed._finish(failed.start, why)
                 return failed
             reused = self.conn.requests > 1  # beyond its GET /health
@@ -752,15 +784,15 @@ async def _closed_loop(level: _Level, prompts: Sequence[Prompt], *,
         # Connections first, off the clock; a slot that cannot connect retries per request
         # and records why.
         await asyncio.gather(*(s.connect() for s in places))
-        t0 = start() if start is not None else time.perf_counter()
+        t0 = start() if start is not None else clock.now()
         origin = t0 if level.origin_s is None else level.origin_s
 
         async def run(slot: _Slot) -> None:
-            while deadline is None or time.perf_counter() < deadline:
+            while deadline is None or clock.now() < deadline:
                 if (item := claim()) is None:
                     return
                 if level.arrivals is not None:  # open loop: not before its arrival
-                    wait_s = t0 + level.arrivals[item[0]] - time.perf_counter()
+                    wait_s = t0 + level.arrivals[item[0]] - clock.now()
                     if wait_s > 0:
                         await asyncio.sleep(_left(wait_s, deadline))
                 rec = await _one_request(level, target, slot, *item, origin=origin)
@@ -769,8 +801,8 @@ async def _closed_loop(level: _Level, prompts: Sequence[Prompt], *,
                     on_done(rec)
 
         await asyncio.gather(*(run(s) for s in places))
-        wall_s = time.perf_counter() - t0
-        if deadline is not None and time.perf_counter() >= deadline:
+        wall_s = clock.now() - t0
+        if deadline is not None and clock.now() >= deadline:
             raise asyncio.TimeoutError  # waits were cut at the deadline: the level is not done
     finally:
         for s in places:

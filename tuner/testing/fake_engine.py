@@ -10,6 +10,9 @@ request is written at arrival + ttft + i * tpot against absolute deadlines
 (arrival: when the request's first bytes reached the process), so the scripted TTFT and TPOT
 are what a client should measure at any concurrency; GET /fake/served tells, per request, when
 the server really wrote, which is the truth benchmarks/fidelity.py compares with.
+On a virtual clock (script key `virtual_clock`, tuner.testing.fake_clock) the same
+deadlines are virtual and exact, and the load model counts the batch of a step from the
+requests' virtual times, so a run is the same however loaded the host is.
 Run it as `python -m tuner.testing.fake_engine --port 8000 --fake-script '{"ttft_ms": 80}'`.
 """
 
@@ -87,6 +90,9 @@ class FakeScript(BaseModel):
     # vLLM's CUDAGraphMode name for the engine's config line (None: no line, as before); with
     # FULL_AND_PIECEWISE, tuner.replay.cost prices non-uniform steps as the GPU build needs.
     cudagraph_mode: str | None = None
+    # A tuner.testing.fake_clock file: serve on that virtual clock (tokens due at virtual
+    # times, the load model's batch counted by them) instead of the wall clock.
+    virtual_clock: str | None = None
 
 
 # The fake runs as `python -m tuner.testing.fake_engine` in a child process; this package must
@@ -158,6 +164,15 @@ class _State:
     # Per request since the last reset, on CLOCK_MONOTONIC: what the server really did, the
     # truth benchmarks/fidelity.py holds the client's figures against.
     served: list[_Served] = field(default_factory=list)
+    # Requests in flight by number: [arrival, due time of the last chunk once it is known].
+    live: dict[int, list] = field(default_factory=dict)
+
+    def batch_at(self, t: float, number: int) -> int:
+        """The batch of a step at time `t` for request `number`: it, and every request that
+        arrived before `t` and has a chunk after it. Read from the requests' own times, not
+        from which handler ran first, so a tie on a virtual clock always counts the same."""
+        return 1 + sum(1 for n, (arrival, last) in self.live.items()
+                       if n != number and arrival < t and (last is None or last > t))
 
 
 @dataclass
@@ -199,6 +214,10 @@ class _Request:
                    include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
 
 
+# The server's clock: CLOCK_MONOTONIC, or a virtual clock's (main() swaps it).
+_now = time.monotonic
+_VIRTUAL = False
+
 # When the bytes of each connection's current request first reached this process. aiohttp
 # starts a handler only after parsing it and scheduling a task, which under a burst of a
 # hundred requests is milliseconds later: stamping here keeps the script's clock honest.
@@ -215,7 +234,7 @@ def _stamp_arrivals() -> None:
 
     def stamped_data_received(self, data: bytes) -> None:
         if data:  # aiohttp calls it with b"" itself to re-parse what it buffered
-            _ARRIVALS.setdefault(self, time.monotonic())
+            _ARRIVALS.setdefault(self, _now())
         data_received(self, data)
 
     def forgetting_connection_lost(self, exc) -> None:
@@ -231,7 +250,7 @@ def _stamp_arrivals() -> None:
 async def _arrival(request: web.Request, handler):
     # One request at a time per connection (clients do not pipeline), so the stamp is this
     # request's; popping it leaves the next request on the connection to stamp its own.
-    request["arrival"] = _ARRIVALS.pop(request.protocol, None) or time.monotonic()
+    request["arrival"] = _ARRIVALS.pop(request.protocol, None) or _now()
     return await handler(request)
 
 
@@ -303,9 +322,9 @@ def _spec_tokens(settings: ProposerSettings | None) -> int:
 
 
 async def _sleep_until(deadline: float, *, precise: bool) -> None:
-    """Wait until time.monotonic() reaches `deadline`; never return early."""
-    while (wait_s := deadline - time.monotonic()) > 0:
-        if not precise:
+    """Wait until the server's clock reaches `deadline`; never return early."""
+    while (wait_s := deadline - _now()) > 0:
+        if not precise or _VIRTUAL:  # virtual time has no timer slop to spin through
             await asyncio.sleep(wait_s)
         elif wait_s > SPIN_S:
             await asyncio.sleep(wait_s - SPIN_S)
@@ -350,6 +369,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         return _error(500, "fake engine: scripted internal error", "InternalServerError")
     state.inflight += 1
     state.max_inflight = max(state.max_inflight, state.inflight)
+    state.live[number] = [t0, None]
     resp = web.StreamResponse(headers={
         "Content-Type": ("text/event-stream; charset=utf-8" if req.stream
                          else "application/json"),
@@ -364,12 +384,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         served = _Served(number=number, prompt=req.prompt_text[:64], arrival=t0)
         await _stream(resp, state, req, t0=t0, number=number, served=served)
         await resp.write_eof()
-        served.eof = time.monotonic()
+        served.eof = _now()
         state.served.append(served)
     except ConnectionResetError:
         pass  # the client went away (its own timeout, or a chunk it rejected)
     finally:
         state.inflight -= 1
+        state.live.pop(number, None)
     return resp
 
 
@@ -459,22 +480,27 @@ class _Pace:
     tokens after it. Under the load model, K and the step time follow the batch at every
     step, as vLLM's scheduler decides them; otherwise they are fixed when the request starts."""
 
-    def __init__(self, state: _State, t0: float) -> None:
-        self.state, self.t0 = state, t0
+    def __init__(self, state: _State, t0: float, number: int) -> None:
+        self.state, self.t0, self.number = state, t0, number
         self.load_model = bool(state.script.load_per_seq or state.script.verify_cost_per_token)
-        self._step()
+        self._step(t0)
         self.deadline = t0 + state.script.ttft_ms / 1000.0
 
-    def _step(self) -> None:
-        self.k = _k_for_batch(self.state, self.state.inflight)
-        self.tpot_ms = _effective_tpot_ms(self.state.script, self.k, self.state.inflight)
+    def _step(self, t: float) -> None:
+        # On the wall clock, the batch is whoever is in flight now; on a virtual one, ties
+        # at `t` are counted from the requests' times (_State.batch_at), never by arrival order.
+        batch = self.state.batch_at(t, self.number) if _VIRTUAL else self.state.inflight
+        self.k = _k_for_batch(self.state, batch)
+        self.tpot_ms = _effective_tpot_ms(self.state.script, self.k, batch)
 
     def due(self, i: int, ends: list[int]) -> float:
         if not self.load_model:
             self.deadline = self.t0 + (self.state.script.ttft_ms + ends[i] * self.tpot_ms) / 1e3
         elif i > 0:
-            self._step()
+            self._step(self.deadline)
             self.deadline += (ends[i] - ends[i - 1]) * self.tpot_ms / 1000.0
+        if i == len(ends) - 1 and self.number in self.state.live:
+            self.state.live[self.number][1] = self.deadline
         return self.deadline
 
 
@@ -484,7 +510,7 @@ def _count_chunk(state: _State, i: int, k: int, deadline: float) -> None:
         state.drafts += 1
         state.draft_tokens += k
         state.accepted += k * state.script.accept_rate
-    lag_s = time.monotonic() - deadline
+    lag_s = _now() - deadline
     state.lag_sum_s += lag_s
     state.lag_count += 1
     state.lag_max_s = max(state.lag_max_s, lag_s)
@@ -495,7 +521,7 @@ async def _stream(resp: web.StreamResponse, state: _State, req: _Request, *,
     """Write the completion on the script's schedule, as vLLM's stream (or one JSON body)."""
     script = state.script
     done = _plan(state, req)
-    pace = _Pace(state, t0)
+    pace = _Pace(state, t0, number)
     ends = done.ends
     texts: list[str] = []
     for i, end in enumerate(ends):
@@ -515,7 +541,7 @@ async def _stream(resp: web.StreamResponse, state: _State, req: _Request, *,
         if done.stream:
             await resp.write(done.chunk(i, start, text))
             if i == 0:
-                served.first_write = time.monotonic()
+                served.first_write = _now()
         else:
             texts.append(text)
     served.tokens = len(done.output_ids)
@@ -603,7 +629,8 @@ async def _serve(state: _State, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     _log("Shutting down FastAPI HTTP server.")
-    await runner.cleanup()
+    if not _VIRTUAL:  # its grace period is virtual time, which stands still for a lone server
+        await runner.cleanup()
     _exit(state.child)
 
 
@@ -667,12 +694,25 @@ def main(argv: list[str] | None = None) -> None:
     state = _State(script=script, model=args.served_model_name or args.model,
                    api_key=args.api_key, spec_tokens=spec_tokens, child=child,
                    schedule=settings.k_schedule if settings else ())
-    if args.fake_loop == "uvloop":
+    if script.virtual_clock:
+        _run_on_virtual_clock(script.virtual_clock, _serve(state, args.host, args.port))
+    elif args.fake_loop == "uvloop":
         import uvloop
 
         uvloop.run(_serve(state, args.host, args.port))
     else:
         asyncio.run(_serve(state, args.host, args.port))
+
+
+def _run_on_virtual_clock(path: str, coro) -> None:
+    from tuner.testing.fake_clock import VirtualClock
+
+    global _now, _VIRTUAL
+    clock = VirtualClock(path)
+    _now, _VIRTUAL = clock.now, True
+    loop = clock.new_event_loop(alone=False)
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(coro)
 
 
 if __name__ == "__main__":
