@@ -149,3 +149,54 @@ def test_the_stated_accuracy_is_the_floor_or_the_counts(launches) -> None:
         drafter_k.ACCEPTANCE_FLOOR_PCT, 300 * spread / p.acceptance_length))
 
 
+
+
+SPACE = """
+name: draft-fake
+description: a draft model on the fake engine
+methods:
+  draft_model:
+    model: {draft}
+    num_speculative_tokens: {{type: choice, values: [5, 2]}}
+engine: {{}}
+start_points:
+  - {{method: draft_model, num_speculative_tokens: 5}}
+"""
+
+
+def test_a_draft_study_writes_every_k_to_predicted_csv_and_tuner_predict_lists_them(
+        tmp_path: Path) -> None:
+    from tuner import api
+    from tuner.measure.workloads import EMBEDDED_TOKENIZER
+    from tuner.outputs import console, predictions
+    from tuner.records.configs import WorkloadSpec
+    from tuner.records.options import OptimizeOptions
+
+    space = tmp_path / "draft.yaml"
+    (tmp_path / "draft").mkdir()  # the fake loads no model; the space's check wants a folder
+    space.write_text(SPACE.format(draft=tmp_path / "draft"))
+    said: list[str] = []
+    api.optimize(OptimizeOptions(
+        strategy="optuna", workload=WorkloadSpec(name="instructcoder", num_prompts=6,
+                                                 output_len=24),
+        space_name=str(space), settings=MeasureSettings(concurrencies=(1, 2)),
+        out_dir=tmp_path / "study", study_name="s", n_trials=3,
+        objectives=["output_throughput"], target_concurrency=1, constraints={}),
+        engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER), ttft_ms=5, tpot_ms=2,
+                                drafter_rates=RATES, load_per_seq=0.1,
+                                drafter_ms_per_token=0.3),
+        say=said.append)
+    rows = predictions.read_rows(predictions.load_predictions(tmp_path / "study"))
+    drafted = sorted((r.concurrency, int(r.drafted_per_step)) for r in rows
+                     if r.method == "draft_model")
+    assert drafted == [(c, k) for c in (1, 2) for k in range(1, 6)]
+    # Every draft row is priced, and the launched K carry their measured figures.
+    assert all(r.pred_output_throughput for r in rows if r.method == "draft_model")
+    measured = {int(r.drafted_per_step) for r in rows if r.measured_trials}
+    assert 5 in measured
+    assert any("every K 1-5" in line for line in said)
+    pred = api.predict(study_dir=tmp_path / "study", space_name=str(space), say=said.append)
+    [ax] = pred.drafters
+    assert ax.source_k == 5 and [p.k for p in ax.points if p.concurrency == 2] == [1, 2, 3, 4, 5]
+    text = console.drafter_axes_text(pred.drafters)
+    assert "c=1" in text and "c=2" in text
