@@ -77,16 +77,17 @@ def fit_cost(concurrency: int, base_step_ms: float, steps: Sequence[tuple[int, f
 
 
 def axis(config: TrialConfig, launches: Sequence[KLaunch], baseline: Mapping[int, KLevel], *,
-         verify_ms_per_token: Mapping[int, float] | None = None) -> DrafterAxis:
+         verify_ms_per_token: Mapping[int, float] | None = None,
+         calibrate: bool = True) -> DrafterAxis:
     """The K axis of the drafter of `config` (any K) from its `launches` (one per K launched;
-    the largest K is the source of the rates; the cost is fitted on it and on the smallest
-    other K, the rest are out of sample) against the `baseline` per level. Levels the source
-    or the baseline did not measure are left out."""
+    the largest K is the source of the rates; the cost is fitted on it and, with `calibrate`,
+    on the smallest other K; the rest are out of sample) against the `baseline` per level.
+    Levels the source or the baseline did not measure are left out."""
     if not launches:
         raise ValueError(f"{config.label()}: no launch to predict the K axis from")
     by_k = {lc.k: lc for lc in launches}
     source = by_k[max(by_k)]
-    fitted_k = {source.k, *([min(by_k)] if len(by_k) > 1 else [])}
+    fitted_k = {source.k, *([min(by_k)] if len(by_k) > 1 and calibrate else [])}
     points, costs = [], []
     for src in source.levels:
         c = src.concurrency

@@ -166,12 +166,14 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
 
 
 def drafter_axes(measured: Sequence[MeasuredTrial], costs: dict[int, cost.StepCost],
-                 levels: Sequence[int], *, max_num_seqs: int) -> list[DrafterAxis]:
+                 levels: Sequence[int], *, max_num_seqs: int, calibrate: bool = True
+                 ) -> list[DrafterAxis]:
     """The K axis of every launched model-based drafter (tuner.replay.drafter_k): its
     launches grouped by config without K (a K schedule is another config), each K's levels
     the medians over its launches, against the baseline (the aligned one's step where the
     study measured one, the plain one's throughput); the verify part of the drafter's cost
-    per token from the study's step cost where it is calibrated."""
+    per token from the study's step cost where it is calibrated. `calibrate` False: the cost
+    on each drafter's largest K alone (what one launch predicts), the others out of sample."""
     groups: dict[str, list[MeasuredTrial]] = {}
     for m in measured:
         spec = m.config.speculative_config or {}
@@ -196,7 +198,8 @@ def drafter_axes(measured: Sequence[MeasuredTrial], costs: dict[int, cost.StepCo
         if launches:
             source = max(launches, key=lambda lc: lc.k)
             cfg = next(m.config for m in group if m.config.key() == source.key)
-            out.append(drafter_k.axis(cfg, launches, baseline, verify_ms_per_token=verify))
+            out.append(drafter_k.axis(cfg, launches, baseline, verify_ms_per_token=verify,
+                                      calibrate=calibrate))
     return out
 
 
