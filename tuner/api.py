@@ -343,8 +343,10 @@ def _predict_drafters(search: Any, out_dir: Path) -> None:
     acceptance (tuner.replay.drafter_k) into predicted.csv, its table and any miss said."""
     from tuner import speculative
     from tuner.outputs import console
+    from tuner.replay import drafter_k
     from tuner.replay.predict import predict as predict_space
     from tuner.search import replay_strategy
+    from tuner.search import study as st
 
     if not any(speculative.autoregressive_drafter(m)
                for m in search.space.speculative_methods()):
@@ -357,9 +359,17 @@ def _predict_drafters(search: Any, out_dir: Path) -> None:
     pred = predict_space(base.capture, [], measured, max_model_len=limits.max_model_len,
                          max_num_seqs=limits.max_num_seqs,
                          temperature=search.workload.spec.temperature)
-    if pred.drafters:
-        _write_predictions(pred, out_dir)
-        search.say(console.drafter_axes_text(pred.drafters))
+    if not pred.drafters:
+        return
+    _write_predictions(pred, out_dir)
+    search.say(console.drafter_axes_text(pred.drafters))
+    stored = st.settings_of(search.study)
+    seen = {(m.key, m.concurrency) for m in stored.prediction_misses}
+    fresh = [m for ax in pred.drafters for m in drafter_k.prediction_misses(ax)
+             if (m.key, m.concurrency) not in seen]
+    if fresh:  # kept where the recommendation that rests on the launch reads it
+        st.store_settings(search.study, stored.model_copy(
+            update={"prediction_misses": (*stored.prediction_misses, *fresh)}))
 
 
 def _write_predictions(pred: Any, out_dir: Path) -> None:

@@ -46,3 +46,11 @@ def test_a_miss_has_its_line_with_both_figures_and_the_stated_accuracy() -> None
     assert "K=2 c=1" in line and "2.70 predicted, 2.00 measured" in line
     assert f"{miss.acceptance_accuracy_pct:.1f}%" in line
     assert "calibrated on launches at K=1,3" in text
+
+
+def test_a_miss_is_kept_as_the_study_keeps_every_replay_miss() -> None:
+    ax = _axis(_launch(3), _launch(1), _launch(2, length=2.0))
+    [m] = drafter_k.prediction_misses(ax)
+    assert (m.concurrency, m.label, round(m.predicted, 2), m.measured) == \
+        (1, "draft_model k=2 model=/m/d", 2.7, 2.0)
+    assert m.error_pct == ax.misses()[0].err_acceptance_length_pct

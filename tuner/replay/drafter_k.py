@@ -32,6 +32,7 @@ import numpy as np
 
 from tuner.records.configs import TrialConfig
 from tuner.records.drafter_k import DrafterAxis, DrafterCost, KLaunch, KLevel, KPoint
+from tuner.records.results import PredictionMiss
 
 ACCEPTANCE_FLOOR_PCT = 3.0  # issue 49's goal for acceptance length at K < K_max
 THROUGHPUT_ACCURACY_PCT = 5.0  # issue 49's goal for throughput out of sample
@@ -109,6 +110,20 @@ def axis(config: TrialConfig, launches: Sequence[KLaunch], baseline: Mapping[int
                        speculative_config=json.dumps(spec, sort_keys=True),
                        source_k=source.k, source_trial=source.number, costs=tuple(costs),
                        points=tuple(points))
+
+
+def prediction_misses(ax: DrafterAxis) -> list[PredictionMiss]:
+    """The launches at some K whose measured acceptance length lies beyond the stated accuracy
+    of the axis' prediction, as the study keeps every replay miss
+    (StudySettings.prediction_misses, which the recommendation reads)."""
+    spec = json.loads(ax.speculative_config)
+    return [PredictionMiss(
+        key=p.key, concurrency=p.concurrency,
+        label=TrialConfig(speculative_config={**spec, "num_speculative_tokens": p.k}).label(),
+        predicted=p.acceptance_length, measured=float(p.meas_acceptance_length),
+        error_pct=float(p.err_acceptance_length_pct),
+        accuracy_pct=round(p.acceptance_accuracy_pct, 1))
+        for p in ax.points if p.acceptance_miss]
 
 
 def _point(cfg: TrialConfig, k: int, src: KLevel, base: KLevel, cost: DrafterCost | None,
