@@ -9,6 +9,7 @@ smallest K calibrating it; it prints predicted against measured acceptance lengt
 throughput per K and level, and writes them as CSV.
 
     .venv/bin/python benchmarks/drafter_k.py run --out DIR --draft MODEL_DIR [--ks 5,1,2,3]
+        [--reuse-baseline OTHER/k0]
     .venv/bin/python benchmarks/drafter_k.py analyze DIR [--csv OUT.csv]
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +37,9 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     walls = {}
-    for k in [0, *args.ks]:
+    if args.reuse_baseline:  # the same workload and levels: one baseline serves both drafters
+        shutil.copytree(args.reuse_baseline, out / "k0", dirs_exist_ok=True)
+    for k in [*([] if args.reuse_baseline else [0]), *args.ks]:
         spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k}
                 if k else None)
         cmd = [sys.executable, "-m", "tuner", "bench", "-q", "--output-dir", str(out / f"k{k}"),
@@ -132,6 +136,8 @@ def main() -> None:
     r.add_argument("--model", default=None, help="the target (default: the embedded one)")
     r.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[5, 1, 2, 3],
                    help="K_max first, then the K it predicts that are launched to check it")
+    r.add_argument("--reuse-baseline", default=None,
+                   help="a baseline launch folder (another set's k0) to copy, not launch")
     r.add_argument("--workload", default="instructcoder")
     r.add_argument("--num-prompts", type=int, default=24)
     r.add_argument("--num-requests", type=int, default=8)
