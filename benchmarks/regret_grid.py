@@ -46,7 +46,9 @@ def _picks(studies: Path) -> dict[str, dict[int, dict]]:
     for rec_path in sorted(studies.glob("*/recommendation.json")):
         rec = json.loads(rec_path.read_text())
         for lv in rec.get("levels", []):
-            cfg = (lv.get("serve_config") or {}).get("speculative_config")
+            sel = (lv.get("verdict") or {}).get("selection") or {}
+            cfg = (sel.get("subject_config") or {}).get("speculative_config") \
+                or lv.get("speculative_config")
             out.setdefault(rec_path.parent.name, {})[lv["concurrency"]] = cfg
     return out
 
@@ -74,7 +76,9 @@ def _label(spec: dict | None) -> str:
     if spec["method"] == "ngram":
         return (f"ngram k={spec['num_speculative_tokens']} window "
                 f"{spec['prompt_lookup_min']}-{spec['prompt_lookup_max']}")
-    return f"{spec['method']} k={spec['num_speculative_tokens']}"
+    knobs = [spec.get(f"suffix_decoding_{k}") for k in ("max_spec_factor", "max_tree_depth",
+                                                         "min_token_prob")]
+    return f"{spec['method']} k={spec['num_speculative_tokens']} ({', '.join(map(str, knobs))})"
 
 
 def main() -> None:
@@ -84,9 +88,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--root", type=Path, default=Path("/tmp/regret-grid"))
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--grid", default=None,
+                   help="indices of GRID to measure, e.g. 1 (default: all)")
     args = p.parse_args()
     picks = _picks(args.studies) if args.studies else {}
-    configs = {_key(None): None, **{_key(s): s for s in GRID}}
+    grid = GRID if args.grid is None else [GRID[int(i)] for i in args.grid.split(",") if i]
+    configs = {_key(None): None, **{_key(s): s for s in grid}}
     for levels in picks.values():
         configs.update({_key(s): s for s in levels.values() if s})
     runs: dict[str, list[dict[int, float]]] = {k: [] for k in configs}

@@ -307,6 +307,14 @@ _V2_TABLE_IGNORED_ISSUE = 51510
 _AUTOREGRESSIVE_DRAFTERS = ("eagle", "eagle3", "mtp", "draft_model")
 
 
+def autoregressive_drafter(method: str | None) -> bool:
+    """Whether `method` drafts position i from the positions before it alone (a draft model,
+    an EAGLE head, MTP layers): its K axis follows from one launch (tuner.replay.drafter_k).
+    vLLM maps the *_mtp names to mtp, and so does this."""
+    m = "mtp" if method and method.endswith("_mtp") else method
+    return m in _AUTOREGRESSIVE_DRAFTERS
+
+
 def schedule_path(method: str | None, *, runner: str | None, cudagraph_mode: str | None
                   ) -> PathRule:
     """What a `num_speculative_tokens_per_batch_size` table does to the engine path of the

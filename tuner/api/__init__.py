@@ -334,6 +334,43 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
     search.run(n_trials=options.n_trials, timeout_s=options.timeout_s)
     if options.repeats > 1:
         search.repeat_leaders(repeats=options.repeats)
+    _predict_drafters(search, out_dir)
+
+
+def _predict_drafters(search: Any, out_dir: Path) -> None:
+    """After a search that launched a model-based drafter (draft_model, EAGLE, MTP): every K
+    up to each drafter's largest launched K, at every level, from that launch's per-position
+    acceptance (tuner.replay.drafter_k) into predicted.csv, its table and any miss said."""
+    from tuner import speculative
+    from tuner.outputs import console
+    from tuner.replay import drafter_k
+    from tuner.replay.predict import predict as predict_space
+    from tuner.search import study as st
+    from tuner.search import trials
+
+    if not any(speculative.autoregressive_drafter(m)
+               for m in search.space.speculative_methods()):
+        return
+    measured = trials.measured_trials(search.study, out_dir)
+    base = next((t for t in measured if t.role == Role.BASELINE and t.capture is not None),
+                None)
+    if base is None:
+        return
+    limits = engine_cmdline.engine_limits(search.engine)
+    pred = predict_space(base.capture, [], measured, max_model_len=limits.max_model_len,
+                         max_num_seqs=limits.max_num_seqs,
+                         temperature=search.workload.spec.temperature)
+    if not pred.drafters:
+        return
+    _write_predictions(pred, out_dir)
+    search.say(console.drafter_axes_text(pred.drafters))
+    stored = st.settings_of(search.study)
+    seen = {(m.key, m.concurrency) for m in stored.prediction_misses}
+    fresh = [m for ax in pred.drafters for m in drafter_k.prediction_misses(ax)
+             if (m.key, m.concurrency) not in seen]
+    if fresh:  # kept where the recommendation that rests on the launch reads it
+        st.store_settings(search.study, stored.model_copy(
+            update={"prediction_misses": (*stored.prediction_misses, *fresh)}))
 
 
 def _write_predictions(pred: Any, out_dir: Path) -> None:

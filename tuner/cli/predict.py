@@ -4,6 +4,7 @@ a space predicted from a study's baseline tokens, or from a user's own request l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -70,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
                           "seconds": round(pred.seconds, 3),
                           "step_cost": {c: s.describe() for c, s in pred.costs.items()},
                           "skipped": pred.skipped, "streams": pred.streams,
-                          "temperature": pred.temperature}, indent=2,
+                          "temperature": pred.temperature,
+                          "drafters": [dataclasses.asdict(a) for a in pred.drafters]}, indent=2,
                          default=str))
         return 0
     print(console.predict_table(pred.rows, top=args.top, levels=levels))
+    if pred.drafters:
+        print("\n" + console.drafter_axes_text(pred.drafters))
     for c in sorted(pred.costs):
         print("step cost " + pred.costs[c].describe())
     if pred.streams:

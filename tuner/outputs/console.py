@@ -345,6 +345,14 @@ def predict_table(rows: Sequence[PredictedRow], *, top: int = 10,
     return "\n\n".join(blocks)
 
 
+def drafter_axes_text(axes: Sequence[Any]) -> str:
+    """Every model-based drafter's K axis (tuner.records.drafter_k.DrafterAxis) as
+    tuner.outputs.drafter_k writes it; "" for none."""
+    from tuner.outputs import drafter_k  # it lays its tables out with table_line below
+
+    return drafter_k.axes_text(axes)
+
+
 def table_line(cells: list[str], widths: list[int]) -> str:
     """The first cell (a label) left-aligned, figures right-aligned."""
     return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)

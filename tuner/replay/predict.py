@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from tuner import intervals
+from tuner import intervals, speculative
 from tuner.records.configs import TrialConfig
+from tuner.records.drafter_k import DrafterAxis, KLaunch, KLevel
 from tuner.records.predictions import PredictedFigure, PredictedRow
 from tuner.records.results import LevelMetrics, Measured, PredictionMiss, Role, SpeedupSplit
-from tuner.replay import acceptance, cost, ngram_v2, sampling, schedule, streams
+from tuner.replay import acceptance, cost, drafter_k, ngram_v2, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
 # The replay's stated accuracy on a launched config's acceptance length, over the requests it
@@ -78,6 +79,8 @@ class Prediction:
     streams: str = ""  # STREAMS: where a speculative launch's tokens part from the baseline's
     temperature: float = 0.0  # the capture's; above 0 the rows carry sampling.PM_COLUMNS
     ngram_path: str | None = None  # the n-gram proposer replayed (ngram_v2); None: not known
+    # model-based drafters' K axes, each from its launch at its largest K (tuner.replay.drafter_k)
+    drafters: list[DrafterAxis] = field(default_factory=list)
 
     def extended(self, more: Prediction) -> Prediction:
         """This table with `more`'s configs added: a prediction of other configs from the same
@@ -126,8 +129,10 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
     rows: list[PredictedRow] = []
     skipped: list[str] = []
     todo = [cfg for cfg in configs if acceptance.replayable(cfg)]
-    skipped += [f"{cfg.label()}: method {cfg.method} is not replayable"
-                for cfg in configs if cfg.method != "none" and cfg not in todo]
+    axes = drafter_axes(measured, costs, levels, max_num_seqs=max_num_seqs)
+    on_axes = {p.key for a in axes for p in a.points}
+    skipped += [_not_replayable(cfg, axes) for cfg in configs
+                if cfg.method != "none" and cfg not in todo and cfg.key() not in on_axes]
     calibrated_on = {p.label for c in costs.values() for p in c.points}
     slots = {c: min(c, max_num_seqs) for c in levels}
     yardstick = yardsticks(base_capture, measured, costs, max_num_seqs=max_num_seqs)
@@ -148,9 +153,119 @@ def predict(base_capture: TokenCapture, configs: Sequence[TrialConfig],
                 alternate_stream_requests=replay.switched.get(cfg.key(), 0),
                 ngram_path=(replay.ngram_path or ngram_v2.UNKNOWN)
                 if cfg.method == "ngram" else None))
+    for ax in axes:
+        for p in ax.points:
+            row = _measured(by_key.get(p.key), p.concurrency, _axis_row(ax, p),
+                            level_sd=level_sd.get(p.concurrency))
+            rows.append(_decomposed(row, baseline.get(p.concurrency),
+                                    aligned.get(p.concurrency)))
     return Prediction(rows=rows, costs=costs, seconds=time.monotonic() - t0,
-                      configs=len(todo), skipped=skipped, streams=_streams_line(replay),
-                      temperature=temperature, ngram_path=replay.ngram_path)
+                      configs=len(todo) + len(on_axes), skipped=skipped,
+                      streams=_streams_line(replay), temperature=temperature,
+                      ngram_path=replay.ngram_path, drafters=axes)
+
+
+def drafter_axes(measured: Sequence[MeasuredTrial], costs: dict[int, cost.StepCost],
+                 levels: Sequence[int], *, max_num_seqs: int, calibrate: bool = True
+                 ) -> list[DrafterAxis]:
+    """The K axis of every launched model-based drafter (tuner.replay.drafter_k): its
+    launches grouped by config without K (a K schedule is another config), each K's levels
+    the medians over its launches, against the baseline (the aligned one's step where the
+    study measured one, the plain one's throughput); the verify part of the drafter's cost
+    per token from the study's step cost where it is calibrated. `calibrate` False: the cost
+    on each drafter's largest K alone (what one launch predicts), the others out of sample."""
+    groups: dict[str, list[MeasuredTrial]] = {}
+    for m in measured:
+        spec = m.config.speculative_config or {}
+        if (m.speculative and speculative.autoregressive_drafter(m.config.method)
+                and m.config.k and "num_speculative_tokens_per_batch_size" not in spec):
+            groups.setdefault(m.config.with_k(1).key(), []).append(m)
+    plain = _pooled([m for m in measured if m.role == "baseline"])
+    anchor = _pooled([m for m in measured if m.aligned]) or plain
+    baseline = {c: dataclasses.replace(lv, output_throughput=plain[c]["output_throughput"])
+                for c in levels if c in anchor and c in plain
+                and (lv := _k_level(anchor[c], c)) is not None}
+    verify = {c: s.b * min(c, max_num_seqs) for c, s in costs.items() if s.calibrated}
+    out = []
+    for group in groups.values():
+        launches = []
+        for key, same in _by_config(group).items():
+            lvs = tuple(lv for c in levels if (lv := _k_level(_level_of(same, c), c)) is not None)
+            if lvs:
+                launches.append(KLaunch(number=min(m.number for m in same),
+                                        k=int(same[0].config.k), key=key, levels=lvs,
+                                        trials=len(same)))
+        if launches:
+            source = max(launches, key=lambda lc: lc.k)
+            cfg = next(m.config for m in group if m.config.key() == source.key)
+            out.append(drafter_k.axis(cfg, launches, baseline, verify_ms_per_token=verify,
+                                      calibrate=calibrate))
+    return out
+
+
+def _level_of(group: Sequence[MeasuredTrial], c: int) -> dict[str, Any] | None:
+    """_median_level with vLLM's draft counts and per-position rates (medians per position
+    over the group's launches) beside it."""
+    lv = _median_level(group, c)
+    levels = [m.levels[c] for m in group if c in m.levels]
+    if lv is None:
+        return None
+    positions = [x.spec_decode_per_position_acceptance_rates for x in levels]
+    width = min((len(p) for p in positions), default=0)
+    lv["per_position"] = tuple(statistics.median(p[i] for p in positions) for i in range(width))
+    lv["drafts"] = statistics.median(x.spec_decode_num_drafts for x in levels)
+    lv["tokens_per_request"] = statistics.median(
+        x.total_output_tokens / x.completed for x in levels if x.completed) \
+        if any(x.completed for x in levels) else None
+    return lv
+
+
+def _k_level(lv: dict[str, Any] | None, c: int) -> KLevel | None:
+    """A level's medians (`_level_of`, or a baseline's `_median_level`) as the K axis reads
+    them; None where a figure it needs is missing."""
+    if lv is None:
+        return None
+    needed = ("decode_ms_per_token", "output_throughput", "mean_ttft_ms", "mean_tpot_ms")
+    if not all(_finite(lv.get(n)) for n in needed):
+        return None
+    length = lv.get("spec_decode_acceptance_length")
+    return KLevel(concurrency=c, drafts=float(lv.get("drafts") or 0.0),
+                  per_position=tuple(lv.get("per_position") or ()),
+                  acceptance_length=length if _finite(length) else 1.0,
+                  decode_ms_per_token=lv["decode_ms_per_token"],
+                  output_throughput=lv["output_throughput"], mean_ttft_ms=lv["mean_ttft_ms"],
+                  mean_tpot_ms=lv["mean_tpot_ms"],
+                  tokens_per_request=float(lv.get("tokens_per_request") or 0.0))
+
+
+def _axis_row(ax: DrafterAxis, p: Any) -> PredictedRow:
+    """A K of a drafter's axis at a level as a predicted.csv row."""
+    spec = {**json.loads(ax.speculative_config), "num_speculative_tokens": p.k}
+    cfg = TrialConfig(speculative_config=spec)
+    cost_of = next((c for c in ax.costs if c.concurrency == p.concurrency), None)
+    return PredictedRow(
+        key=p.key, label=cfg.label(), method=ax.method,
+        speculative_config=json.dumps(spec, sort_keys=True), concurrency=p.concurrency,
+        acceptance_rate=(p.acceptance_length - 1.0) / p.k, acceptance_length=p.acceptance_length,
+        drafted_per_step=float(p.k), tokens_per_step=p.acceptance_length,
+        per_position=json.dumps([round(x, 4) for x in p.per_position]),
+        pred_output_throughput=p.output_throughput, pred_mean_tpot_ms=p.mean_tpot_ms,
+        pred_mean_ttft_ms=p.mean_ttft_ms, pred_speedup=p.speedup, calibration=p.fitted,
+        path=(drafter_k.PATH_CALIBRATED if cost_of.calibrated else drafter_k.PATH_ONE_LAUNCH)
+        if cost_of is not None else None)
+
+
+def _not_replayable(cfg: TrialConfig, axes: Sequence[DrafterAxis]) -> str:
+    if speculative.autoregressive_drafter(cfg.method):
+        mine = [a.source_k for a in axes
+                if a.speculative_config == json.dumps(cfg.speculative_config_without_k(),
+                                                      sort_keys=True)]
+        if mine:
+            return (f"{cfg.label()}: above K={max(mine)}, the largest K launched: the K axis is "
+                    "predicted from a launch downward")
+        return (f"{cfg.label()}: a model-based drafter is predicted from a launch of it (every "
+                "K up to the launched one); none launched yet")
+    return f"{cfg.label()}: method {cfg.method} is not replayable"
 
 
 def calibrate(replay: _Replayer, measured: Sequence[MeasuredTrial],

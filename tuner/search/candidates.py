@@ -151,7 +151,8 @@ def refine(space: SearchSpace, configs: list[TrialConfig], pred: Prediction,
     for _ in range(REFINE_ROUNDS):
         if not any(c.calibrated for c in pred.costs.values()):
             break
-        leaders = [by_key[r.key] for r in _leading_rows(pred)]
+        # a drafter's K axis (tuner.replay.drafter_k) has rows of K the configs may not hold
+        leaders = [by_key[r.key] for r in _leading_rows(pred) if r.key in by_key]
         fresh = [c for c in neighbours(space, leaders) if c.key() not in by_key]
         fresh = fresh[:limit - added]
         if not fresh:

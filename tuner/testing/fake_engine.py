@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import tuner
 from tuner.records.configs import EngineSpec, TrialConfig
@@ -82,6 +84,17 @@ class FakeScript(BaseModel):
     # 1 + K * accept_rate tokens. So speculation pays at low load and stops paying above it.
     load_per_seq: float = Field(0.0, ge=0)
     verify_cost_per_token: float = Field(0.0, ge=0)
+    # A model-based drafter (draft_model, EAGLE, MTP), simulated: drafter_rates[i] is the rate
+    # at which draft position i+1 is accepted (vLLM's per-position rate, accepted at i over
+    # drafts: non-increasing; positions past the list accept none). Each draft's accepted
+    # count is drawn (seeded by drafter_seed and K), so the counters spread as a real
+    # engine's do, and a step yields 1 + sum of the first K rates tokens on average. Where
+    # set it replaces accept_rate. Under the load model the drafter's cost is added to each
+    # speculative step: drafter_ms_per_step, plus drafter_ms_per_token per drafted position.
+    drafter_rates: tuple[float, ...] | None = None
+    drafter_seed: int = 0
+    drafter_ms_per_token: float = Field(0.0, ge=0)
+    drafter_ms_per_step: float = Field(0.0, ge=0)
     # The engine path, in vLLM 0.26's lines (tuner.measure.enginepath reads them): V2 runner
     # with async scheduling, unless --no-async-scheduling or VLLM_USE_V2_MODEL_RUNNER=0 say
     # otherwise; with this set, a speculative config falls back to V1 without async
@@ -93,6 +106,27 @@ class FakeScript(BaseModel):
     # A tuner.testing.fake_clock file: serve on that virtual clock (tokens due at virtual
     # times, the load model's batch counted by them) instead of the wall clock.
     virtual_clock: str | None = None
+
+
+    @field_validator("drafter_rates")
+    @classmethod
+    def _rates_fall(cls, rates: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if rates is not None and (any(not 0 <= r <= 1 for r in rates)
+                                  or any(b > a for a, b in itertools.pairwise(rates))):
+            raise ValueError(f"drafter_rates {list(rates)}: each in [0, 1], non-increasing "
+                             "(position i+1 is accepted only where position i was)")
+        return rates
+
+    @property
+    def load_model(self) -> bool:
+        return bool(self.load_per_seq or self.verify_cost_per_token
+                    or self.drafter_ms_per_token or self.drafter_ms_per_step)
+
+    def expected_accepted(self, k: int) -> float:
+        """Draft tokens a step of K = k accepts on average."""
+        if self.drafter_rates is not None:
+            return float(sum(self.drafter_rates[:k]))
+        return k * self.accept_rate
 
 
 # The fake runs as `python -m tuner.testing.fake_engine` in a child process; this package must
@@ -158,6 +192,8 @@ class _State:
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
+    accepted_per_pos: list[int] = field(default_factory=list)  # drafter_rates' drawn counts
+    rng: random.Random = field(default_factory=random.Random)
     lag_sum_s: float = 0.0
     lag_count: int = 0
     lag_max_s: float = 0.0
@@ -293,12 +329,13 @@ def _k_for_batch(state: _State, batch: int) -> int:
 
 
 def _effective_tpot_ms(script: FakeScript, k: int, inflight: int) -> float:
-    if not (script.load_per_seq or script.verify_cost_per_token):
+    if not script.load_model:
         return script.tpot_ms
     step = script.tpot_ms * (1 + script.load_per_seq * max(inflight - 1, 0))
     if k:
         step *= 1 + script.verify_cost_per_token * k * max(inflight, 1)
-        return step / (1 + k * script.accept_rate)
+        step += script.drafter_ms_per_step + script.drafter_ms_per_token * k
+        return step / (1 + script.expected_accepted(k))
     return step
 
 
@@ -482,7 +519,7 @@ class _Pace:
 
     def __init__(self, state: _State, t0: float, number: int) -> None:
         self.state, self.t0, self.number = state, t0, number
-        self.load_model = bool(state.script.load_per_seq or state.script.verify_cost_per_token)
+        self.load_model = state.script.load_model
         self._step(t0)
         self.deadline = t0 + state.script.ttft_ms / 1000.0
 
@@ -509,7 +546,22 @@ def _count_chunk(state: _State, i: int, k: int, deadline: float) -> None:
     if i > 0 and k:
         state.drafts += 1
         state.draft_tokens += k
-        state.accepted += k * state.script.accept_rate
+        rates = state.script.drafter_rates
+        if rates is None:
+            state.accepted += k * state.script.accept_rate
+            return _lag(state, deadline)
+        accepted, before = 0, 1.0
+        for rate in rates[:k]:  # position i+1 is accepted, given i was, at r_{i+1} / r_i
+            if rate <= 0 or state.rng.random() >= rate / before:
+                break
+            accepted, before = accepted + 1, rate
+        state.accepted += accepted
+        for pos in range(accepted):
+            state.accepted_per_pos[pos] += 1
+    _lag(state, deadline)
+
+
+def _lag(state: _State, deadline: float) -> None:
     lag_s = _now() - deadline
     state.lag_sum_s += lag_s
     state.lag_count += 1
@@ -578,8 +630,10 @@ async def _metrics(request: web.Request) -> web.Response:
                     f"vllm:spec_decode_{name}_created{{{labels}}} {s.created}"]
         out.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
         for pos in range(s.spec_tokens):
+            count = (s.accepted_per_pos[pos] if s.script.drafter_rates is not None
+                     else s.drafts * s.script.accept_rate)
             out.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},'
-                       f'position="{pos}"}} {s.drafts * s.script.accept_rate}')
+                       f'position="{pos}"}} {float(count)}')
     # Not vLLM's: what the tests and the fidelity benchmark check the client against.
     out += [f"fake:inflight {s.inflight}", f"fake:max_inflight {s.max_inflight}",
             f"fake:requests_total {s.requests}", f"fake:emit_lag_seconds_sum {s.lag_sum_s}",
@@ -693,7 +747,9 @@ def main(argv: list[str] | None = None) -> None:
     time.sleep(script.startup_s)
     state = _State(script=script, model=args.served_model_name or args.model,
                    api_key=args.api_key, spec_tokens=spec_tokens, child=child,
-                   schedule=settings.k_schedule if settings else ())
+                   schedule=settings.k_schedule if settings else (),
+                   accepted_per_pos=[0] * spec_tokens,
+                   rng=random.Random(f"{script.drafter_seed}:{spec_tokens}"))
     if script.virtual_clock:
         _run_on_virtual_clock(script.virtual_clock, _serve(state, args.host, args.port))
     elif args.fake_loop == "uvloop":
