@@ -15,6 +15,7 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner.measure import trial as runner
+from tuner.outputs import drafter_k as drafter_words
 from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
 from tuner.replay import drafter_k
 from tuner.replay.predict import MeasuredTrial, drafter_axes
@@ -168,7 +169,7 @@ def test_a_draft_study_writes_every_k_to_predicted_csv_and_tuner_predict_lists_t
         tmp_path: Path) -> None:
     from tuner import api
     from tuner.measure.workloads import EMBEDDED_TOKENIZER
-    from tuner.outputs import console, predictions
+    from tuner.outputs import predictions
     from tuner.records.configs import WorkloadSpec
     from tuner.records.options import OptimizeOptions
 
@@ -198,5 +199,5 @@ def test_a_draft_study_writes_every_k_to_predicted_csv_and_tuner_predict_lists_t
     pred = api.predict(study_dir=tmp_path / "study", space_name=str(space), say=said.append)
     [ax] = pred.drafters
     assert ax.source_k == 5 and [p.k for p in ax.points if p.concurrency == 2] == [1, 2, 3, 4, 5]
-    text = console.drafter_axes_text(pred.drafters)
+    text = drafter_words.axes_text(pred.drafters)
     assert "c=1" in text and "c=2" in text

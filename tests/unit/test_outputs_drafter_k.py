@@ -3,7 +3,7 @@ cost's calibration said, and a line per miss, from the record's fields."""
 
 from __future__ import annotations
 
-from tuner.outputs import console
+from tuner.outputs import drafter_k as drafter_words
 from tuner.records.configs import TrialConfig
 from tuner.records.drafter_k import KLaunch, KLevel
 from tuner.replay import drafter_k
@@ -30,7 +30,7 @@ def _launch(k: int, **kw) -> KLaunch:
 
 def test_every_k_is_listed_and_one_launch_says_its_cost_is_not_calibrated() -> None:
     ax = _axis(_launch(3))
-    text = console.drafter_axes_text([ax])
+    text = drafter_words.axes_text([ax])
     assert "every K 1-3" in text and "not calibrated" in text
     lines = [ln.split()[0] for ln in text.splitlines() if ln[:1].isdigit()]
     assert lines == ["1", "2", "3"]
@@ -41,7 +41,7 @@ def test_a_miss_has_its_line_with_both_figures_and_the_stated_accuracy() -> None
     ax = _axis(_launch(3), _launch(1), _launch(2, length=2.0))
     [miss] = ax.misses()
     assert miss.k == 2 and miss.acceptance_miss
-    text = console.drafter_axes_text([ax])
+    text = drafter_words.axes_text([ax])
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("MISS"))
     assert "K=2 c=1" in line and "2.70 predicted, 2.00 measured" in line
     assert f"{miss.acceptance_accuracy_pct:.1f}%" in line

@@ -342,7 +342,7 @@ def _predict_drafters(search: Any, out_dir: Path) -> None:
     up to each drafter's largest launched K, at every level, from that launch's per-position
     acceptance (tuner.replay.drafter_k) into predicted.csv, its table and any miss said."""
     from tuner import speculative
-    from tuner.outputs import console
+    from tuner.outputs import drafter_k as drafter_words
     from tuner.replay import drafter_k
     from tuner.replay.predict import predict as predict_space
     from tuner.search import study as st
@@ -363,7 +363,7 @@ def _predict_drafters(search: Any, out_dir: Path) -> None:
     if not pred.drafters:
         return
     _write_predictions(pred, out_dir)
-    search.say(console.drafter_axes_text(pred.drafters))
+    search.say(drafter_words.axes_text(pred.drafters))
     stored = st.settings_of(search.study)
     seen = {(m.key, m.concurrency) for m in stored.prediction_misses}
     fresh = [m for ax in pred.drafters for m in drafter_k.prediction_misses(ax)

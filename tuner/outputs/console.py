@@ -14,13 +14,14 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tuner.outputs import verdicts, verification
+from tuner.outputs import drafter_k, verdicts, verification
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
     ngram_path_note,
     num,
     signed_pct,
+    table_line,
     times,
     with_noise,
     with_pm,
@@ -345,20 +346,6 @@ def predict_table(rows: Sequence[PredictedRow], *, top: int = 10,
     return "\n\n".join(blocks)
 
 
-def drafter_axes_text(axes: Sequence[Any]) -> str:
-    """Every model-based drafter's K axis (tuner.records.drafter_k.DrafterAxis) as
-    tuner.outputs.drafter_k writes it; "" for none."""
-    from tuner.outputs import drafter_k  # it lays its tables out with table_line below
-
-    return drafter_k.axes_text(axes)
-
-
-def table_line(cells: list[str], widths: list[int]) -> str:
-    """The first cell (a label) left-aligned, figures right-aligned."""
-    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                     for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-
 def _finite(value: Any) -> float | None:
     """A number as float, or None for None, NaN, infinities and anything not a number."""
     try:
@@ -372,3 +359,9 @@ def verification_table(v: Verification) -> str:
     """What `tuner verify` prints: a row per level and one sentence each
     (tuner.outputs.verification)."""
     return verification.table(v)
+
+
+def drafter_axes_text(axes: Sequence[Any]) -> str:
+    """Every model-based drafter's K axis (tuner.records.drafter_k.DrafterAxis), as
+    tuner.outputs.drafter_k writes it; "" for none."""
+    return drafter_k.axes_text(axes)

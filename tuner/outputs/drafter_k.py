@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuner.outputs.console import table_line
-from tuner.outputs.text import num, signed_pct
+from tuner.outputs.text import num, signed_pct, table_line
 from tuner.records.drafter_k import DrafterAxis, KPoint
 
 _HEAD = ["K", "acc len (SE)", "meas", "err (allowed)", "step ms", "pred tok/s", "meas tok/s",

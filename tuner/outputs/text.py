@@ -104,3 +104,9 @@ def ngram_path_note(rows: Iterable[PredictedRow]) -> str | None:
         return None
     return NGRAM_PATH_NOTES["unknown" if "unknown" in paths or len(paths) > 1
                             else next(iter(paths))]
+
+
+def table_line(cells: list[str], widths: list[int]) -> str:
+    """The first cell (a label) left-aligned, figures right-aligned."""
+    return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                     for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.outputs import files
-from tuner.outputs.console import ranked_predictions, table_line
-from tuner.outputs.text import num, times, with_pm
+from tuner.outputs.console import ranked_predictions
+from tuner.outputs.text import num, table_line, times, with_pm
 from tuner.records.predictions import TrafficRow
 
 TRAFFIC_CSV = "traffic.csv"
