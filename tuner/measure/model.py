@@ -14,7 +14,9 @@ import fcntl
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # The hub id lives in tuner.engine_cmdline (its verify command leaves --model out for the embedded
 # default, and commands may import no stage); re-exported for tuner.checks.
@@ -22,6 +24,13 @@ from tuner.engine_cmdline import EMBEDDED_HUB_ID as EMBEDDED_HUB_ID
 from tuner.errors import ConfigError
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
+_NUM_LAYERS = 30  # the embedded model's decoder layers
+# The embedded default's drafter, made (not trained) from the converted target: the layers it
+# keeps (None: all) and the Gaussian noise on its weights, relative to each matrix's RMS.
+# benchmarks/draft_candidates.py measured the candidates (benchmarks/data/cpu-draft).
+DRAFT_LAYERS: tuple[int, ...] | None = None
+DRAFT_NOISE = 0.1
+DRAFT_SEED = 0
 # The tokenizer shipped in the package; its tokenizer.json is stored xz-compressed (3.5 MB ->
 # 0.45 MB), so transformers and vLLM read it from embedded_tokenizer_dir() instead.
 EMBEDDED_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
@@ -43,6 +52,92 @@ def embedded_model_dir() -> Path:
         if not (target / "config.json").exists():
             _convert(_gguf_path(), target)
     return target
+
+
+def embedded_draft_dir() -> Path:
+    """Path of the embedded default's drafter, made from the converted model on first use
+    (DRAFT_LAYERS, DRAFT_NOISE): atomic and locked like the conversion."""
+    target = cache_dir() / "models" / f"{EMBEDDED_NAME}-{draft_tag()}"
+    if (target / "config.json").exists():
+        return target
+    source = embedded_model_dir()
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            _make_draft(source, target)
+    return target
+
+
+def draft_tag() -> str:
+    """The drafter's name after its recipe, so a changed recipe never reads a stale copy."""
+    layers = "" if DRAFT_LAYERS is None else f"-{len(DRAFT_LAYERS)}of{_NUM_LAYERS}layers"
+    return f"draft{layers}-noise{DRAFT_NOISE:g}-seed{DRAFT_SEED}"
+
+
+def keep_layers(model: Any, keep: Sequence[int]) -> None:
+    """Make a Llama-style transformers model run only its decoder layers `keep`, in order."""
+    import torch
+
+    model.model.layers = torch.nn.ModuleList(model.model.layers[i] for i in keep)
+    for n, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = n  # the KV cache is indexed by it
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = [model.config.layer_types[i] for i in keep]
+    model.config.num_hidden_layers = len(keep)
+
+
+def perturb(model: Any, *, relative_noise: float, seed: int) -> None:
+    """Add Gaussian noise of `relative_noise` x each weight matrix's RMS to every matrix of
+    `model` (embeddings and projections; norms stay), drawn from `seed`."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):  # a fixed order: the same draws anywhere
+            if p.ndim == 2:
+                rms = p.float().pow(2).mean().sqrt()
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+                p.copy_((p.float() + noise * rms * relative_noise).to(p.dtype))
+
+
+def _make_draft(source: Path, target: Path) -> None:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    print(f"Making the embedded default's drafter {target.name} (once) ...", file=sys.stderr)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    if DRAFT_LAYERS is not None:
+        keep_layers(model, DRAFT_LAYERS)
+    perturb(model, relative_noise=DRAFT_NOISE, seed=DRAFT_SEED)
+    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp / name)
+    recipe = {"made_from": f"{EMBEDDED_HUB_ID} ({source.name})", "trained": False,
+              "kept_layers": list(DRAFT_LAYERS or range(_NUM_LAYERS)),
+              "relative_noise": DRAFT_NOISE, "seed": DRAFT_SEED,
+              "made_by": "tuner.measure.model.embedded_draft_dir"}
+    (tmp / "made_drafter.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    (tmp / "README.md").write_text(_DRAFT_README.format(**recipe, layers=len(recipe["kept_layers"]),
+                                                         total=_NUM_LAYERS))
+    os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+
+
+_DRAFT_README = """# A made drafter, not a trained one
+
+spec-tuner's embedded default target is {made_from}. No drafter trained for it is at hand
+offline, so spec-tuner makes one from the target itself: {layers} of its {total} layers are
+kept ({kept_layers}), and every weight matrix gets Gaussian noise of {relative_noise} times that
+matrix's RMS (seed {seed}), then the weights are stored in bf16. It shares the target's
+tokenizer, and its drafts are accepted often but not always, less often the further they run
+ahead, as a trained drafter's are; what it costs per forward is that of {layers} layers.
+
+Made by {made_by} (`python -m tuner.measure.model`); benchmarks/draft_candidates.py
+measured the candidates it was chosen from (benchmarks/data/cpu-draft).
+"""
 
 
 def embedded_tokenizer_dir() -> Path:
@@ -127,5 +222,6 @@ def _convert(gguf: Path, target: Path) -> None:
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
 
 
-if __name__ == "__main__":  # `python -m tuner.measure.model`: convert now (scripts/setup.sh does)
-    print(embedded_model_dir())
+if __name__ == "__main__":  # `python -m tuner.measure.model`: convert and make the drafter now
+    print(embedded_model_dir())  # (scripts/setup.sh does)
+    print(embedded_draft_dir())
