@@ -9,9 +9,10 @@ prompt are drafted in one pass: the drafts form a tree over the target's output,
 one cached forward per draft position and a mask that lets each branch see its own prefix only.
 
     .venv/bin/python benchmarks/draft_candidates.py [--prompts 16] [--output-len 64] [--k 6]
-        [--candidates skip12-21,...] [--json benchmarks/data/cpu-draft/candidates.json]
+        [--candidates skip2-5,...] [--json benchmarks/data/cpu-draft/candidates.json]
+        [--targets /tmp/targets.json]
 
-Candidates: `first8` keeps layers 0-7; `skipA-B` drops layers A..B; `alt` drops every other
+Candidates: `first8` keeps layers 0-7; `skipA-B` drops layers A..B (`skipA-B+C-D` two blocks); `alt` drops every other
 middle layer; `noiseX` adds Gaussian noise of X times each matrix's RMS; `intN` rounds every
 matrix to N bits per row (same cost as the target); `self` is the target itself (a check: 1.0).
 Cost is the share of the target's layers kept (embedding and LM head are the same for all).
@@ -45,7 +46,11 @@ def with_layers(target: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
 def perturbed(target: torch.nn.Module, *, relative_noise: float, seed: int) -> torch.nn.Module:
     """A copy of the target with Gaussian noise of `relative_noise` x each matrix's RMS added."""
     m = copy.deepcopy(target)
-    embedded.perturb(m, relative_noise=relative_noise, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in (p for p in m.parameters() if p.ndim == 2):
+            rms = p.pow(2).mean().sqrt()
+            p.add_(torch.randn(p.shape, generator=g) * rms * relative_noise)
     return m
 
 
@@ -67,9 +72,9 @@ def candidate(name: str, target: torch.nn.Module) -> tuple[torch.nn.Module, floa
     if name.startswith("first"):
         return with_layers(target, list(range(int(name[5:])))), \
             int(name[5:]) / NUM_LAYERS
-    if name.startswith("skip"):
-        lo, hi = (int(x) for x in name[4:].split("-"))
-        keep = [i for i in range(NUM_LAYERS) if not lo <= i <= hi]
+    if name.startswith("skip"):  # skipA-B, or skipA-B+C-D for two blocks
+        blocks = [tuple(int(x) for x in b.split("-")) for b in name[4:].split("+")]
+        keep = [i for i in range(NUM_LAYERS) if not any(lo <= i <= hi for lo, hi in blocks)]
         return with_layers(target, keep), len(keep) / NUM_LAYERS
     if name.startswith("alt"):  # alt or altA-B: drop every other layer of A..B
         lo, hi = (int(x) for x in name[3:].split("-")) if "-" in name else (6, 25)
@@ -141,6 +146,8 @@ def main() -> None:
     ap.add_argument("--check", action="store_true",
                     help="also draft one prompt's prefixes one by one and compare with the tree")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--targets", type=Path,
+                    help="a JSON file that keeps the target's greedy outputs between runs")
     args = ap.parse_args()
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
@@ -153,9 +160,16 @@ def main() -> None:
     prompts = workloads.load(spec, tokenizer=workloads.EMBEDDED_TOKENIZER).prompts
     t0 = time.time()
     pairs = []
+    stored = json.loads(args.targets.read_text()) if args.targets and args.targets.exists() \
+        else {}
     for p in prompts:
         ids = tok(p.prompt, add_special_tokens=False)["input_ids"]
-        pairs.append((ids, greedy(target, ids, args.output_len, tok.eos_token_id)))
+        key = f"{args.output_len}:{p.prompt}"
+        if key not in stored:
+            stored[key] = greedy(target, ids, args.output_len, tok.eos_token_id)
+        pairs.append((ids, stored[key]))
+    if args.targets:
+        args.targets.write_text(json.dumps(stored))
     print(f"target: {len(pairs)} prompts, {sum(len(o) for _, o in pairs)} tokens "
           f"({time.time() - t0:.0f} s)", file=sys.stderr)
     rows = []

@@ -25,12 +25,11 @@ from tuner.errors import ConfigError
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 _NUM_LAYERS = 30  # the embedded model's decoder layers
-# The embedded default's drafter, made (not trained) from the converted target: the layers it
-# keeps (None: all) and the Gaussian noise on its weights, relative to each matrix's RMS.
-# benchmarks/draft_candidates.py measured the candidates (benchmarks/data/cpu-draft).
-DRAFT_LAYERS: tuple[int, ...] | None = None
-DRAFT_NOISE = 0.1
-DRAFT_SEED = 0
+# The embedded default's drafter, made (not trained) from the converted target: the target
+# with the decoder layers DRAFT_SKIPPED dropped (self-speculative layer skipping). It shares the
+# target's tokenizer and costs 24/30 of its layers a forward; benchmarks/draft_candidates.py
+# measured it against the other candidates (benchmarks/data/cpu-draft).
+DRAFT_SKIPPED = range(2, 8)
 # The tokenizer shipped in the package; its tokenizer.json is stored xz-compressed (3.5 MB ->
 # 0.45 MB), so transformers and vLLM read it from embedded_tokenizer_dir() instead.
 EMBEDDED_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
@@ -56,7 +55,7 @@ def embedded_model_dir() -> Path:
 
 def embedded_draft_dir() -> Path:
     """Path of the embedded default's drafter, made from the converted model on first use
-    (DRAFT_LAYERS, DRAFT_NOISE): atomic and locked like the conversion."""
+    (the target without its layers DRAFT_SKIPPED): atomic and locked like the conversion."""
     target = cache_dir() / "models" / f"{EMBEDDED_NAME}-{draft_tag()}"
     if (target / "config.json").exists():
         return target
@@ -68,10 +67,15 @@ def embedded_draft_dir() -> Path:
     return target
 
 
+def draft_layers() -> list[int]:
+    """The target's layers the drafter keeps, in order."""
+    return [i for i in range(_NUM_LAYERS) if i not in DRAFT_SKIPPED]
+
+
 def draft_tag() -> str:
     """The drafter's name after its recipe, so a changed recipe never reads a stale copy."""
-    layers = "" if DRAFT_LAYERS is None else f"-{len(DRAFT_LAYERS)}of{_NUM_LAYERS}layers"
-    return f"draft{layers}-noise{DRAFT_NOISE:g}-seed{DRAFT_SEED}"
+    return (f"draft-{len(draft_layers())}of{_NUM_LAYERS}-skip"
+            f"{DRAFT_SKIPPED.start}-{DRAFT_SKIPPED.stop - 1}")
 
 
 def keep_layers(model: Any, keep: Sequence[int]) -> None:
@@ -86,20 +90,6 @@ def keep_layers(model: Any, keep: Sequence[int]) -> None:
     model.config.num_hidden_layers = len(keep)
 
 
-def perturb(model: Any, *, relative_noise: float, seed: int) -> None:
-    """Add Gaussian noise of `relative_noise` x each weight matrix's RMS to every matrix of
-    `model` (embeddings and projections; norms stay), drawn from `seed`."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):  # a fixed order: the same draws anywhere
-            if p.ndim == 2:
-                rms = p.float().pow(2).mean().sqrt()
-                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
-                p.copy_((p.float() + noise * rms * relative_noise).to(p.dtype))
-
-
 def _make_draft(source: Path, target: Path) -> None:
     import json
 
@@ -109,31 +99,29 @@ def _make_draft(source: Path, target: Path) -> None:
     print(f"Making the embedded default's drafter {target.name} (once) ...", file=sys.stderr)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    if DRAFT_LAYERS is not None:
-        keep_layers(model, DRAFT_LAYERS)
-    perturb(model, relative_noise=DRAFT_NOISE, seed=DRAFT_SEED)
-    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.bfloat16)
+    keep_layers(model, draft_layers())
+    model.save_pretrained(tmp, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(source / name, tmp / name)
     recipe = {"made_from": f"{EMBEDDED_HUB_ID} ({source.name})", "trained": False,
-              "kept_layers": list(DRAFT_LAYERS or range(_NUM_LAYERS)),
-              "relative_noise": DRAFT_NOISE, "seed": DRAFT_SEED,
+              "kept_layers": draft_layers(), "skipped_layers": list(DRAFT_SKIPPED),
               "made_by": "tuner.measure.model.embedded_draft_dir"}
     (tmp / "made_drafter.json").write_text(json.dumps(recipe, indent=1) + "\n")
-    (tmp / "README.md").write_text(_DRAFT_README.format(**recipe, layers=len(recipe["kept_layers"]),
-                                                         total=_NUM_LAYERS))
+    (tmp / "README.md").write_text(_DRAFT_README.format(
+        **recipe, layers=len(recipe["kept_layers"]), total=_NUM_LAYERS,
+        first=DRAFT_SKIPPED.start, last=DRAFT_SKIPPED.stop - 1))
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
 
 
 _DRAFT_README = """# A made drafter, not a trained one
 
 spec-tuner's embedded default target is {made_from}. No drafter trained for it is at hand
-offline, so spec-tuner makes one from the target itself: {layers} of its {total} layers are
-kept ({kept_layers}), and every weight matrix gets Gaussian noise of {relative_noise} times that
-matrix's RMS (seed {seed}), then the weights are stored in bf16. It shares the target's
-tokenizer, and its drafts are accepted often but not always, less often the further they run
-ahead, as a trained drafter's are; what it costs per forward is that of {layers} layers.
+offline, so spec-tuner makes one from the target itself by skipping layers (self-speculative
+layer skipping): it is the target without its decoder layers {first}-{last}, {layers} of its
+{total} layers, with the same weights, embeddings, LM head and tokenizer. Nothing was trained.
+Its drafts are accepted often but not always, less often the further they run ahead, as a
+trained drafter's are, and a forward costs {layers}/{total} of the target's layers.
 
 Made by {made_by} (`python -m tuner.measure.model`); benchmarks/draft_candidates.py
 measured the candidates it was chosen from (benchmarks/data/cpu-draft).
