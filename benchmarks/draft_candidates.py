@@ -148,7 +148,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--targets", type=Path,
                     help="a JSON file that keeps the target's greedy outputs between runs")
+    ap.add_argument("--table", type=Path, help="print a stored --json run as a table and stop")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
 
@@ -201,6 +205,18 @@ def main() -> None:
         args.json.write_text(json.dumps(
             {"prompts": args.prompts, "output_len": args.output_len, "seed": args.seed,
              "k": args.k, "dtype": "float32", "rows": rows}, indent=1) + "\n")
+
+
+def table(run: dict) -> str:
+    """A stored run as the markdown table docs/method.md quotes."""
+    k = run["k"]
+    lines = ["| candidate | layers kept | per-position acceptance, positions 1-"
+             f"{k} | acceptance length at K=4 |", "|---|---|---|---|"]
+    for row in run["rows"]:
+        lines.append(f"| `{row['candidate']}` | {round(row['cost_layers'] * NUM_LAYERS)}/"
+                     f"{NUM_LAYERS} | {' '.join(f'{x:.3f}' for x in row['per_position'])} | "
+                     f"{row['length_at_k']['4']:.2f} |")
+    return "\n".join(lines)
 
 
 def _check(drafter, ids, out, tree, k) -> None:

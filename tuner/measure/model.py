@@ -116,14 +116,17 @@ def _make_draft(source: Path, target: Path) -> None:
 
 _DRAFT_README = """# A made drafter, not a trained one
 
-spec-tuner's embedded default target is {made_from}. No drafter trained for it is at hand
-offline, so spec-tuner makes one from the target itself by skipping layers (self-speculative
-layer skipping): it is the target without its decoder layers {first}-{last}, {layers} of its
-{total} layers, with the same weights, embeddings, LM head and tokenizer. Nothing was trained.
-Its drafts are accepted often but not always, less often the further they run ahead, as a
-trained drafter's are, and a forward costs {layers}/{total} of the target's layers.
+The target: {made_from},
+spec-tuner's embedded default. No drafter trained for it is at hand offline, so spec-tuner
+makes one from the target itself by skipping layers (self-speculative layer skipping):
+the target without its decoder layers {first}-{last}, so {layers} of its {total} layers,
+with the same weights, embeddings, LM head and tokenizer. Nothing was trained.
 
-Made by {made_by} (`python -m tuner.measure.model`); benchmarks/draft_candidates.py
+Its drafts are accepted often but not always, less often the further they run ahead, as a
+trained drafter's are; a forward costs {layers}/{total} of the target's layers.
+
+Made by {made_by}
+(`python -m tuner.measure.model`, which scripts/setup.sh runs). benchmarks/draft_candidates.py
 measured the candidates it was chosen from (benchmarks/data/cpu-draft).
 """
 
