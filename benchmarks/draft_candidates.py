@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0,
+                    help="skip this many prompts first (`tuner bench` sends prompt 0 as its "
+                    "warm-up and measures from prompt 1)")
     ap.add_argument("--candidates", default="self,first20,skip12-21,skip10-21,alt,noise0.05,int4")
     ap.add_argument("--check", action="store_true",
                     help="also draft one prompt's prefixes one by one and compare with the tree")
@@ -159,9 +162,9 @@ def main() -> None:
     tok = workloads.load_tokenizer(workloads.EMBEDDED_TOKENIZER)
     target = AutoModelForCausalLM.from_pretrained(embedded.embedded_model_dir(),
                                                   dtype=torch.float32).eval()
-    spec = WorkloadSpec(name="instructcoder", num_prompts=args.prompts, seed=args.seed,
-                        output_len=args.output_len)
-    prompts = workloads.load(spec, tokenizer=workloads.EMBEDDED_TOKENIZER).prompts
+    spec = WorkloadSpec(name="instructcoder", num_prompts=args.first + args.prompts,
+                        seed=args.seed, output_len=args.output_len)
+    prompts = workloads.load(spec, tokenizer=workloads.EMBEDDED_TOKENIZER).prompts[args.first:]
     t0 = time.time()
     pairs = []
     stored = json.loads(args.targets.read_text()) if args.targets and args.targets.exists() \
@@ -203,7 +206,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(
-            {"prompts": args.prompts, "output_len": args.output_len, "seed": args.seed,
+            {"prompts": args.prompts, "first": args.first, "output_len": args.output_len, "seed": args.seed,
              "k": args.k, "dtype": "float32", "rows": rows}, indent=1) + "\n")
 
 
