@@ -129,6 +129,23 @@ def acceptance(drafts: torch.Tensor, out_ids: list[int], k: int) -> tuple[list[i
     return ok.sum(0).tolist(), n
 
 
+def steps(drafts: torch.Tensor, out_ids: list[int], k: int) -> list[int]:
+    """Per position, the accepted drafts as vLLM counts them at K=k: a draft at the first
+    decode step (after the prefill's token), then one after each verify, which advances by the
+    accepted drafts plus one; only drafts with k target tokens after them (the last element:
+    how many drafts)."""
+    counts, t = [0] * (k + 1), 1
+    while t + k <= len(out_ids):
+        ok = 0
+        while ok < k and int(drafts[t, ok]) == out_ids[t + ok]:
+            ok += 1
+        for i in range(ok):
+            counts[i] += 1
+        counts[k] += 1
+        t += ok + 1
+    return counts
+
+
 def greedy(target: torch.nn.Module, prompt_ids: list[int], n: int, eos: int) -> list[int]:
     with torch.no_grad():
         out = target.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False,
@@ -141,6 +158,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--k", type=int, default=6)
+    ap.add_argument("--steps-k", type=int, default=4,
+                    help="also walk the output as vLLM drafts at this K (steps start where the "
+                    "last verify ended) and count per position as its counters do")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--first", type=int, default=0,
                     help="skip this many prompts first (`tuner bench` sends prompt 0 as its "
@@ -184,6 +204,7 @@ def main() -> None:
         t0 = time.time()
         drafter, cost = candidate(name, target)
         counts, total = [0] * args.k, 0
+        walked = [0] * (args.steps_k + 1)
         for i, (ids, out) in enumerate(pairs):
             if len(out) <= args.k:
                 continue
@@ -192,17 +213,22 @@ def main() -> None:
                 _check(drafter, ids, out, d, args.k)
             c, n = acceptance(d, out, args.k)
             counts = [a + b for a, b in zip(counts, c, strict=True)]
+            walked = [a + b for a, b in zip(walked, steps(d, out, args.steps_k), strict=True)]
             total += n
         per_pos = [c / total for c in counts]
         row = {"candidate": name, "cost_layers": round(cost, 3), "prefixes": total,
                "per_position": [round(x, 4) for x in per_pos],
                "length_at_k": {str(k): round(1 + sum(per_pos[:k]), 3)
                                for k in range(1, args.k + 1)}}
+        row["steps"] = {"k": args.steps_k, "drafts": walked[-1],
+                        "per_position": [round(x / max(walked[-1], 1), 4) for x in walked[:-1]]}
         rows.append(row)
         print(f"{name:12s} cost {cost:.2f}  per pos "
               + " ".join(f"{x:.3f}" for x in per_pos)
               + f"  length@4 {row['length_at_k'].get('4', float('nan'))}"
-              f"  ({time.time() - t0:.0f} s)", flush=True)
+              + f"  steps at K={args.steps_k}: "
+              + " ".join(f"{x:.3f}" for x in row["steps"]["per_position"])
+              + f"  ({time.time() - t0:.0f} s)", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(
