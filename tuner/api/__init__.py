@@ -253,7 +253,7 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     from tuner.search import candidates, samplers
     from tuner.search import space as spaces
 
-    space = spaces.load(options.space_name)
+    space = drafted_space(spaces.load(options.space_name), engine, options.draft_model)
     refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
         raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
@@ -261,6 +261,39 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
+
+
+def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> Any:
+    """`space` with its drafter resolved: `draft_model` (--draft-model, checked against the
+    target's tokenizer) for every method that loads one; else, where the space names the
+    embedded default's made drafter (checks.EMBEDDED_DRAFT), that drafter's folder, built on
+    first use, which only the embedded default target may take."""
+    from tuner.measure import model as embedded
+    from tuner.measure import workloads
+
+    named = {m: p.get("model") for m, p in space.methods.items() if m in checks.NEEDS_MODEL}
+    if draft_model is not None:
+        if not named:
+            raise ConfigError(f"--draft-model: search space '{space.name}' has no method that "
+                              f"loads a drafter ({', '.join(sorted(checks.NEEDS_MODEL))}). Use "
+                              f"--space draft, or drop --draft-model.")
+        target = engine.tokenizer or engine.model
+        checks.draft_vocabulary(draft_model, workloads.vocabulary(draft_model, what="drafter"),
+                                workloads.vocabulary(target, what="target", config=engine.model),
+                                target_name=engine.model_name or engine.model)
+        return space.with_draft_model(draft_model)
+    if checks.EMBEDDED_DRAFT not in named.values():
+        return space
+    if not engine_cmdline.embedded_default(engine):
+        method = next(m for m, d in named.items() if d == checks.EMBEDDED_DRAFT)
+        name = engine.model_name or engine.model
+        raise ConfigError(
+            f"Search space '{space.name}': methods.{method}.model is {checks.EMBEDDED_DRAFT}, "
+            f"the drafter made for the embedded default model, and the target is {name}, "
+            f"whose tokenizer it does not share. Pass --draft-model PATH, a small model with "
+            f"{name}'s tokenizer.")
+    return space.with_draft_model(str(embedded.embedded_draft_dir()),
+                                  replacing=checks.EMBEDDED_DRAFT)
 
 
 def _create_study(plan: OptimizePlan, space: Any, wl: Workload,

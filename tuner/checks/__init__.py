@@ -2,7 +2,8 @@
 engine and the machine, one module per concern: `bounds` (numbers), `converters` (text),
 `files` (the output folder, a dataset, an acceptance profile), `engine` (the engine to launch,
 levels against it and the open-file limit), `spec_config` (speculative configs as vLLM takes
-them), `plans` (an options record resolved: the checks across options).
+them), `plans` (an options record resolved: the checks across options), `drafter` (a drafter of the
+user's own against the target).
 
 The CLI converts every option through a converter here as argparse parses it; the checks that
 need several options, the machine or the engine run when tuner.api resolves an options record
@@ -37,6 +38,13 @@ from tuner.checks.converters import (
     name_value_pairs,
     percentile_metrics,
     workload_name,
+)
+from tuner.checks.drafter import (
+    EMBEDDED_DRAFT,
+    VOCAB_PROBE,
+    Vocabulary,
+    draft_model_folder,
+    draft_vocabulary,
 )
 from tuner.checks.engine import (
     CPU_DEFAULT_ARGS,
@@ -79,6 +87,11 @@ from tuner.checks.spec_config import (
 )
 
 __all__ = [
+    "EMBEDDED_DRAFT",
+    "VOCAB_PROBE",
+    "Vocabulary",
+    "draft_model_folder",
+    "draft_vocabulary",
     "acceptance_profile",
     "aligned_baseline",
     "ALIGNED_MODES",

@@ -26,6 +26,11 @@ def _add_search(g: argparse._ArgumentGroup, names: dict[str, str]) -> None:
     g.add_argument("--space", default=_O.space_name,
                    help=f"built-in space ({names['spaces']}) "
                    "or the path of your YAML file")
+    g.add_argument("--draft-model", metavar="PATH", type=checks.draft_model_folder,
+                   help="the drafter of the space's draft_model method (for eagle/eagle3: the "
+                   "head) in place of the space's `model`; checked against the target's "
+                   "tokenizer before any launch (default: the space's; the draft space's is "
+                   "the embedded default's made drafter)")
     g.add_argument("--n-trials", type=checks.option("n_trials"), default=_O.n_trials,
                    help="total trials, resumes count")
     g.add_argument("--timeout", type=checks.option("timeout"),

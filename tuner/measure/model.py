@@ -14,7 +14,9 @@ import fcntl
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # The hub id lives in tuner.engine_cmdline (its verify command leaves --model out for the embedded
 # default, and commands may import no stage); re-exported for tuner.checks.
@@ -22,6 +24,12 @@ from tuner.engine_cmdline import EMBEDDED_HUB_ID as EMBEDDED_HUB_ID
 from tuner.errors import ConfigError
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
+_NUM_LAYERS = 30  # the embedded model's decoder layers
+# The embedded default's drafter, made (not trained) from the converted target: the target
+# with the decoder layers DRAFT_SKIPPED dropped (self-speculative layer skipping). It shares the
+# target's tokenizer and costs 24/30 of its layers a forward; benchmarks/draft_candidates.py
+# measured it against the other candidates (benchmarks/data/cpu-draft).
+DRAFT_SKIPPED = range(2, 8)
 # The tokenizer shipped in the package; its tokenizer.json is stored xz-compressed (3.5 MB ->
 # 0.45 MB), so transformers and vLLM read it from embedded_tokenizer_dir() instead.
 EMBEDDED_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / EMBEDDED_NAME
@@ -43,6 +51,84 @@ def embedded_model_dir() -> Path:
         if not (target / "config.json").exists():
             _convert(_gguf_path(), target)
     return target
+
+
+def embedded_draft_dir() -> Path:
+    """Path of the embedded default's drafter, made from the converted model on first use
+    (the target without its layers DRAFT_SKIPPED): atomic and locked like the conversion."""
+    target = cache_dir() / "models" / f"{EMBEDDED_NAME}-{draft_tag()}"
+    if (target / "config.json").exists():
+        return target
+    source = embedded_model_dir()
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            _make_draft(source, target)
+    return target
+
+
+def draft_layers() -> list[int]:
+    """The target's layers the drafter keeps, in order."""
+    return [i for i in range(_NUM_LAYERS) if i not in DRAFT_SKIPPED]
+
+
+def draft_tag() -> str:
+    """The drafter's name after its recipe, so a changed recipe never reads a stale copy."""
+    return (f"draft-{len(draft_layers())}of{_NUM_LAYERS}-skip"
+            f"{DRAFT_SKIPPED.start}-{DRAFT_SKIPPED.stop - 1}")
+
+
+def keep_layers(model: Any, keep: Sequence[int]) -> None:
+    """Make a Llama-style transformers model run only its decoder layers `keep`, in order."""
+    import torch
+
+    model.model.layers = torch.nn.ModuleList(model.model.layers[i] for i in keep)
+    for n, layer in enumerate(model.model.layers):
+        layer.self_attn.layer_idx = n  # the KV cache is indexed by it
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = [model.config.layer_types[i] for i in keep]
+    model.config.num_hidden_layers = len(keep)
+
+
+def _make_draft(source: Path, target: Path) -> None:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    print(f"Making the embedded default's drafter {target.name} (once) ...", file=sys.stderr)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.bfloat16)
+    keep_layers(model, draft_layers())
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp / name)
+    recipe = {"made_from": f"{EMBEDDED_HUB_ID} ({source.name})", "trained": False,
+              "kept_layers": draft_layers(), "skipped_layers": list(DRAFT_SKIPPED),
+              "made_by": "tuner.measure.model.embedded_draft_dir"}
+    (tmp / "made_drafter.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    (tmp / "README.md").write_text(_DRAFT_README.format(
+        **recipe, layers=len(recipe["kept_layers"]), total=_NUM_LAYERS,
+        first=DRAFT_SKIPPED.start, last=DRAFT_SKIPPED.stop - 1))
+    os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+
+
+_DRAFT_README = """# A made drafter, not a trained one
+
+The target: {made_from},
+spec-tuner's embedded default. No drafter trained for it is at hand offline, so spec-tuner
+makes one from the target itself by skipping layers (self-speculative layer skipping):
+the target without its decoder layers {first}-{last}, so {layers} of its {total} layers,
+with the same weights, embeddings, LM head and tokenizer. Nothing was trained.
+
+Its drafts are accepted often but not always, less often the further they run ahead, as a
+trained drafter's are; a forward costs {layers}/{total} of the target's layers.
+
+Made by {made_by}
+(`python -m tuner.measure.model`, which scripts/setup.sh runs). benchmarks/draft_candidates.py
+measured the candidates it was chosen from (benchmarks/data/cpu-draft).
+"""
 
 
 def embedded_tokenizer_dir() -> Path:
@@ -127,5 +213,6 @@ def _convert(gguf: Path, target: Path) -> None:
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
 
 
-if __name__ == "__main__":  # `python -m tuner.measure.model`: convert now (scripts/setup.sh does)
-    print(embedded_model_dir())
+if __name__ == "__main__":  # `python -m tuner.measure.model`: convert and make the drafter now
+    print(embedded_model_dir())  # (scripts/setup.sh does)
+    print(embedded_draft_dir())

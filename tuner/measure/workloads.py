@@ -141,6 +141,36 @@ def load_tokenizer(path: str | Path) -> Any:
                           ) from None
 
 
+def vocabulary(path: str, *, what: str, config: str | None = None) -> checks.Vocabulary:
+    """The vocabulary of the model at `path` (a folder or hub id) for comparing a drafter with
+    its target: `config`'s (default: `path`'s) config.json vocab_size where it is a local
+    folder, and the tokenizer's size and VOCAB_PROBE's ids where `path` has a tokenizer (a
+    local folder without tokenizer files, an EAGLE head, gives none). `what` names the model
+    in a message."""
+    folder = Path(config or path).expanduser()
+    vocab_size = None
+    if (folder / "config.json").is_file():
+        try:
+            vocab_size = json.loads((folder / "config.json").read_text()).get("vocab_size")
+        except (OSError, ValueError, AttributeError):
+            vocab_size = None
+    local = Path(path).expanduser()
+    if local.is_dir() and not any((local / f).exists() for f in _TOKENIZER_FILES):
+        return checks.Vocabulary(vocab_size=vocab_size if isinstance(vocab_size, int) else None)
+    try:
+        tok = load_tokenizer(path)
+    except ConfigError as e:
+        raise ConfigError(f"The {what} '{path}': {str(e).split(' Pass --tokenizer')[0]} Pass a "
+                          f"folder whose tokenizer files load with transformers.") from None
+    ids = tok(checks.VOCAB_PROBE, add_special_tokens=False)["input_ids"]
+    return checks.Vocabulary(vocab_size=vocab_size if isinstance(vocab_size, int) else None,
+                             tokens=len(tok), probe_ids=tuple(ids))
+
+
+# A folder holds a tokenizer when it has one of these (transformers' names).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 # --- readers ---------------------------------------------------------------------------------
 def read_rows(path: Path) -> list[dict]:
     """Rows of a .jsonl / .json (array) / .parquet file, the first two also xz-compressed

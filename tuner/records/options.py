@@ -187,6 +187,7 @@ class OptimizeOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     space_name: str = "default"
+    draft_model: str | None = None  # --draft-model; None: the space's own
     study_name: str | None = None  # None: WORKLOAD-MODEL
     out_dir: Path | None = None  # None: outputs/STUDY_NAME
     storage_url: str | None = None  # None: a journal in the study folder
@@ -218,7 +219,8 @@ class OptimizeOptions:
     def from_cli_args(cls, args: Namespace) -> OptimizeOptions:
         return cls(
             workload=_workload_from(args), engine=EngineOptions.from_cli_args(args),
-            settings=_measure_from(args), space_name=args.space, study_name=args.study_name,
+            settings=_measure_from(args), space_name=args.space, draft_model=args.draft_model,
+            study_name=args.study_name,
             out_dir=args.output_dir, storage_url=args.storage, n_trials=args.n_trials,
             timeout_s=args.timeout,
             # A sampler named on the command line is a request for the Optuna search.
