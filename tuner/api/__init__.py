@@ -263,6 +263,15 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
 
 
+def _with_drafter(space: Any, model: str, *, replacing: str | None = None) -> Any:
+    """`space` with `model` as the drafter (`model`) of every method that loads one; with
+    `replacing`, only of those that name that one."""
+    methods = {m: ({**p, "model": model} if m in checks.NEEDS_MODEL and
+                   (replacing is None or p.get("model") == replacing) else p)
+               for m, p in space.methods.items()}
+    return space.model_copy(update={"methods": methods})
+
+
 def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> Any:
     """`space` with its drafter resolved: `draft_model` (--draft-model, checked against the
     target's tokenizer) for every method that loads one; else, where the space names the
@@ -281,7 +290,7 @@ def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> An
         checks.draft_vocabulary(draft_model, workloads.vocabulary(draft_model, what="drafter"),
                                 workloads.vocabulary(target, what="target", config=engine.model),
                                 target_name=engine.model_name or engine.model)
-        return space.with_draft_model(draft_model)
+        return _with_drafter(space, draft_model)
     if checks.EMBEDDED_DRAFT not in named.values():
         return space
     if not engine_cmdline.embedded_default(engine):
@@ -292,7 +301,7 @@ def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> An
             f"the drafter made for the embedded default model, and the target is {name}, "
             f"whose tokenizer it does not share. Pass --draft-model PATH, a small model with "
             f"{name}'s tokenizer.")
-    return space.with_draft_model(str(embedded.embedded_draft_dir()),
+    return _with_drafter(space, str(embedded.embedded_draft_dir()),
                                   replacing=checks.EMBEDDED_DRAFT)
 
 

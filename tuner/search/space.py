@@ -165,14 +165,6 @@ class SearchSpace(BaseModel):
         return Point(method=method, values=tuple((k, values[k]) for k in searched),
                      engine=tuple((k, engine[k]) for k in knobs))
 
-    def with_draft_model(self, model: str, *, replacing: str | None = None) -> SearchSpace:
-        """The space with `model` as the drafter (`model`) of every method that loads one;
-        with `replacing`, only of those that name that one."""
-        methods = {m: ({**p, "model": model} if m in NEEDS_MODEL and
-                       (replacing is None or p.get("model") == replacing) else p)
-                   for m, p in self.methods.items()}
-        return self.model_copy(update={"methods": methods})
-
     def grid(self, limit: int = 100_000) -> list[Point]:
         """Every speculative candidate of a finite space (floats need `step`); the baseline is
         enqueued on its own."""
