@@ -112,3 +112,12 @@ def test_sampled_acceptance_analyze_gives_the_figures_method_md_quotes(tmp_path)
     assert "in 72 of 80 cases" in method and "held at temperature > 0: 72/80" in r.stdout
     assert "median error 3.1%, worst 17.0%" in method
     assert "|error| median 3.1%, max 17.0% over 80 rows" in r.stdout
+
+
+def test_drafter_k_analyze_gives_the_stored_predictions_again(tmp_path):
+    stored = BENCH / "data" / "cpu-drafter-k" / "skip2-7-8p-64t"
+    csv = tmp_path / "rows.csv"
+    r = run("benchmarks/drafter_k.py", "analyze", str(stored.relative_to(ROOT)), "--csv", str(csv))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == (stored / "analysis.txt").read_text()
+    assert csv.read_text() == (stored / "predicted_vs_measured.csv").read_text()
