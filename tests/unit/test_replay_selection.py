@@ -92,6 +92,8 @@ def test_a_launch_that_misses_the_forecast_moves_the_answer_to_the_launches():
     assert sel.rests_on == RestsOn.MEASURED and sel.speedup == 1.2
     assert sel.choice == Choice.UNDECIDED  # the launches' interval holds 1.00x
     assert "on the launches alone" in words.answer_text(sel)
+    assert "no number of launches" not in words.answer_text(sel)  # launches narrow it
+    assert "narrow the launches' interval" in words.answer_text(sel)
     # One launch each, no spread yet: no interval, and a repeat is what decides.
     bare = select(level, forecast.resample_counts(64, draws=300, seed=1), host=HOST,
                   checks=[_check("a", -0.5, missed=True)])

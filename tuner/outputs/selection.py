@@ -59,6 +59,9 @@ def decides_text(s: Selection) -> str:
     if s.undecided == Undecided.SAMPLE:
         return ("the workload prompts differ too much for the sample's size: a larger "
                 "--sample-prompts (or --dataset-path with more prompts) decides")
+    if s.rests_on == RestsOn.MEASURED and s.launches_to_decide is None:
+        return ("more launches of it and the baseline narrow the launches' interval "
+                "(a larger --n-trials, or tuner verify on fresh prompts)")
     if s.launches_to_decide is not None:
         return (f"about {s.launches_to_decide} more launch(es) of it and the baseline "
                 f"(--n-trials) decide")
