@@ -253,11 +253,14 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     from tuner.search import candidates, samplers
     from tuner.search import space as spaces
 
-    space = drafted_space(spaces.load(options.space_name), engine, options.draft_model)
+    # Whether the replay can run a space depends on its methods, not on its drafter: that
+    # refusal comes first, before the drafter is resolved against the target.
+    space = spaces.load(options.space_name)
     refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
         raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
+    space = drafted_space(space, engine, options.draft_model)
     samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
