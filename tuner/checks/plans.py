@@ -29,9 +29,10 @@ from tuner.records.options import BenchOptions, OptimizeOptions, OptimizePlan, P
 
 
 def check_requests(measure: MeasureSettings, num_prompts: int) -> None:
-    """Bound the requests one trial sends (all levels and warm-ups): each is a prompt prepared
-    in the driver up front and a record kept in memory and on disk."""
-    total = measure.pool_size(num_prompts)
+    """Bound the requests one trial sends (all levels and warm-ups, and the workload sample
+    the first baseline sends after them; not the prompts kept back for tuner verify): each is
+    a prompt prepared in the driver up front and a record kept in memory and on disk."""
+    total = measure.level_requests(num_prompts) + measure.sample_prompts
     if total > MAX_REQUESTS_PER_TRIAL:
         levels = ",".join(map(str, measure.concurrencies))
         raise ConfigError(

@@ -273,9 +273,13 @@ class MeasureSettings(Frozen):
         """Prompts needed so no level (nor its warm-up) repeats a prompt within one engine,
         with the workload sample and, beside it, as many again as the levels send: the
         sample never takes the prompts an out-of-sample check (`tuner verify`) needs."""
-        levels = sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
-                     for c in self.concurrencies)
+        levels = self.level_requests(num_prompts)
         return levels + self.sample_prompts + (levels if self.sample_prompts else 0)
+
+    def level_requests(self, num_prompts: int) -> int:
+        """Requests the levels send in one launch, warm-ups included."""
+        return sum(self.requests_for(c, num_prompts) + self.warmups_for(c)
+                   for c in self.concurrencies)
 
     def sample_concurrency(self) -> int:
         """The concurrency the workload sample is sent at: its tokens are all that is kept,

@@ -150,7 +150,8 @@ class SearchLoop:
         """Requests every launch sends, warm-ups included (the schedule's, or as it builds)."""
         if self.schedule is not None:
             return self.schedule.requests
-        return self.settings.pool_size(self.workload.spec.num_prompts)
+        return self.settings.level_requests(self.workload.spec.num_prompts) + \
+            self.settings.sample_prompts
 
     def done(self) -> int:
         """Trials toward --n-trials: completed and failed ones, repeats too where the running
