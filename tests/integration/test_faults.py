@@ -747,6 +747,10 @@ def test_real_engine_stopped_before_health_is_a_start_timeout_reaped_at_once(tmp
                             return
                 time.sleep(0.005)
 
+        # The launcher imports vLLM before the clock starts: on a loaded machine the import
+        # alone can take most of the limit, and the engine forked near its end would be
+        # stopped after teardown's SIGCONT (seen in CI: 45.9 s).
+        _warm_launcher(spec, tmp_path)
         thread = threading.Thread(target=stopper, daemon=True)
         thread.start()
         t0 = time.monotonic()
@@ -767,6 +771,20 @@ def test_real_engine_stopped_before_health_is_a_start_timeout_reaped_at_once(tmp
         assert kind == "engine_start_timeout"
         assert reap_s < TEARDOWN_GRACE_S / 2, f"teardown took {reap_s:.1f} s: no SIGCONT?"
         row.nothing_left(tag, pgids=(stopped["pgid"],))
+
+
+def _warm_launcher(spec, tmp_path: Path) -> None:
+    """Start the launcher an engine of `spec` would be forked from, and wait for its import."""
+    from tuner import engine_cmdline
+    from tuner.measure import engine
+
+    cmd, _ = engine.entry_point(spec)
+    argv = engine_cmdline.engine_argv(spec.model_copy(update={"vllm_cmd": cmd}), TrialConfig(),
+                                      port=0, api_key="unused")
+    assert engine.fast_start_applies(spec, argv), "the engine would not be forked"
+    with open(tmp_path / "launcher.log", "ab") as log:
+        la = launcher.launcher_for(argv[2], {**os.environ, **spec.env}, log=log)
+        assert la.wait_ready(timeout_s=600), "the launcher did not import vLLM in 600 s"
 
 
 def _engine_processes(tag: str, log: Path) -> list[str]:
