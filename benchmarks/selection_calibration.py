@@ -62,6 +62,7 @@ def _levels(recs: dict, checked: dict) -> list[dict]:
             "concurrency": c, "status": rec.get("status"), "choice": sel.get("choice"),
             "rests_on": sel.get("rests_on"), "pick": sel.get("subject") or rec.get("label"),
             "equivalent": sel.get("equivalent_total"),
+            "equivalent_labels": sel.get("equivalent") or [],
             "stated": sel.get("speedup", rec.get("speedup_throughput")), "lo": lo, "hi": hi,
             "width": hi / lo if lo and hi else None,
             "measured": check.get("measured_speedup"), "outcome": check.get("outcome")})
@@ -85,10 +86,13 @@ def _summary(runs: list[dict]) -> list[str]:
         covered = sum(r["outcome"] == "inside" for r in judged)
         choices = [r["choice"] for r in mine]
         common = max(set(choices), key=choices.count) if choices else None
+        agree, anchor = _same_decision(mine)
         widths = [r["width"] for r in mine if r["width"]]
         lines.append(f"c={c}: interval covers the out-of-sample speedup in {covered} of "
                      f"{len(judged)} runs; the same choice ({common}) in "
-                     f"{choices.count(common)} of {len(mine)}; median width "
+                     f"{choices.count(common)} of {len(mine)}; the same decision (that choice, "
+                     f"every pick within seed {anchor}'s equivalent set) in {agree} of "
+                     f"{len(mine)}; median width "
                      f"{_x(statistics.median(widths)) if widths else '-'} (hi/lo)")
     times = [r["study_s"] for r in runs if "study_s" in r]
     if times:
@@ -96,6 +100,20 @@ def _summary(runs: list[dict]) -> list[str]:
                      f"(range {min(times) / 60:.1f}-{max(times) / 60:.1f}), launches "
                      f"{[r.get('launches') for r in runs]}")
     return lines
+
+
+def _same_decision(rows: list[dict]) -> tuple[int, int | None]:
+    """The most runs that made one run's decision: the same choice and, where it is "on", a
+    pick inside that run's equivalent set (its pick and every config within the indifference
+    zone of it). Returns the count and the run it is counted against."""
+    best, anchor = 0, None
+    for a in rows:
+        chosen = {a["pick"], *a["equivalent_labels"]}
+        agree = sum(b["choice"] == a["choice"] and (a["choice"] != "on" or b["pick"] in chosen)
+                    for b in rows)
+        if agree > best:
+            best, anchor = agree, a["seed"]
+    return best, anchor
 
 
 def _x(v: float | None) -> str:

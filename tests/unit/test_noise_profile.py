@@ -41,3 +41,25 @@ def test_an_unreadable_profile_is_left_alone(tmp_path):
     assert npf.host_noise("m", 1, study="a", pool=intervals.Pool()) == npf.DEFAULT
     npf.record("m", 1, study="a", pool=intervals.Pool.of([[1.0, 1.1]]))
     assert npf.host_noise("m", 1, study="b", pool=intervals.Pool()).df == 1 + npf.DEFAULT.df
+
+
+def test_only_the_newest_studies_count(monkeypatch):
+    """A host that was loaded and is now quiet is judged by what it showed lately: the profile
+    pools its newest studies up to WINDOW_DF degrees of freedom and forgets the rest."""
+    clock = iter(range(1, 100))
+    monkeypatch.setattr(npf.time, "time", lambda: float(next(clock)))
+    loud = intervals.Pool.of([[100.0, 130.0, 80.0, 110.0, 95.0]])  # 4 df, ~20%
+    quiet = intervals.Pool.of([[100.0, 101.0, 99.0, 100.5, 100.2]])  # 4 df, ~1%
+    for n in range(npf.WINDOW_DF // 4):
+        npf.record("m", 1, study=f"loud-{n}", pool=loud)
+    for n in range(npf.WINDOW_DF // 4):
+        npf.record("m", 1, study=f"quiet-{n}", pool=quiet)
+    now = npf.host_noise("m", 1, study="new", pool=intervals.Pool())
+    assert now.df == npf.WINDOW_DF + npf.DEFAULT.df
+    assert now.sd == pytest.approx(((npf.WINDOW_DF * quiet.sd ** 2
+                                     + npf.DEFAULT.df * 0.05 ** 2)
+                                    / (npf.WINDOW_DF + npf.DEFAULT.df)) ** 0.5)
+    assert now.sd < 0.05 < loud.sd
+    kept = npf._read("m")["studies"]
+    # The file keeps what the newest study's window reaches (its own entry aside): one loud one.
+    assert sum(name.startswith("loud") for name in kept) == 1, "older entries are dropped"

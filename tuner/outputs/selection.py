@@ -42,11 +42,15 @@ def basis_text(s: Selection) -> str:
             f"{s.residuals} out-of-fit launch(es) and the {noise}")
 
 
+EQUIVALENT_SHOWN = 4  # labels of the equivalent set a sentence names (the record keeps all)
+
+
 def equivalent_text(s: Selection) -> str:
     if not s.equivalent_total:
         return ""
-    more = s.equivalent_total - len(s.equivalent)
-    names = ", ".join(s.equivalent) + (f" and {more} more" if more > 0 else "")
+    shown = s.equivalent[:EQUIVALENT_SHOWN]
+    more = s.equivalent_total - len(shown)
+    names = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
     return (f"{s.equivalent_total} other config(s) within {intervals.percent(s.indifference)} "
             f"of it are the same choice: {names}")
 

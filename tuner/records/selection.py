@@ -81,8 +81,8 @@ class Selection(Frozen):
     hi: float | None
     confidence: float
     indifference: float  # the zone, a fraction (0.03: configs within 3% are one choice)
-    equivalent: tuple[str, ...] = ()  # labels, best first, the subject's own left out
-    equivalent_total: int = 0  # how many there are (the labels may be cut short)
+    equivalent: tuple[str, ...] = ()  # every label, best first, the subject's own left out
+    equivalent_total: int = 0  # how many there are (records before 2026-12-07 kept 4 labels)
     sample_prompts: int = 0
     sample_sd: float = 0.0  # bootstrap SD of log speedup over the sample's prompts
     cost_sd: float = 0.0  # the step-cost model's error, log SD

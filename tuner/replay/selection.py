@@ -45,7 +45,6 @@ from tuner.records.selection import (
 )
 from tuner.replay.forecast import LevelForecast
 
-EQUIVALENT_SHOWN = 4  # labels kept of the equivalent set (its size is kept whole)
 MAX_PRIOR_DF = 30  # the host's spread as a prior counts as at most this many residuals
 MAX_MORE_LAUNCHES = 20  # beyond this an undecided level is not worth estimating launches for
 # The step-cost model's own error where its launches show nothing yet, log SD: the median
@@ -141,7 +140,7 @@ def select(level: LevelForecast, counts: np.ndarray, *, host: HostNoise, confide
     fig = dict(
         concurrency=level.concurrency, subject=label, subject_key=key,
         confidence=confidence, indifference=indifference,
-        equivalent=tuple(equivalent[:EQUIVALENT_SHOWN]), equivalent_total=len(equivalent),
+        equivalent=tuple(equivalent), equivalent_total=len(equivalent),
         sample_prompts=level.requests, sample_sd=sample_sd, cost_sd=cost_sd, cost_df=cost_df,
         residuals=len(residuals), host=host,
         launched=key in tried,
