@@ -1,5 +1,5 @@
 """The K axis of a model-based drafter from one launch, on the fake engine simulating a drafter
-(tuner.testing.fake_engine's drafter_rates: geometric per-position acceptance, drawn per draft;
+(tuner.testing.fake_engine's drafter_rates: a geometric agreement, drawn per correction;
 the drafter's cost per step and per drafted position): one launch at K_max predicts acceptance
 at every smaller K within the accuracy its counts give, and a second launch at K=1 prices
 the other K's throughput within THROUGHPUT_TOLERANCE_PCT of launches at them, the step cost

@@ -2,15 +2,25 @@
 level, from one launch at the largest K (tuner.records.drafter_k).
 
 Acceptance. An autoregressive drafter at temperature 0 drafts position i from the context
-and positions before i alone, so a draft of K tokens is the first K tokens of the draft of
-K_max, and it is accepted at position i exactly when the longer one is. vLLM counts drafts
-accepted at each position (vllm:spec_decode_num_accepted_tokens_per_pos); over drafts they
-are r_1 >= r_2 >= ..., and the acceptance length at K is 1 + sum_{i<=K} r_i. Its standard
-error comes from the counts: the accepted count A capped at K has P(A >= i) = r_i, so
-E[A^2] = sum (2i - 1) r_i, and the mean over D drafts has variance Var(A) / D. What this
-leaves out (the steps of a launch at K start at other positions than K_max's) is measured
-(docs/accuracy.md), not assumed away: the stated accuracy is the larger of
-ACCEPTANCE_FLOOR_PCT and Z standard errors of the difference.
+and positions before i alone, and the target's tokens are the same at every K, so at every
+position t of the output the drafter agrees with the target for a length L(t) that does not
+depend on K, and L(t+1) = L(t) - 1 while L(t) > 0. The output falls into segments: one starts
+where the drafter has just been corrected, with a fresh agreement length l, and holds l + 1
+tokens (the agreed ones and the correction). A launch at K steps through a segment in
+ceil((l + 1) / (K + 1)) steps, its later steps starting inside the segment where the drafter
+still agrees; so the acceptance length at K is tokens over steps, E[l + 1] / E[ceil((l + 1) /
+(K + 1))] over segments, not 1 + the first K per-position rates of the launch at K_max (which
+would start every step afresh and fall 1-4% short: benchmarks/data/cpu-drafter-k). vLLM
+counts drafts accepted at each position (vllm:spec_decode_num_accepted_tokens_per_pos); over
+the K_max launch's drafts they are r_1 >= r_2 >= ... >= r_K. Beyond K_max the agreement is
+taken to go on at the last position's conditional rate rho = r_K / r_{K-1}; a share rho r_K of
+that launch's steps then continue a segment, and the rest start one, which gives the fresh
+agreement's survival u_i = (r_i - rho r_K rho^i) / (1 - rho r_K) (segment_survival). At
+K = K_max it returns 1 + the sum of the rates, as measured. The standard error comes from the
+counts: the accepted count of the K_max launch's drafts is multinomial over 0..K_max, and the
+length a smooth function of its shares (delta method). What this leaves out (segments cut by
+a request's end, a tail that is not geometric) is measured (docs/accuracy.md): the stated
+accuracy is the larger of ACCEPTANCE_FLOOR_PCT and Z standard errors of the difference.
 
 Cost. Per level, a speculative step costs step(K) = base + fixed + per_token x K (the step is
 the decode time per token times 1 + accepted): base is the baseline's, per_token holds the
@@ -44,18 +54,83 @@ PATH_CALIBRATED = ("drafter K axis: step = baseline + fixed + per-token x K, fit
                    "at two K")
 
 
+RHO_MAX = 0.99  # the tail's conditional rate at most (a drafter that never stops agreeing)
+DRAFTER_MAX_AGREEMENT = 10_000  # the longest agreement the error's sum runs over
+
+
+def segment_survival(per_position: Sequence[float]) -> tuple[np.ndarray, float]:
+    """(u_0..u_n, rho): the survival P(l >= i) of a segment's fresh agreement length l, u_0 = 1,
+    from the per-position rates of a launch at K = n, and the tail's rate beyond n."""
+    r = np.clip(np.asarray(per_position, dtype=float), 0.0, 1.0)
+    before = r[-2] if len(r) >= 2 else 1.0
+    rho = min(float(r[-1] / before), RHO_MAX) if before > 0 else 0.0
+    cont = rho * float(r[-1])  # the launch's steps that go on inside a segment
+    u = (r - cont * rho ** np.arange(1, len(r) + 1)) / (1.0 - cont)
+    u = np.minimum.accumulate(np.clip(u, 0.0, 1.0))
+    return np.concatenate([[1.0], u]), rho
+
+
+def rates_at(per_position: Sequence[float], k: int) -> tuple[float, ...]:
+    """The per-position rates a launch at K = k would count (accepted at position i over its
+    drafts), from the rates of a launch at K = len(per_position) >= k. Raises ValueError for
+    k beyond the rates."""
+    n = len(per_position)
+    if k < 1 or k > n:
+        raise ValueError(f"K={k} outside the launched positions 1-{n}")
+    if k == n:
+        return tuple(float(x) for x in per_position)
+    u, rho = segment_survival(per_position)
+
+    def survival(i: int) -> float:
+        return float(u[i]) if i <= n else float(u[n]) * rho ** (i - n)
+
+    # A segment of fresh agreement l takes steps at offsets 0, k+1, 2(k+1), ...; the step at
+    # offset o accepts at position i when l - o >= i.
+    steps = 0.0
+    tail = np.zeros(k)
+    m = 0
+    while True:
+        start = m * (k + 1)
+        first = survival(start)
+        if first < 1e-12:
+            break
+        steps += first
+        tail += [survival(start + i) for i in range(1, k + 1)]
+        m += 1
+    accepted = tail / steps
+    return tuple(float(x) for x in accepted)
+
+
 def acceptance_at(per_position: Sequence[float], k: int, drafts: float
                   ) -> tuple[float, float]:
     """(acceptance length, its standard error) at K = k from per-position rates measured
-    over `drafts` drafts at K >= k. Raises ValueError for k beyond the rates."""
-    if k < 1 or k > len(per_position):
-        raise ValueError(f"K={k} outside the launched positions 1-{len(per_position)}")
-    r = np.asarray(per_position[:k], dtype=float)
-    mean = float(r.sum())
-    second = float(((2 * np.arange(1, k + 1) - 1) * r).sum())
-    var = max(second - mean * mean, 0.0)
-    se = math.sqrt(var / drafts) if drafts > 0 else math.inf
-    return 1.0 + mean, se
+    over `drafts` drafts at K = len(per_position) >= k. Raises ValueError for k beyond the
+    rates. The error counts segments, not drafts, as the independent draws: a draft that
+    goes on inside the last one's agreement is not a new draw (delta method over the
+    segments' agreement lengths, as segment_survival gives them)."""
+    n = len(per_position)
+    length = 1.0 + sum(rates_at(per_position, k))
+    if drafts <= 0:
+        return length, math.inf
+    rates = np.asarray(per_position, dtype=float)
+    eps = 1e-6
+    grad = np.array([(1.0 + sum(rates_at(rates + eps * np.eye(n)[i], k)) - length) / eps
+                     for i in range(n)])
+    # Per segment of fresh agreement l, the K = n launch drafts d(l) times and accepts
+    # position i in c_i(l) of them; the rates are sum c_i / sum d over its segments.
+    u, rho = segment_survival(per_position)
+    last = n
+    while last < DRAFTER_MAX_AGREEMENT and float(u[n]) * rho ** (last - n) > 1e-12:
+        last += 1
+    survival = np.concatenate([u, float(u[n]) * rho ** np.arange(1, last - n + 2)])
+    share = survival[:-1] - survival[1:]  # P(l) for l = 0..last
+    lengths = np.arange(len(share))
+    d = lengths // (n + 1) + 1
+    c = np.stack([np.where(lengths >= i, (lengths - i) // (n + 1) + 1, 0)
+                  for i in range(1, n + 1)])
+    z = grad @ (c - rates[:, None] * d)
+    var = float(share @ z ** 2) / (drafts * float(share @ d))
+    return length, math.sqrt(max(var, 0.0))
 
 
 def fit_cost(concurrency: int, base_step_ms: float, steps: Sequence[tuple[int, float]], *,
@@ -136,7 +211,7 @@ def _point(cfg: TrialConfig, k: int, src: KLevel, base: KLevel, cost: DrafterCos
         meas_se = acceptance_at(meas.per_position, k, meas.drafts)[1]
     spread = math.hypot(se, meas_se if meas_se is not None else se)
     accuracy = max(ACCEPTANCE_FLOOR_PCT, 100.0 * Z * spread / length)
-    point = KPoint(concurrency=c, k=k, key=cfg.key(), per_position=tuple(src.per_position[:k]),
+    point = KPoint(concurrency=c, k=k, key=cfg.key(), per_position=rates_at(src.per_position, k),
                    acceptance_length=length, acceptance_length_se=se,
                    acceptance_accuracy_pct=accuracy,
                    throughput_accuracy_pct=THROUGHPUT_ACCURACY_PCT, source=source,

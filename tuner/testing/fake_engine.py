@@ -50,6 +50,8 @@ EOS_ID = 2  # the embedded SmolLM2-Instruct's <|im_end|>: an output that stopped
 # K where vLLM would take it from the draft model's config (EAGLE, MTP: TrialConfig.k is None),
 # which the fake has none of.
 FAKE_K_WHERE_VLLM_READS_THE_DRAFT_MODEL = 1
+# The longest agreement a simulated drafter draws (drafter_rates of 1.0 would never stop).
+DRAFTER_MAX_AGREEMENT = 10_000
 
 
 class FakeScript(BaseModel):
@@ -84,12 +86,15 @@ class FakeScript(BaseModel):
     # 1 + K * accept_rate tokens. So speculation pays at low load and stops paying above it.
     load_per_seq: float = Field(0.0, ge=0)
     verify_cost_per_token: float = Field(0.0, ge=0)
-    # A model-based drafter (draft_model, EAGLE, MTP), simulated: drafter_rates[i] is the rate
-    # at which draft position i+1 is accepted (vLLM's per-position rate, accepted at i over
-    # drafts: non-increasing; positions past the list accept none). Each draft's accepted
-    # count is drawn (seeded by drafter_seed and K), so the counters spread as a real
-    # engine's do, and a step yields 1 + sum of the first K rates tokens on average. Where
-    # set it replaces accept_rate. Under the load model the drafter's cost is added to each
+    # A model-based drafter (draft_model, EAGLE, MTP) at temperature 0, simulated: where the
+    # drafter was just corrected it agrees with the target for a drawn length l, with
+    # P(l >= i) = drafter_rates[i-1] (non-increasing), beyond the list at the last one's
+    # conditional rate (rates[-1] / rates[-2]). The agreement carries over steps as a real
+    # drafter's does: a step at K accepts min(l, K), and where l > K the next step starts
+    # inside the agreement with l - K - 1 left (tuner.replay.drafter_k). Each request's
+    # lengths are drawn (seeded by drafter_seed and K), so the counters spread as a real
+    # engine's do; a step yields 1 + expected_accepted(K) tokens on average. Where set it
+    # replaces accept_rate. Under the load model the drafter's cost is added to each
     # speculative step: drafter_ms_per_step, plus drafter_ms_per_token per drafted position.
     drafter_rates: tuple[float, ...] | None = None
     drafter_seed: int = 0
@@ -123,10 +128,22 @@ class FakeScript(BaseModel):
                     or self.drafter_ms_per_token or self.drafter_ms_per_step)
 
     def expected_accepted(self, k: int) -> float:
-        """Draft tokens a step of K = k accepts on average."""
-        if self.drafter_rates is not None:
-            return float(sum(self.drafter_rates[:k]))
-        return k * self.accept_rate
+        """Draft tokens a step of K = k accepts on average: with a drafter, the agreement's
+        tokens over the steps it takes at K, less the one token every step adds."""
+        if self.drafter_rates is None:
+            return k * self.accept_rate
+        survival = [1.0, *self.drafter_rates]
+        rho = self.drafter_tail()
+        while survival[-1] > 1e-12 and len(survival) < DRAFTER_MAX_AGREEMENT:
+            survival.append(survival[-1] * rho)
+        steps = sum(survival[::k + 1])
+        return sum(survival) / steps - 1.0
+
+    def drafter_tail(self) -> float:
+        """The agreement's conditional rate beyond drafter_rates."""
+        rates = self.drafter_rates or (0.0,)
+        before = rates[-2] if len(rates) > 1 else 1.0
+        return rates[-1] / before if before > 0 else 0.0
 
 
 # The fake runs as `python -m tuner.testing.fake_engine` in a child process; this package must
@@ -193,6 +210,8 @@ class _State:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     accepted_per_pos: list[int] = field(default_factory=list)  # drafter_rates' drawn counts
+    # request number -> the agreement left where its next step starts (absent: a fresh one)
+    agreement: dict[int, int] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     lag_sum_s: float = 0.0
     lag_count: int = 0
@@ -541,24 +560,38 @@ class _Pace:
         return self.deadline
 
 
-def _count_chunk(state: _State, i: int, k: int, deadline: float) -> None:
-    """vLLM's spec-decode counters for a chunk after the first, and how late it was written."""
+def _count_chunk(state: _State, number: int, i: int, k: int, deadline: float) -> None:
+    """vLLM's spec-decode counters for a chunk after the first of request `number`, and how
+    late it was written."""
     if i > 0 and k:
         state.drafts += 1
         state.draft_tokens += k
-        rates = state.script.drafter_rates
-        if rates is None:
+        if state.script.drafter_rates is None:
             state.accepted += k * state.script.accept_rate
             return _lag(state, deadline)
-        accepted, before = 0, 1.0
-        for rate in rates[:k]:  # position i+1 is accepted, given i was, at r_{i+1} / r_i
-            if rate <= 0 or state.rng.random() >= rate / before:
-                break
-            accepted, before = accepted + 1, rate
+        left = state.agreement.pop(number, None)
+        if left is None:
+            left = _fresh_agreement(state.script, state.rng)
+        accepted = min(left, k)
+        if left > k:  # the bonus token agreed too: the next step starts inside the agreement
+            state.agreement[number] = left - k - 1
         state.accepted += accepted
         for pos in range(accepted):
             state.accepted_per_pos[pos] += 1
     _lag(state, deadline)
+
+
+def _fresh_agreement(script: FakeScript, rng: random.Random) -> int:
+    """A drawn agreement length where the drafter was just corrected (FakeScript.drafter_rates)."""
+    length, before = 0, 1.0
+    for rate in script.drafter_rates or ():  # l >= i+1, given l >= i, at r_{i+1} / r_i
+        if rate <= 0 or rng.random() >= rate / before:
+            return length
+        length, before = length + 1, rate
+    rho = script.drafter_tail()
+    while length < DRAFTER_MAX_AGREEMENT and rng.random() < rho:
+        length += 1
+    return length
 
 
 def _lag(state: _State, deadline: float) -> None:
@@ -589,7 +622,7 @@ async def _stream(resp: web.StreamResponse, state: _State, req: _Request, *,
             return
         start = ends[i - 1] + 1 if i else 0
         text = done.text(start, end)
-        _count_chunk(state, i, pace.k, deadline)
+        _count_chunk(state, number, i, pace.k, deadline)
         if done.stream:
             await resp.write(done.chunk(i, start, text))
             if i == 0:
@@ -597,6 +630,7 @@ async def _stream(resp: web.StreamResponse, state: _State, req: _Request, *,
         else:
             texts.append(text)
     served.tokens = len(done.output_ids)
+    state.agreement.pop(number, None)
     await resp.write(done.closing(texts))
 
 
