@@ -35,7 +35,7 @@ from tuner.measure.client_processes import client_processes
 from tuner.measure.engine import Engine
 from tuner.records.configs import EngineSpec, Prompt, TrialConfig
 from tuner.records.results import LevelMetrics, SpecDecodeCounts
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing.fake_script import SCRIPT_ENV
 
 ROOT = Path(tuner.__file__).resolve().parent.parent  # the fake engine child imports this tuner
 

@@ -17,7 +17,7 @@ import pytest
 from tuner.measure import loadgen_clock
 from tuner.measure.engine import Engine
 from tuner.records.configs import EngineSpec, Prompt, TrialConfig
-from tuner.testing import fake_engine as _fake
+from tuner.testing import fake_script as _fake
 from tuner.testing.fake_clock import VirtualClock
 
 # What a child process needs to import this checkout (tests that start Python themselves).

@@ -21,7 +21,7 @@ from tuner.records.options import OptimizeOptions
 from tuner.records.storage import STUDY_ATTR
 from tuner.search import study as st
 from tuner.testing.fake_clock import VirtualClock
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing.fake_script import SCRIPT_ENV
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)
 # Speculation pays on this fake engine: a step yields 1 + K * 0.6 tokens at almost no cost.
