@@ -157,7 +157,7 @@ def test_no_wait_outlives_the_level_deadline_even_without_a_cancellation() -> No
     t0 = time.perf_counter()
     try:
         with pytest.raises(asyncio.TimeoutError):
-            level = load_level.Level(
+            level = load_level.LoadLevel(
                 url=url, settings=load_level.RequestSettings(model="m", api_key="k",
                                                           request_timeout_s=600.0),
                 concurrency=2, warmup=False, origin_s=None, deadline=t0 + 0.5)

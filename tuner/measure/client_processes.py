@@ -25,7 +25,7 @@ from tuner.errors import MeasurementFailed
 from tuner.measure import loadgen_clock
 from tuner.measure.closed_loop import closed_loop
 from tuner.measure.http_client import CONNECT_TIMEOUT_S
-from tuner.measure.load_level import Level
+from tuner.measure.load_level import LoadLevel
 from tuner.records.configs import Prompt
 from tuner.records.results import RequestRecord
 
@@ -56,7 +56,7 @@ class _Shared:
     results: Any
 
 
-def run_sharded(level: Level, prompts: list[Prompt], *, processes: int, slots: int,
+def run_sharded(level: LoadLevel, prompts: list[Prompt], *, processes: int, slots: int,
                 on_done: Callable[[RequestRecord], None] | None
                 ) -> tuple[list[RequestRecord], float]:
     """The closed loop over `processes` child processes, each with its own event loop and a
@@ -87,7 +87,7 @@ class _ShardDriver:
     """The driver's side of run_sharded: it starts the level's clock once every child is
     ready, and gathers their records until each says it is done."""
 
-    def __init__(self, level: Level, shared: _Shared, workers: list,
+    def __init__(self, level: LoadLevel, shared: _Shared, workers: list,
                  on_done: Callable[[RequestRecord], None] | None) -> None:
         self.level, self.shared, self.workers, self.on_done = level, shared, workers, on_done
         self.records: list[RequestRecord] = []
@@ -152,7 +152,7 @@ def _reap(workers: list) -> None:
             w.join()
 
 
-def _shard(shard: int, slots: int, shared: _Shared, level: Level, prompts: list[Prompt],
+def _shard(shard: int, slots: int, shared: _Shared, level: LoadLevel, prompts: list[Prompt],
            driver_pid: int) -> None:
     """One client process of run_sharded: `slots` places of the closed loop."""
     # The driver ends its children; a Ctrl-C at a terminal reaches the whole process group,

@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 
 from tuner.measure import completion_request, loadgen_clock
 from tuner.measure.http_client import Slot, Target, wait_within
-from tuner.measure.load_level import Level
+from tuner.measure.load_level import LoadLevel
 from tuner.records.configs import Prompt
 from tuner.records.results import RequestRecord
 
 
-async def closed_loop(level: Level, prompts: Sequence[Prompt], *,
+async def closed_loop(level: LoadLevel, prompts: Sequence[Prompt], *,
                      on_done: Callable[[RequestRecord], None] | None,
                      slots: int | None = None, claim=None, start=None
                      ) -> tuple[list[RequestRecord], float]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from tuner.measure.http_client import Slot, Target
-from tuner.measure.load_level import Level, RequestSettings
+from tuner.measure.load_level import LoadLevel, RequestSettings
 from tuner.records.configs import Prompt
 from tuner.records.results import RequestRecord
 
 
-async def send(level: Level, target: Target, slot: Slot, index: int, prompt: Prompt,
+async def send(level: LoadLevel, target: Target, slot: Slot, index: int, prompt: Prompt,
                *, origin: float) -> RequestRecord:
     """Send one prompt on `slot` and record how it went."""
     settings = level.settings

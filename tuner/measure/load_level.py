@@ -2,8 +2,9 @@
 
 RequestSettings is what a caller asks of a level (the served model, the sampling, the time
 limits, and a request rate for open-loop arrivals); poisson_arrivals draws the arrival times
-as `vllm bench serve --request-rate` does; Level is one level as the load generator's loops
-run it (tuner.measure.closed_loop, in one process or several: tuner.measure.client_processes).
+as `vllm bench serve --request-rate` does; LoadLevel is one level as the load generator's
+loops run it (tuner.measure.closed_loop, in one process or several:
+tuner.measure.client_processes).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class RequestSettings:
 
 
 @dataclass(frozen=True)
-class Level:
+class LoadLevel:
     """One level as each client process runs it: where requests go, what they send, whether
     they are warm-up, the clock their start_s count on and when the level must have ended."""
 

@@ -30,7 +30,7 @@ from tuner.errors import MeasurementFailed
 from tuner.measure import loadgen_clock
 from tuner.measure.client_processes import client_processes, run_sharded
 from tuner.measure.closed_loop import closed_loop
-from tuner.measure.load_level import Level, RequestSettings, poisson_arrivals
+from tuner.measure.load_level import LoadLevel, RequestSettings, poisson_arrivals
 from tuner.records.configs import Prompt
 from tuner.records.results import RequestRecord
 
@@ -62,9 +62,9 @@ def run_requests(
     timeout_s = settings.level_timeout_s
     arrivals = (None if settings.request_rate is None else
                 poisson_arrivals(len(prompts), settings.request_rate, settings.arrival_seed))
-    level = Level(url=url, settings=settings, concurrency=concurrency, warmup=warmup,
-                  origin_s=origin_s, deadline=clock.now() + timeout_s,
-                  arrivals=arrivals, clock=clock)
+    level = LoadLevel(url=url, settings=settings, concurrency=concurrency, warmup=warmup,
+                      origin_s=origin_s, deadline=clock.now() + timeout_s,
+                      arrivals=arrivals, clock=clock)
     slots = max(1, min(concurrency, len(prompts)))
     processes = min(slots, processes or client_processes(slots))
     try:

@@ -67,7 +67,7 @@ def per_position_plot(
                             "per-position acceptance counts.")
         return []
     ranked = spec.assign(speedup_throughput=spec["speedup_throughput"].fillna(0))
-    leaders = figures.leaders(ranked, top_n=top_n, recommendations=recommendations)
+    leaders = figures.leading_configs(ranked, top_n=top_n, recommendations=recommendations)
     rows = []
     for _, r in spec[spec["config_key"].isin(leaders)].drop_duplicates(
             ["config_key", "concurrency"]).iterrows():

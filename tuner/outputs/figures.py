@@ -102,8 +102,8 @@ def note(notes: list[str] | None, text: str) -> None:
         notes.append(text)
 
 
-def leaders(spec: pd.DataFrame, *, top_n: int,
-            recommendations: Sequence[Recommendation]) -> list[str]:
+def leading_configs(spec: pd.DataFrame, *, top_n: int,
+                    recommendations: Sequence[Recommendation]) -> list[str]:
     """The leading configs' keys, at most `top_n` unless more are recommended: the
     recommended ones first, then by best speedup over any level."""
     keys: list[str] = []

@@ -34,7 +34,7 @@ def speedup_plot(
         figures.note(notes, "Speedup vs concurrency: needs a baseline and at least one "
                             "completed speculative trial at the same concurrency.")
         return []
-    leaders = figures.leaders(spec, top_n=top_n, recommendations=recommendations)
+    leaders = figures.leading_configs(spec, top_n=top_n, recommendations=recommendations)
     data = spec[spec["config_key"].isin(leaders)].drop_duplicates(["config_key", "concurrency"])
     data = data.assign(config=data["label"].map(lambda s: figures.wrap(s, 30)))
     order = [data.loc[data["config_key"] == k, "config"].iloc[0] for k in leaders]
