@@ -30,11 +30,12 @@ from pathlib import Path
 import aiohttp
 
 import tuner
-from tuner.measure import loadgen, metrics
+from tuner.measure import load_level, loadgen, metrics
+from tuner.measure.client_processes import client_processes
 from tuner.measure.engine import Engine
 from tuner.records.configs import EngineSpec, Prompt, TrialConfig
 from tuner.records.results import LevelMetrics, SpecDecodeCounts
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing.fake_script import SCRIPT_ENV
 
 ROOT = Path(tuner.__file__).resolve().parent.parent  # the fake engine child imports this tuner
 
@@ -62,7 +63,7 @@ def measure_level(eng: Engine, c: int, *, output_tokens: int, spread: float,
     """One level as a trial runs it: c short warm-up requests, then max(16, 3c) measured."""
     n = max(16, 3 * c)
     common = dict(concurrency=c, processes=processes)
-    settings = loadgen.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
+    settings = load_level.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
                                        request_timeout_s=60.0, level_timeout_s=600.0)
     warm = [Prompt(prompt=PROMPT, prompt_len=32, output_len=4)] * c
     loadgen.run_requests(eng.url, warm, settings, warmup=True, **common)
@@ -139,7 +140,7 @@ def run_scenario(args: argparse.Namespace, *, tokens_per_chunk: int, concurrenci
             lag_n = max(stats["fake:emit_lag_seconds_count"], 1.0)
             rows.append({
                 "tokens_per_chunk": tokens_per_chunk, "concurrency": c,
-                "client_processes": min(c, processes or loadgen.client_processes(c)),
+                "client_processes": min(c, processes or client_processes(c)),
                 "requests": level.num_requests, "failed": level.failed,
                 "script_ttft_ms": script_back["ttft_ms"], "script_tpot_ms": script_back["tpot_ms"],
                 **truth,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="output lengths uniform in N*(1 +- spread); 0: all exactly N (lockstep)")
     p.add_argument("--client-processes", type=int,
                    help="client processes per level (default: the tuner's choice, "
-                        "loadgen.client_processes)")
+                        "tuner.measure.client_processes)")
     p.add_argument("--target-pct", type=float, default=2.0)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from tuner import api
-from tuner.measure import loadgen, metrics, workloads
+from tuner.measure import load_level, loadgen, metrics, workloads
 from tuner.measure.engine import Engine
 from tuner.records.configs import TrialConfig, WorkloadSpec
 from tuner.records.options import EngineOptions
@@ -41,7 +41,7 @@ main(p.parse_args(sys.argv[1:]))
 
 def ours(eng: Engine, prompts, c: int) -> dict:
     before = metrics.scrape(eng.url, eng.api_key)
-    records, wall = loadgen.run_requests(eng.url, prompts, loadgen.RequestSettings(
+    records, wall = loadgen.run_requests(eng.url, prompts, load_level.RequestSettings(
         model=eng.spec.served_model_name, api_key=eng.api_key), concurrency=c)
     after = metrics.scrape(eng.url, eng.api_key)
     lv = metrics.level_metrics(records, concurrency=c, duration_s=wall, warmup_requests=0,
@@ -92,7 +92,7 @@ def main() -> None:
     with Engine(engine, TrialConfig(speculative_config=spec), log_path=out / "engine.log") as eng:
         # Warm-up with every prompt once: vLLM's prefix cache then holds each prompt for all
         # three runs alike (a first run measured cold had TTFT 2.5 s against 1.5 s warm).
-        loadgen.run_requests(eng.url, wl.prompts, loadgen.RequestSettings(
+        loadgen.run_requests(eng.url, wl.prompts, load_level.RequestSettings(
             model=eng.spec.served_model_name, api_key=eng.api_key), concurrency=2)
         for c in (int(x) for x in args.concurrency.split(",")):
             a = ours(eng, wl.prompts, c)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.measure import loadgen
+from tuner.measure import loadgen_clock
 from tuner.measure.engine import Engine
 from tuner.records.configs import EngineSpec, Prompt, TrialConfig
-from tuner.testing import fake_engine as _fake
+from tuner.testing import fake_script as _fake
 from tuner.testing.fake_clock import VirtualClock
 
 # What a child process needs to import this checkout (tests that start Python themselves).
@@ -101,7 +101,7 @@ def virtual_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> VirtualClo
     fake engine started with `virtual_clock=clock.path` serves on it. TTFTs, wall times and
     throughputs then come out exactly as the script says, however loaded the host is."""
     clock = VirtualClock.create(tmp_path / "virtual-clock")
-    monkeypatch.setattr(loadgen, "clock", clock)
+    monkeypatch.setattr(loadgen_clock, "clock", clock)
     return clock
 
 

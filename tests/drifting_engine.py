@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.testing import fake_engine as fake
+from tuner.testing import fake_pace, fake_script
 
 ENV = "DRIFT_ENGINE"
 SCRIPT = Path(__file__).resolve()
@@ -28,12 +29,12 @@ def tpot_ms(number: int, base_ms: float, drift: dict[str, float]) -> float:
 
 
 def engine_spec(drift: dict[str, float], **kwargs: Any):
-    """fake_engine.engine_spec, launching this script with `drift`."""
+    """fake_script.engine_spec, launching this script with `drift`."""
     env = {ENV: json.dumps(drift), **kwargs.pop("env", {})}
-    return fake.engine_spec(vllm_cmd=(sys.executable, str(SCRIPT)), env=env, **kwargs)
+    return fake_script.engine_spec(vllm_cmd=(sys.executable, str(SCRIPT)), env=env, **kwargs)
 
 
-class _DriftingPace(fake._Pace):
+class _DriftingPace(fake_pace.Pace):
     """The fake's pace, at the TPOT the drift gives the request as it starts."""
 
     drift: dict[str, float] = {}
@@ -50,5 +51,5 @@ class _DriftingPace(fake._Pace):
 
 if __name__ == "__main__":
     _DriftingPace.drift = json.loads(os.environ.get(ENV) or "{}")
-    fake._Pace = _DriftingPace  # the fake's _stream reads the module's _Pace per request
+    fake_pace.Pace = _DriftingPace  # the fake server's _stream reads fake_pace.Pace per request
     fake.main()

@@ -1,5 +1,5 @@
 """HTTP responses and server-sent event streams as bytes, for the load generator's tests
-(tests/unit/test_loadgen_http.py feeds them to its parser, tests/integration/
+(tests/unit/test_http_client.py feeds them to its parser, tests/integration/
 test_loadgen_sockets.py serves them on loopback)."""
 
 from __future__ import annotations

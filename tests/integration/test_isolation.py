@@ -30,7 +30,7 @@ from tuner.outputs import files
 from tuner.records.configs import TrialConfig
 from tuner.records.options import EngineOptions
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing.fake_script import SCRIPT_ENV
 
 EVIL = "<script>alert('x')</script>"
 

@@ -32,10 +32,10 @@ DRIVER = textwrap.dedent(f"""
     from pathlib import Path
     from tuner.measure import engine, launcher
     from tuner.records.configs import TrialConfig
-    from tuner.testing import fake_engine
+    from tuner.testing import fake_script
     launcher.MODULES = launcher.MODULES + ({FAKE!r},)
     engine.entry_point = lambda spec: ({FAKE_CMD!r}, "fake")
-    spec = fake_engine.engine_spec(child_process=True, vllm_cmd=())
+    spec = fake_script.engine_spec(child_process=True, vllm_cmd=())
     with engine.Engine(spec, TrialConfig(), log_path=Path(sys.argv[1])) as eng:
         print(json.dumps({{"engine": eng.proc.pid, "port": eng.port, "ipc": eng._ipc_dir,
                           "launchers": launcher.live_launchers(),

@@ -18,13 +18,14 @@ import urllib.request
 import pytest
 
 from tuner.errors import MeasurementFailed
-from tuner.measure import loadgen
+from tuner.measure import load_level, loadgen
+from tuner.measure.client_processes import client_processes
 
 
 def _run(eng, prompts, *, concurrency: int, api_key: str | None = None,
          ignore_eos: bool = False, request_timeout_s: float = 10.0,
          level_timeout_s: float = 3600.0, **kwargs):
-    settings = loadgen.RequestSettings(
+    settings = load_level.RequestSettings(
         model=eng.spec.served_model_name, api_key=api_key or eng.api_key, ignore_eos=ignore_eos,
         request_timeout_s=request_timeout_s, level_timeout_s=level_timeout_s)
     return loadgen.run_requests(eng.url, prompts, settings, concurrency=concurrency, **kwargs)
@@ -199,10 +200,10 @@ def test_client_processes_grow_with_slots_and_stay_off_half_the_cores(monkeypatc
     import os
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
-    assert [loadgen.client_processes(c) for c in (1, 16, 17, 32, 64, 128, 512)] == \
+    assert [client_processes(c) for c in (1, 16, 17, 32, 64, 128, 512)] == \
         [1, 1, 2, 2, 4, 8, 8]
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
-    assert loadgen.client_processes(128) == 1
+    assert client_processes(128) == 1
 
 
 def test_a_stalled_sharded_level_times_out_and_leaves_no_process(fake_engine, make_prompts):

@@ -1,5 +1,5 @@
 """The load generator against socket servers on loopback (threads of this process): what
-the parser tests (tests/unit/test_loadgen_http.py) feed byte by byte, here over real TCP reads:
+the parser tests (tests/unit/test_http_client.py) feed byte by byte, here over real TCP reads:
 keep-alive retries, the level's deadline, every framing and arrival times."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 import pytest
 from http_bytes import FRAMINGS, chunked, framed, spec_stream, sse, sse_ids
 
-from tuner.measure import loadgen
+from tuner.measure import load_level, loadgen
+from tuner.measure.closed_loop import closed_loop
 
 
 def test_a_record_carries_exact_ids_and_the_request_asks_for_them() -> None:
@@ -115,7 +116,7 @@ def _requests_to(srv: socket.socket, *, n: int, output_len: int) -> list:
         prompts = [Prompt(prompt=f"p{i}", prompt_len=1, output_len=output_len)
                    for i in range(n)]
         records, _ = loadgen.run_requests(
-            url, prompts, loadgen.RequestSettings(model="m", api_key="k", request_timeout_s=10),
+            url, prompts, load_level.RequestSettings(model="m", api_key="k", request_timeout_s=10),
             concurrency=1)
     finally:
         srv.close()
@@ -156,12 +157,12 @@ def test_no_wait_outlives_the_level_deadline_even_without_a_cancellation() -> No
     t0 = time.perf_counter()
     try:
         with pytest.raises(asyncio.TimeoutError):
-            level = loadgen._Level(
-                url=url, settings=loadgen.RequestSettings(model="m", api_key="k",
+            level = load_level.LoadLevel(
+                url=url, settings=load_level.RequestSettings(model="m", api_key="k",
                                                           request_timeout_s=600.0),
                 concurrency=2, warmup=False, origin_s=None, deadline=t0 + 0.5)
             # no outer wait_for: only the deadline stops it
-            asyncio.run(loadgen._closed_loop(level, prompts, on_done=None))
+            asyncio.run(closed_loop(level, prompts, on_done=None))
     finally:
         srv.close()
         for conn in held:

@@ -15,7 +15,7 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner import api
-from tuner.measure import loadgen
+from tuner.measure import load_level, loadgen
 from tuner.measure.trial import OpenLoopSettings
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
@@ -24,8 +24,8 @@ from tuner.records.results import BenchResult, TrialOutcome
 from tuner.search import ladder
 
 
-def _settings(eng, rate: float | None) -> loadgen.RequestSettings:
-    return loadgen.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
+def _settings(eng, rate: float | None) -> load_level.RequestSettings:
+    return load_level.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
                                    request_timeout_s=10.0, request_rate=rate, arrival_seed=7)
 
 
@@ -40,10 +40,10 @@ def test_arrival_times_are_vllm_bench_serves():
     np.random.seed(3)
     gaps = [np.random.gamma(shape=1.0, scale=1.0 / 2.5) for _ in range(20)]
     times = np.cumsum(gaps) * (20 / 2.5) / np.sum(gaps)
-    assert loadgen.poisson_arrivals(20, 2.5, 3) == pytest.approx(tuple(times), abs=1e-12)
-    assert loadgen.poisson_arrivals(20, 2.5, 3) != loadgen.poisson_arrivals(20, 2.5, 4)
+    assert load_level.poisson_arrivals(20, 2.5, 3) == pytest.approx(tuple(times), abs=1e-12)
+    assert load_level.poisson_arrivals(20, 2.5, 3) != load_level.poisson_arrivals(20, 2.5, 4)
     with pytest.raises(ValueError):
-        loadgen.poisson_arrivals(3, 0.0)
+        load_level.poisson_arrivals(3, 0.0)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -56,7 +56,7 @@ def test_requests_are_sent_at_their_poisson_times(fake_engine, make_prompts, fak
         records, wall_s = loadgen.run_requests(eng.url, make_prompts(n), _settings(eng, rate),
                                                concurrency=4, processes=processes)
         stats = fake_stats(eng.url)
-    arrivals = loadgen.poisson_arrivals(n, rate, 7)
+    arrivals = load_level.poisson_arrivals(n, rate, 7)
     assert [r.index for r in records] == list(range(n)) and all(r.ok for r in records)
     # Every request at its arrival (start_s is kept to the microsecond); the last one ends
     # its 12 ms after its own.
@@ -74,7 +74,7 @@ def test_open_loop_never_has_more_than_c_in_flight(fake_engine, make_prompts, fa
         records, _ = loadgen.run_requests(eng.url, make_prompts(n), _settings(eng, 200.0),
                                           concurrency=c)
         assert fake_stats(eng.url)["fake:max_inflight"] == c
-    arrivals = loadgen.poisson_arrivals(n, 200.0, 7)
+    arrivals = load_level.poisson_arrivals(n, 200.0, 7)
     spans = [(r.start_s, r.start_s + r.e2e_s) for r in records]
     for i, (start, _) in enumerate(spans):
         assert start >= arrivals[i] - 1e-6

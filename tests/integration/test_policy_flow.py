@@ -21,7 +21,7 @@ from conftest import fake_engine_spec
 
 from tuner import api
 from tuner.engine_cmdline import EMBEDDED_HUB_ID, EMBEDDED_SERVE_NOTE
-from tuner.measure import loadgen
+from tuner.measure import loadgen_clock
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions, PolicyOptions
@@ -63,7 +63,7 @@ def run(tmp_path_factory) -> Run:
                               virtual_clock=clock.path)
     out, noise_dir = tmp / "study", tmp / "noise-profile"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loadgen, "clock", clock)
+        mp.setattr(loadgen_clock, "clock", clock)
         # As the autouse fixture does per test: a noise profile of this run's own.
         mp.setenv("SPEC_TUNER_NOISE_DIR", str(noise_dir))
         api.optimize(OptimizeOptions(

@@ -15,7 +15,7 @@ from conftest import fake_engine_spec
 
 from tuner.measure import trial as runner
 from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
-from tuner.testing.fake_engine import EOS_ID, token_id
+from tuner.testing.fake_completion import EOS_ID, token_id
 from tuner.tokens import FILE_NAME, TokenCapture
 
 SETTINGS = MeasureSettings(concurrencies=(1, 3), num_requests=5, warmup_output_len=4)

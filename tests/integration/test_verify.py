@@ -14,14 +14,14 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner import api, cli, tokens
-from tuner.measure import loadgen
+from tuner.measure import loadgen_clock
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions
 from tuner.records.storage import STUDY_ATTR
 from tuner.search import study as st
 from tuner.testing.fake_clock import VirtualClock
-from tuner.testing.fake_engine import SCRIPT_ENV
+from tuner.testing.fake_script import SCRIPT_ENV
 
 WL = WorkloadSpec(name="instructcoder", num_prompts=3, output_len=16)
 # Speculation pays on this fake engine: a step yields 1 + K * 0.6 tokens at almost no cost.
@@ -34,7 +34,7 @@ def clock(tmp_path_factory):
     them (its stored engine spec names this clock) are all on it."""
     clock = VirtualClock.create(tmp_path_factory.mktemp("clock") / "virtual-clock")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loadgen, "clock", clock)
+        mp.setattr(loadgen_clock, "clock", clock)
         yield clock
 
 
@@ -45,7 +45,7 @@ def _study(out, *, n_trials: int, repeats: int = 2, workload: WorkloadSpec = WL)
         n_trials=n_trials, repeats=repeats, objectives=["output_throughput", "mean_tpot_ms"],
         target_concurrency=1, constraints={"max_tpot_ms": None, "max_ttft_ms": None}),
         engine=fake_engine_spec(tokenizer=str(EMBEDDED_TOKENIZER),
-                                virtual_clock=loadgen.clock.path, **SCRIPT),
+                                virtual_clock=loadgen_clock.clock.path, **SCRIPT),
         say=lambda _m: None)
 
 

@@ -17,7 +17,7 @@ import pytest
 from study_fakes import ngram, realistic_study, suffix
 
 from tuner.api import write_report
-from tuner.outputs import plots
+from tuner.outputs import figures, pareto_plot, plots
 from tuner.outputs.console import predict_table
 from tuner.outputs.predictions import (
     PREDICTION_COLUMNS,
@@ -163,7 +163,7 @@ def test_a_column_left_out_by_another_writer_reads_as_missing(tmp_path):
 def drawn(monkeypatch) -> dict[str, dict[str, Any]]:
     """What each saved figure showed: legend labels and how many hollow markers it drew."""
     seen: dict[str, dict[str, Any]] = {}
-    save = plots._save
+    save = figures.save
 
     def spy(fig, path: Path) -> Path:
         labels, hollow = [], 0
@@ -177,7 +177,7 @@ def drawn(monkeypatch) -> dict[str, dict[str, Any]]:
                            "title": fig.axes[0].get_title() if fig.axes else ""}
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", spy)
+    monkeypatch.setattr(figures, "save", spy)
     return seen
 
 
@@ -241,8 +241,8 @@ def test_the_plots_draw_the_points_the_analysis_computed(tmp_path, drawn):
     from tuner.analysis.pareto import points, speedups
 
     drawn_points = points(speedups(trials_frame(realistic_study())))
-    assert [p.name for p in plots.pareto_plots(drawn_points, tmp_path)] == ["pareto_c1.png",
-                                                                            "pareto_c8.png"]
+    assert [p.name for p in pareto_plot.pareto_plots(drawn_points, tmp_path)] == [
+        "pareto_c1.png", "pareto_c8.png"]
     drawn_all, _ = plots.draw_all(drawn_points, tmp_path)
     assert drawn_all["pareto"] and drawn["pareto_c8.png"]["hollow"] == 1  # the baseline square
 

@@ -12,7 +12,7 @@ from study_fakes import fake_settings
 from tuner import api, cli, engine_cmdline
 from tuner.analysis import recommend
 from tuner.errors import ConfigError
-from tuner.measure import loadgen, workloads
+from tuner.measure import completion_request, load_level, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.results import Basis, Verdict
 from tuner.replay import sampling
@@ -91,11 +91,11 @@ def test_off_values_are_left_out_of_every_dump():
 
 
 def test_the_request_sends_them_when_sampling_and_never_at_temperature_0():
-    greedy = loadgen.RequestSettings(model="m", api_key="k")
-    assert loadgen._sampling(greedy) == {}
+    greedy = load_level.RequestSettings(model="m", api_key="k")
+    assert completion_request.sampling(greedy) == {}
     # when sampling, all three: the server would fill in the model's generation config
-    hot = loadgen.RequestSettings(model="m", api_key="k", temperature=0.8, top_k=50)
-    assert loadgen._sampling(hot) == {"top_p": 1.0, "top_k": 50, "min_p": 0.0}
+    hot = load_level.RequestSettings(model="m", api_key="k", temperature=0.8, top_k=50)
+    assert completion_request.sampling(hot) == {"top_p": 1.0, "top_k": 50, "min_p": 0.0}
 
 
 def _create(out: Path, workload: dict) -> None:

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from tuner import tokens
 from tuner.errors import EngineDied, MeasurementFailed, TrialFailed
-from tuner.measure import loadgen, metrics, request_schedule, windows
+from tuner.measure import load_level, loadgen, metrics, request_schedule, windows
 from tuner.measure.engine import Engine, log_tail
 from tuner.records.configs import (
     EngineSpec,
@@ -39,7 +39,7 @@ MAX_FAILED_FRACTION = 0.2
 
 class OpenLoopSettings(MeasureSettings):
     """MeasureSettings whose levels in `request_rates` ({concurrency: requests/s}) are driven
-    open loop: their measured requests arrive Poisson at that rate (loadgen.poisson_arrivals,
+    open loop: their measured requests arrive Poisson at that rate (load_level.poisson_arrivals,
     seed 0, as `vllm bench serve --request-rate`), at most the level's concurrency in flight;
     warm-ups and other levels stay the closed loop. The policy's open-loop check
     (tuner.search.ladder) measures with it; each level records its rate (LevelMetrics)."""
@@ -57,7 +57,7 @@ def measure(
     by level, each level's warm-ups and then its measured requests, then the workload sample
     where `schedule` carries one (RequestSchedule.sample). `request_rates`
     ({concurrency: requests/s}): those levels' measured requests arrive open loop at that
-    rate (loadgen.poisson_arrivals, seed 0), capped at the level's concurrency."""
+    rate (load_level.poisson_arrivals, seed 0), capped at the level's concurrency."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     if schedule is None:  # as every launch builds it; the workload sample only where given
@@ -201,17 +201,17 @@ def _measure_level(eng: Engine, workload: Workload, settings: MeasureSettings,
     return level
 
 
-def _client(eng: Engine, workload: Workload) -> loadgen.RequestSettings:
+def _client(eng: Engine, workload: Workload) -> load_level.RequestSettings:
     """How every request of this engine is sent: the workload's sampling, the engine's key."""
     spec = workload.spec
-    return loadgen.RequestSettings(
+    return load_level.RequestSettings(
         model=eng.spec.served_model_name, api_key=eng.api_key, temperature=spec.temperature,
         top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, ignore_eos=spec.ignore_eos,
         request_timeout_s=eng.spec.request_timeout_s, level_timeout_s=eng.spec.level_timeout_s)
 
 
 def _run(eng: Engine, prompts: list[Prompt], c: int, *, warmup: bool,
-         client: loadgen.RequestSettings, bar) -> tuple[list[RequestRecord], float]:
+         client: load_level.RequestSettings, bar) -> tuple[list[RequestRecord], float]:
     records, wall_s = loadgen.run_requests(
         eng.url, prompts, client, concurrency=c, warmup=warmup,
         on_done=(lambda _r: bar.update(1)) if bar is not None else None)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import pytest
 
 from tuner.errors import EngineCrashed, EngineDied, EngineStartTimeout
-from tuner.measure import loadgen, metrics
+from tuner.measure import load_level, loadgen, metrics
 from tuner.measure import trial as runner
 from tuner.measure.engine import Engine
 from tuner.records.configs import (
@@ -105,7 +105,7 @@ class EngineConformance:
         assert get(running.url + "/v1/models", key=running.api_key)[0] == 200
 
     def test_streams_a_completion_with_the_key(self, running: Engine) -> None:
-        settings = loadgen.RequestSettings(model=running.spec.served_model_name,
+        settings = load_level.RequestSettings(model=running.spec.served_model_name,
                                            api_key=running.api_key, ignore_eos=True,
                                            request_timeout_s=120.0)
         records, _ = loadgen.run_requests(
@@ -209,7 +209,7 @@ def counted(spec: EngineSpec, config: TrialConfig, log_path: Path):
     """vLLM's spec-decode counters over two requests of "a b c a b c" at concurrency 2."""
     prompt = [Prompt(prompt="a b c a b c", prompt_len=6, output_len=10)]
     with Engine(spec, config, log_path=log_path) as eng:
-        settings = loadgen.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
+        settings = load_level.RequestSettings(model=eng.spec.served_model_name, api_key=eng.api_key,
                                            request_timeout_s=120.0)
         before = metrics.scrape(eng.url, eng.api_key)
         loadgen.run_requests(eng.url, prompt * 2, settings, concurrency=2)

@@ -1,11 +1,11 @@
 """A virtual clock shared by processes, for tests whose assertions are about timing.
 
 The fake engine (tuner.testing.fake_engine, script key `virtual_clock`) and the load generator
-(`tuner.measure.loadgen.clock`) each run an asyncio loop whose `time()` is this clock. Virtual
-time stands still while any of those loops has work, and jumps to the earliest timer of all of
-them once every one is idle: a token due 6 ms after the last one is stamped exactly 6 ms later,
-however long the host took to get there. So a load a test runs beside cannot move a TTFT, a
-throughput or a ratio the test bounds.
+(`tuner.measure.loadgen_clock.clock`) each run an asyncio loop whose `time()` is this clock.
+Virtual time stands still while any of those loops has work, and jumps to the earliest timer of
+all of them once every one is idle: a token due 6 ms after the last one is stamped exactly 6 ms
+later, however long the host took to get there. So a load a test runs beside cannot move a TTFT,
+a throughput or a ratio the test bounds.
 
 "Idle" is decided without any wall-clock wait, from three facts:
 - a loop is idle when asyncio is about to block (nothing ready) and `select(0)` finds nothing;

@@ -15,14 +15,15 @@ from http_bytes import FRAMINGS, chunked, framed, spec_stream, sse, sse_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.measure import loadgen
-from tuner.measure.loadgen import _Response
+from tuner.measure import loadgen_clock
+from tuner.measure.event_stream import EventStream
+from tuner.measure.http_client import MAX_HEAD_BYTES, Response
 
 
-def _feed(raw: bytes, cuts: list[int], *, stream: bool = True) -> _Response:
+def _feed(raw: bytes, cuts: list[int], *, stream: bool = True) -> Response:
     loop = asyncio.new_event_loop()
     try:
-        resp = _Response(0.0, loop.create_future(), stream=stream)
+        resp = Response(0.0, loop.create_future(), stream=stream)
         bounds = [0, *sorted({c % (len(raw) + 1) for c in cuts}), len(raw)]
         for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
             resp.feed(raw[a:b], float(i + 1))
@@ -73,25 +74,25 @@ def test_garbage_and_broken_framing_are_errors_not_exceptions() -> None:
     assert "malformed HTTP response" in _feed(b"SSH-2.0-OpenSSH\r\n\r\n", []).error
     bad_size = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
     assert "chunk size" in _feed(bad_size, []).error
-    huge = b"HTTP/1.1 200 OK\r\n" + b"x-pad: %s\r\n" % (b"a" * loadgen.MAX_HEAD_BYTES)
+    huge = b"HTTP/1.1 200 OK\r\n" + b"x-pad: %s\r\n" % (b"a" * MAX_HEAD_BYTES)
     assert _feed(huge, [7]).error == "response headers too long"
 
 
 def test_a_body_until_close_and_a_connection_lost_midway() -> None:
     loop = asyncio.new_event_loop()
     try:
-        until_close = _Response(0.0, loop.create_future())
+        until_close = Response(0.0, loop.create_future())
         until_close.feed(b"HTTP/1.0 200 OK\r\n\r\n" + sse(2), 1.0)
         assert not until_close.done.done()
         until_close.lost(None, 2.0)
         assert until_close.error is None and until_close.out_tokens == 2
 
-        cut = _Response(0.0, loop.create_future())
+        cut = Response(0.0, loop.create_future())
         cut.feed(chunked(sse(4))[:120], 1.0)
         cut.lost(ConnectionResetError("reset"), 2.0)
         assert cut.error.startswith("connection lost mid-response")
 
-        silent = _Response(0.0, loop.create_future())
+        silent = Response(0.0, loop.create_future())
         silent.lost(None, 1.0)
         assert silent.error.startswith("server closed the connection before answering")
     finally:
@@ -143,7 +144,7 @@ def test_a_ctrl_c_whose_cancellation_is_swallowed_still_interrupts():
         return "slept"
 
     with pytest.raises(KeyboardInterrupt):
-        loadgen._event_loop_run(swallowing())
+        loadgen_clock.run(swallowing())
 
 
 # --- framing: what the SSE standard and HTTP/1.1 allow --------------------------------------
@@ -157,7 +158,7 @@ def test_every_framing_parses_the_same_at_every_single_cut(eol, framing) -> None
 
 
 def test_sse_fields_follow_the_standard() -> None:
-    events = loadgen._EventStream()
+    events = EventStream()
     got = events.feed(b"data\n\n:comment\ndata:a\ndata: b\r\n\nid: 7\nretry: 25\nretry: x\n"
                       b"event: e1\nunknown: 1\ndata:  c\r\r\nevent: lone\n\ndata: d\r")
     assert got == [(b"message", b""), (b"message", b"a\nb"), (b"e1", b" c")]
