@@ -2,7 +2,9 @@
 orders (--seed), then `tuner verify --launches N` on each study (the pick and the baseline
 launched again, interleaved, on prompts the study never sent), and prints per (run, level):
 the choice, the pick and its equivalent set, the stated interval and its width, the measured
-out-of-sample speedup, and whether the interval covers it. Then, per level: coverage, the
+out-of-sample speedup, and whether the range expected of the check's fresh prompts (the
+stated interval widened by their own spread and the check's launches' noise) and the stated
+interval itself cover it. Then, per level: coverage, the
 same decision across runs, the median width; and each study's wall time.
 
     python benchmarks/selection_calibration.py --seeds 0,1,2,3,4 --launches 3 \\
@@ -65,7 +67,9 @@ def _levels(recs: dict, checked: dict) -> list[dict]:
             "equivalent_labels": sel.get("equivalent") or [],
             "stated": sel.get("speedup", rec.get("speedup_throughput")), "lo": lo, "hi": hi,
             "width": hi / lo if lo and hi else None,
-            "measured": check.get("measured_speedup"), "outcome": check.get("outcome")})
+            "measured": check.get("measured_speedup"), "outcome": check.get("outcome"),
+            "stated_outcome": check.get("stated_outcome") or check.get("outcome"),
+            "expected": check.get("expected_interval")})
     return out
 
 
@@ -84,12 +88,14 @@ def _summary(runs: list[dict]) -> list[str]:
         mine = [r for r in rows if r["concurrency"] == c]
         judged = [r for r in mine if r["outcome"] in ("inside", "above", "below")]
         covered = sum(r["outcome"] == "inside" for r in judged)
+        by_stated = sum(r["stated_outcome"] == "inside" for r in judged)
         choices = [r["choice"] for r in mine]
         common = max(set(choices), key=choices.count) if choices else None
         agree, anchor = _same_decision(mine)
         widths = [r["width"] for r in mine if r["width"]]
-        lines.append(f"c={c}: interval covers the out-of-sample speedup in {covered} of "
-                     f"{len(judged)} runs; the same choice ({common}) in "
+        lines.append(f"c={c}: the out-of-sample speedup lies in the range expected of the "
+                     f"check's fresh prompts in {covered} of {len(judged)} runs, in the stated "
+                     f"interval itself in {by_stated}; the same choice ({common}) in "
                      f"{choices.count(common)} of {len(mine)}; the same decision (that choice, "
                      f"every pick within seed {anchor}'s equivalent set) in {agree} of "
                      f"{len(mine)}; median width "

@@ -161,3 +161,39 @@ def test_a_level_decided_on_the_workload_sample_is_checked_against_the_forecast(
     (target,) = v.targets(df, recs)
     assert target.subject == unlaunched and target.stated_interval == (0.95, 3.1)
     assert target.stated_speedup == 1.9 and target.skip is None
+
+
+def test_a_forecast_for_the_workload_is_checked_against_what_a_few_fresh_prompts_may_show():
+    # The stated interval is about the workload's mean over a sample of 120 prompts (their
+    # spread ±3% on the mean, ±33% per prompt); 16 fresh prompts stray from that mean by
+    # ±8.2% on their own, and the check's launches add their noise: the range the check
+    # judges by holds both, and the stated interval's own verdict is kept beside it.
+    import math
+
+    from tuner import intervals
+
+    target = TARGET.model_copy(update={"stated_speedup": 2.0, "stated_interval": (1.8, 2.22),
+                                       "sample_sd": 0.03, "sample_prompts": 120,
+                                       "cost_sd": 0.04, "cost_df": 10})
+    launches = [_launch(0, "baseline", 20.0), _launch(1, "subject", 48.0),
+                _launch(2, "baseline", 20.4), _launch(3, "subject", 48.5)]
+    check = v.check(target, launches, requests=16)
+    assert check.measured_speedup == pytest.approx(48.25 / 20.2)  # 2.39x: above 1.8-2.22
+    assert check.stated_outcome == CheckOutcome.ABOVE
+    assert check.fresh_sd == pytest.approx(0.03 * math.sqrt(120 / 16))
+    pool = intervals.Pool.of([(48.0, 48.5), (20.0, 20.4)])
+    assert check.launch_sd == pytest.approx(pool.sd)  # sqrt(1/2 + 1/2) = 1
+    half = intervals.t_quantile(0.975, 10) * math.sqrt(
+        0.03 ** 2 + 0.04 ** 2 + check.fresh_sd ** 2 + check.launch_sd ** 2)
+    assert check.expected_interval == pytest.approx((2.0 * math.exp(-half),
+                                                     2.0 * math.exp(half)))
+    assert check.outcome == CheckOutcome.INSIDE  # 2.39 < 2.0 e^0.23 = 2.52
+    said = words.sentence(check)
+    assert "inside the range expected of 16 fresh prompts" in said
+    assert "the measurement lies above it" in said and "MISS" not in said
+    far = v.check(target, [_launch(0, "baseline", 20.0), _launch(1, "subject", 60.0)],
+                  requests=16)
+    assert far.outcome == CheckOutcome.ABOVE and "MISS" in words.sentence(far)
+    # Without the sample's figures (an interval resting on launches) the stated one judges.
+    plain = v.check(TARGET, launches, requests=16)
+    assert plain.expected_interval is None and plain.outcome == CheckOutcome.ABOVE

@@ -1,7 +1,11 @@
 """Analysis stage, the out-of-sample check (`tuner verify`): which config each level is checked
-on, and whether the speedup measured on prompts the study never sent falls inside the
-interval the study stated. Pure functions of the study's recommendations and the check's
-launches; tuner.outputs.verification words them.
+on, and whether the speedup measured on prompts the study never sent falls where the study's
+statement puts it. An interval of the forecast over the workload sample is about the
+workload's mean; a check measures a few fresh prompts, whose own mean strays from it by the
+prompts' spread, so the check judges the measurement against the stated interval widened by
+that spread and by its own launches' noise (and records the stated interval's verdict beside
+it). Pure functions of the study's recommendations and the check's launches;
+tuner.outputs.verification words them.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
+from tuner import intervals
 from tuner.analysis import frame
 from tuner.records.configs import TrialConfig
 from tuner.records.results import Recommendation
+from tuner.records.selection import RestsOn
 from tuner.records.verification import (
     CheckOutcome,
     LevelCheck,
@@ -43,10 +49,13 @@ def targets(df: pd.DataFrame, recs: Sequence[Recommendation]) -> tuple[VerifyTar
                                                    if subject is None
                                                    else SkipReason.NO_INTERVAL}))
                 continue
+            forecast = sel.rests_on in (RestsOn.REPLAY, RestsOn.SCALED) and sel.sample_prompts
             out.append(base.model_copy(update={
                 "subject": subject, "subject_label": sel.subject,
                 "stated_speedup": sel.speedup, "stated_interval": (sel.lo, sel.hi),
-                "confidence": sel.confidence}))
+                "confidence": sel.confidence,
+                **({"sample_sd": sel.sample_sd, "sample_prompts": sel.sample_prompts,
+                    "cost_sd": sel.cost_sd, "cost_df": sel.cost_df} if forecast else {})}))
             continue
         if iv is None or rec.speedup_interval is None:
             out.append(base.model_copy(update={"skip": SkipReason.NO_INTERVAL}))
@@ -113,8 +122,37 @@ def check(target: VerifyTarget, launches: Sequence[VerifyLaunch], *, requests: i
     if not mine or not base or not out.baseline_median:
         return out
     measured = out.subject_median / out.baseline_median
-    return out.model_copy(update={"measured_speedup": measured,
-                                  "outcome": decide(measured, target.stated_interval)})
+    stated = decide(measured, target.stated_interval)
+    expected = _expected(target, mine, base, requests)
+    if expected is None:
+        return out.model_copy(update={"measured_speedup": measured, "outcome": stated})
+    interval, fresh_sd, launch_sd = expected
+    return out.model_copy(update={
+        "measured_speedup": measured, "outcome": decide(measured, interval),
+        "stated_outcome": stated, "expected_interval": interval, "fresh_sd": fresh_sd,
+        "launch_sd": launch_sd})
+
+
+def _expected(target: VerifyTarget, mine: Sequence[float], base: Sequence[float],
+              requests: int) -> tuple[tuple[float, float], float, float] | None:
+    """Where a speedup measured on `requests` fresh prompts is expected, at the target's
+    confidence: the stated point with the stated interval's spread (the sample's and the
+    cost side's), the fresh prompts' own sampling spread (the sample's per-prompt spread over
+    `requests` prompts) and the check's launches' noise (their pooled between-launch spread
+    over the subject's and the baseline's launches). None where the target carries no
+    sample figures (an interval resting on launches)."""
+    if (target.sample_sd is None or not target.sample_prompts or not requests
+            or target.cost_sd is None or not target.stated_speedup or not target.confidence):
+        return None
+    fresh_sd = target.sample_sd * math.sqrt(target.sample_prompts / requests)
+    pool = intervals.Pool.of([mine, base])
+    launch_sd = pool.sd * math.sqrt(1 / len(mine) + 1 / len(base)) if pool.df else 0.0
+    df = max(1, target.cost_df or 0)
+    t = intervals.t_quantile(0.5 + target.confidence / 2, df)
+    half = t * math.sqrt(target.sample_sd ** 2 + target.cost_sd ** 2 + fresh_sd ** 2
+                         + launch_sd ** 2)
+    point = math.log(target.stated_speedup)
+    return (math.exp(point - half), math.exp(point + half)), fresh_sd, launch_sd
 
 
 def _throughputs(launches: Sequence[VerifyLaunch], concurrency: int, which) -> tuple[float, ...]:

@@ -85,14 +85,32 @@ def sentence(check: LevelCheck) -> str:
         return (f"c={c}: {what}: not measured (no completed launch of "
                 f"{'the baseline' if not check.baseline_throughputs else 'the config'}); "
                 f"stated {stated}.")
-    measured = (f"measured {times(check.measured_speedup)} on fresh prompts "
+    prompts = f"{check.requests} fresh prompts" if check.requests else "fresh prompts"
+    measured = (f"measured {times(check.measured_speedup)} on {prompts} "
                 f"({len(check.subject_throughputs)} and {len(check.baseline_throughputs)} "
                 f"launches)")
+    if check.expected_interval is not None:
+        expected = _expected(check)
+        if check.outcome == CheckOutcome.INSIDE:
+            return f"c={c}: {what}: {measured}, inside {expected}."
+        side = "above" if check.outcome == CheckOutcome.ABOVE else "below"
+        return (f"c={c}: MISS: {what}: {measured} lies {side} {expected}; the study's "
+                f"statement did not hold out of sample.")
     if check.outcome == CheckOutcome.INSIDE:
         return f"c={c}: {what}: {measured}, inside the stated {stated}."
     side = "above" if check.outcome == CheckOutcome.ABOVE else "below"
     return (f"c={c}: MISS: {what}: {measured} lies {side} the stated {stated}; the study's "
             f"interval did not hold out of sample.")
+
+
+def _expected(check: LevelCheck) -> str:
+    lo, hi = check.expected_interval or (float("nan"), float("nan"))
+    against = ("inside it" if check.stated_outcome == CheckOutcome.INSIDE
+               else f"{'above' if check.stated_outcome == CheckOutcome.ABOVE else 'below'} it")
+    return (f"the range expected of {check.requests} fresh prompts, {lo:.2f}-{hi:.2f} (the "
+            f"stated {_stated(check.target)} is the workload's mean; these prompts' own "
+            f"spread ±{check.fresh_sd or 0.0:.1%} and the check's launches' "
+            f"±{check.launch_sd or 0.0:.1%} widen it; the measurement lies {against})")
 
 
 def _stated(t: VerifyTarget) -> str:
@@ -103,15 +121,17 @@ def _stated(t: VerifyTarget) -> str:
 
 def table(v: Verification) -> str:
     """A row per level, then one sentence per level (a miss said out loud)."""
-    head = ["conc", "checked", "stated", "interval", "measured", "config tok/s", "baseline tok/s",
-            "result"]
+    head = ["conc", "checked", "stated", "interval", "expected", "measured", "config tok/s",
+            "baseline tok/s", "result"]
     rows = []
     for check in v.levels:
         t = check.target
         lo_hi = f"{t.stated_interval[0]:.2f}-{t.stated_interval[1]:.2f}" \
             if t.stated_interval else "-"
+        expected = (f"{check.expected_interval[0]:.2f}-{check.expected_interval[1]:.2f}"
+                    if check.expected_interval else "-")
         rows.append([str(t.concurrency), t.subject_label or "-", times(t.stated_speedup),
-                     lo_hi, times(check.measured_speedup),
+                     lo_hi, expected, times(check.measured_speedup),
                      _with_spread(check.subject_median, check.subject_spread),
                      _with_spread(check.baseline_median, check.baseline_spread),
                      _OUTCOMES[check.outcome]])
@@ -120,7 +140,9 @@ def table(v: Verification) -> str:
     lines = [_line(head, widths), _line(["-" * w for w in widths], widths)]
     lines += [_line(r, widths) for r in rows]
     lines += [sentence(check) for check in v.levels]
-    lines.append("tok/s: the median over the launches, \u00b1 their MAD over the median.")
+    lines.append("tok/s: the median over the launches, \u00b1 their MAD over the median. "
+                 "expected: where a measurement on these fresh prompts is expected, the "
+                 "stated interval widened by their own spread and the launches' noise.")
     return "\n".join(lines)
 
 

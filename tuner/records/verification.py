@@ -42,6 +42,13 @@ class VerifyTarget(Frozen):
     stated_interval: tuple[float, float] | None = None
     confidence: float | None = None
     skip: SkipReason | None = None
+    # Where the interval is the forecast over the workload sample (Selection, REPLAY or
+    # SCALED): the spread of its point over the sample (log SD of the sample's mean, over
+    # `sample_prompts` prompts) and the cost side's log SD and degrees of freedom.
+    sample_sd: float | None = None
+    sample_prompts: int | None = None
+    cost_sd: float | None = None
+    cost_df: int | None = None
 
 
 class VerifyLaunch(Frozen):
@@ -74,6 +81,14 @@ class LevelCheck(Frozen):
     baseline_spread: float | None = None
     requests: int = 0  # measured requests per launch at the level
     asked: int | None = None  # what it asked for, where too few fresh prompts were left
+    # Where the target carries the sample's figures: the range a measurement on these
+    # `requests` fresh prompts is expected in (the stated interval widened by the fresh
+    # prompts' own sampling spread and the check's launches' noise, both log SDs), which
+    # `outcome` judges; `stated_outcome` is the measurement against the stated interval alone.
+    expected_interval: tuple[float, float] | None = None
+    fresh_sd: float | None = None
+    launch_sd: float | None = None
+    stated_outcome: CheckOutcome | None = None
 
     @property
     def missed(self) -> bool:
