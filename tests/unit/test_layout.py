@@ -115,9 +115,11 @@ def test_the_layout_has_its_stage_folders():
     for command in ("bench", "optimize", "report", "policy", "recommend", "verify", "predict",
                     "repair"):
         assert (PACKAGE / "cli" / f"{command}.py").is_file(), command
-    # The records, by concern: what is asked, what was measured, the options of each command,
-    # the storage contract and the old keys it still reads.
-    for concern in ("configs", "results", "options", "storage", "migrations"):
+    # The records, by concern: what is asked, what was measured, why a trial stands in a study,
+    # the split of a speedup, what analysis recommends, the options of each command, the
+    # storage contract and the old keys it still reads.
+    for concern in ("configs", "results", "trials", "speedup", "recommendations", "options",
+                    "storage", "migrations"):
         assert (PACKAGE / "records" / f"{concern}.py").is_file(), concern
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from tuner.analysis import frame
 from tuner.records.configs import TrialConfig
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 from tuner.records.verification import (
     CheckOutcome,
     LevelCheck,

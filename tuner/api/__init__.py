@@ -40,8 +40,10 @@ from tuner.records.options import (
 )
 from tuner.records.outcomes import StudyOutcome, TrafficOutcome
 from tuner.records.policy import PolicyDocument
-from tuner.records.results import BenchResult, Recommendation, Role
+from tuner.records.recommendations import Recommendation
+from tuner.records.results import BenchResult
 from tuner.records.storage import StudySettings
+from tuner.records.trials import Role
 from tuner.records.verification import Verification, VerifyLaunch
 
 Say = Callable[[str], None]

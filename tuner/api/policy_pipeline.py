@@ -15,7 +15,7 @@ from tuner import engine_cmdline
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.options import PolicyOptions
 from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
-from tuner.records.results import Role
+from tuner.records.trials import Role
 
 Lineup = list[tuple[Role, TrialConfig]]
 

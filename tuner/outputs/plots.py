@@ -22,7 +22,8 @@ import pandas as pd
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
 from tuner.records.policy import BreakEvenStatus, PolicyDocument
-from tuner.records.results import Recommendation, Role
+from tuner.records.recommendations import Recommendation
+from tuner.records.trials import Role
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

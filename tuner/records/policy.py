@@ -21,7 +21,8 @@ from pydantic import (
 
 from tuner.records.configs import Frozen, TrialConfig
 from tuner.records.migrations import OLD_POLICY_KEYS, renamed
-from tuner.records.results import BenchResult, Failure, LevelMetrics, Role
+from tuner.records.results import BenchResult, LevelMetrics
+from tuner.records.trials import Failure, Role
 
 # (first batch size, last batch size, K): one band of vLLM's num_speculative_tokens_per_batch_size
 Band = tuple[int, int, int]

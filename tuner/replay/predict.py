@@ -31,8 +31,10 @@ import numpy as np
 from tuner import intervals, speculative
 from tuner.records.configs import TrialConfig
 from tuner.records.drafter_k import DrafterAxis, KLaunch, KLevel
-from tuner.records.predictions import PredictedFigure, PredictedRow
-from tuner.records.results import LevelMetrics, Measured, PredictionMiss, Role, SpeedupSplit
+from tuner.records.predictions import PredictedFigure, PredictedRow, PredictionMiss
+from tuner.records.results import LevelMetrics
+from tuner.records.speedup import Measured, SpeedupSplit
+from tuner.records.trials import Role
 from tuner.replay import acceptance, cost, drafter_k, ngram_v2, sampling, schedule, streams
 from tuner.tokens import TokenCapture
 
@@ -624,7 +626,7 @@ def _played_baseline(step: cost.StepCost | None, capture: TokenCapture, c: int,
 def _decomposed(row: PredictedRow, base: dict[str, float] | None,
                 aligned: dict[str, float] | None) -> PredictedRow:
     """The row with pred_speedup = path_cost x pred_speculation_gain where the study measured
-    an aligned baseline (tuner.records.results.SpeedupSplit): the path's cost is measured
+    an aligned baseline (tuner.records.speedup.SpeedupSplit): the path's cost is measured
     (aligned over plain throughput at this level), the gain is the predicted throughput over
     the aligned baseline's. Both None otherwise."""
     if base is None or aligned is None or not row.speculative_config:

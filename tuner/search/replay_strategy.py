@@ -44,8 +44,8 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner import intervals
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.predictions import PredictedRow
-from tuner.records.results import Role
 from tuner.records.selection import Selection
+from tuner.records.trials import Role
 from tuner.replay import forecast, sampling
 from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
 from tuner.search import study as st

@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 
 from tuner.measure import enginepath
 from tuner.records.configs import TrialConfig
-from tuner.records.results import BenchResult, LevelMetrics, Role
+from tuner.records.results import BenchResult, LevelMetrics
+from tuner.records.trials import Role
 from tuner.replay.predict import MeasuredTrial
 from tuner.search import study as st
 
