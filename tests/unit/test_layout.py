@@ -104,8 +104,11 @@ EDGES = {name: _imports(name, path) for name, path in _modules().items()}
 def test_the_layout_has_its_stage_folders():
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
-    for top in ("errors", "tokens", "speculative", "engine_cmdline"):
+    for top in ("errors", "tokens", "engine_cmdline"):
         assert (PACKAGE / f"{top}.py").is_file(), top
+    # What vLLM's SpeculativeConfig accepts, by concern (a base package: it imports no stage).
+    for concern in ("schema", "config_check", "schedule_rules", "proposer_settings"):
+        assert (PACKAGE / "speculative" / f"{concern}.py").is_file(), concern
     # The checks, by concern (a package, as the records are).
     for concern in ("bounds", "converters", "files", "engine", "spec_config", "plans"):
         assert (PACKAGE / "checks" / f"{concern}.py").is_file(), concern

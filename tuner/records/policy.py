@@ -213,8 +213,9 @@ class PathChange(_Part):
 
 class PathRule(_Part):
     """What vLLM's source says a K table does to the engine path of the static config, before
-    any launch (tuner.speculative.schedule_path): the fields it changes (none: the path stays),
-    where vLLM does it, and a vLLM issue where the table is known to be ignored on that path."""
+    any launch (tuner.speculative.schedule_rules.schedule_path): the fields it changes (none:
+    the path stays), where vLLM does it, and a vLLM issue where the table is known to be
+    ignored on that path."""
 
     changes: tuple[PathChange, ...] = ()
     vllm_source: str | None = None

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner import intervals, speculative
+from tuner import intervals
 from tuner.records.configs import TrialConfig
 from tuner.records.drafter_k import DrafterAxis, KLaunch, KLevel
 from tuner.records.predictions import PredictedFigure, PredictedRow, PredictionMiss
@@ -36,6 +36,7 @@ from tuner.records.results import LevelMetrics
 from tuner.records.speedup import Measured, SpeedupSplit
 from tuner.records.trials import Role
 from tuner.replay import acceptance, cost, drafter_k, ngram_v2, sampling, schedule, streams
+from tuner.speculative.schedule_rules import autoregressive_drafter
 from tuner.tokens import TokenCapture
 
 # The replay's stated accuracy on a launched config's acceptance length, over the requests it
@@ -179,7 +180,7 @@ def drafter_axes(measured: Sequence[MeasuredTrial], costs: dict[int, cost.StepCo
     groups: dict[str, list[MeasuredTrial]] = {}
     for m in measured:
         spec = m.config.speculative_config or {}
-        if (m.speculative and speculative.autoregressive_drafter(m.config.method)
+        if (m.speculative and autoregressive_drafter(m.config.method)
                 and m.config.k and "num_speculative_tokens_per_batch_size" not in spec):
             groups.setdefault(m.config.with_k(1).key(), []).append(m)
     plain = _pooled([m for m in measured if m.role == "baseline"])
@@ -258,7 +259,7 @@ def _axis_row(ax: DrafterAxis, p: Any) -> PredictedRow:
 
 
 def _not_replayable(cfg: TrialConfig, axes: Sequence[DrafterAxis]) -> str:
-    if speculative.autoregressive_drafter(cfg.method):
+    if autoregressive_drafter(cfg.method):
         mine = [a.source_k for a in axes
                 if a.speculative_config == json.dumps(cfg.speculative_config_without_k(),
                                                       sort_keys=True)]

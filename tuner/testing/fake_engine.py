@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import tuner
 from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.speculative import ProposerSettings
+from tuner.speculative.proposer_settings import ProposerSettings
 
 SCRIPT_ENV = "FAKE_ENGINE_SCRIPT"
 FAKE_VERSION = "0.0.0+fake"
