@@ -42,6 +42,7 @@ class MeasuredTrial:
 
 
 def by_config(measured: Iterable[MeasuredTrial]) -> dict[str, list[MeasuredTrial]]:
+    """The trials grouped by config (TrialConfig.key), each group a config's repeats."""
     out: dict[str, list[MeasuredTrial]] = {}
     for m in measured:
         out.setdefault(m.config.key(), []).append(m)
@@ -78,9 +79,11 @@ def _decode_ms_per_token(lv: LevelMetrics) -> float | None:
 
 
 def pooled(group: Sequence[MeasuredTrial]) -> dict[int, dict[str, float]]:
+    """median_level at every level any trial of the group measured."""
     levels = sorted({c for m in group for c in m.levels})
     return {c: lv for c in levels if (lv := median_level(group, c)) is not None}
 
 
 def finite(x: Any) -> bool:
+    """Whether `x` is a number and not NaN or infinite (None and other types are not)."""
     return isinstance(x, (int, float)) and math.isfinite(x)
