@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from tuner.records.results import BenchResult
-from tuner.replay.predict import MeasuredTrial, drafter_axes
+from tuner.replay.drafter_launches import drafter_axes
+from tuner.replay.measured import MeasuredTrial
 
 FIELDS = ("scheme", "concurrency", "k", "source_k", "fitted", "pred_acceptance_length",
           "pred_acceptance_length_se", "meas_acceptance_length", "err_acceptance_length_pct",

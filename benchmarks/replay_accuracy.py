@@ -33,7 +33,8 @@ from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import EngineOptions
 from tuner.records.results import BenchResult
 from tuner.replay import acceptance
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import FILE_NAME, TokenCapture

@@ -38,7 +38,8 @@ import numpy as np
 from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult
 from tuner.replay.acceptance import replay
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.tokens import FILE_NAME, TokenCapture
 
 sys.path.insert(0, str(Path(__file__).parent))

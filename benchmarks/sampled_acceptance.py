@@ -421,7 +421,7 @@ def _own_replay(folder: Path, spec: dict[str, Any], *, limits: dict, level: int
 
 def prediction_rows(out: Path, plan: dict[str, Any], limits: dict) -> list[dict[str, Any]]:
     """One row per case, speculative config and repeat: predicted (with ±), measured, own."""
-    from tuner.replay.predict import MeasuredTrial
+    from tuner.replay.measured import MeasuredTrial
     from tuner.tokens import TokenCapture
 
     configs = {n: TrialConfig(speculative_config=s) for n, s in plan["configs"].items() if s}

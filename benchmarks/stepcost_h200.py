@@ -31,7 +31,8 @@ import pandas as pd
 
 from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult, LevelMetrics
-from tuner.replay.predict import MeasuredTrial, Prediction, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import Prediction, predict
 from tuner.tokens import TokenCapture
 
 GRAPHS = "FULL_AND_PIECEWISE"  # what every launch's config line stated (engine_paths.txt)

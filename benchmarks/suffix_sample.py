@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from tuner.records.results import BenchResult
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.search import candidates
 from tuner.search import space as spaces
 from tuner.tokens import FILE_NAME, TokenCapture

@@ -18,7 +18,8 @@ from tuner.measure import trial as runner
 from tuner.outputs import drafter_k as drafter_words
 from tuner.records.configs import MeasureSettings, Prompt, TrialConfig, Workload, WorkloadSpec
 from tuner.replay import drafter_k
-from tuner.replay.predict import MeasuredTrial, drafter_axes
+from tuner.replay.drafter_launches import drafter_axes
+from tuner.replay.measured import MeasuredTrial
 
 RATES = tuple(round(0.8 ** (i + 1), 4) for i in range(5))  # geometric: 0.8 given the last
 SCRIPT = dict(ttft_ms=20.0, tpot_ms=10.0, load_per_seq=0.3, verify_cost_per_token=0.02,

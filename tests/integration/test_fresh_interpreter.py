@@ -9,9 +9,9 @@ import sys
 
 
 def test_parsing_a_space_does_not_import_vllm():
-    code = ("import sys; from tuner import speculative; from tuner.search import space; "
+    code = ("import sys; from tuner.speculative import schema; from tuner.search import space; "
             "space.load('default'); "
-            "print(speculative.vllm_schema().origin); print(sorted(m for m in sys.modules "
+            "print(schema.vllm_schema().origin); print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'vllm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()

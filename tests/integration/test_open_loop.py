@@ -20,7 +20,8 @@ from tuner.measure.trial import OpenLoopSettings
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
 from tuner.records.options import OptimizeOptions, PolicyOptions
-from tuner.records.results import BenchResult, TrialOutcome
+from tuner.records.results import BenchResult
+from tuner.records.trials import TrialOutcome
 from tuner.search import ladder
 
 

@@ -29,7 +29,7 @@ from tuner.analysis.frame import configs_frame, configs_of, trials_frame
 from tuner.analysis.pareto import knee, pareto_front, speedups
 from tuner.analysis.recommend import recommend, recommendations, serve_config
 from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.records.results import Basis, Noise, Recommendation, WindowSpread
+from tuner.records.recommendations import Basis, Noise, Recommendation, WindowSpread
 from tuner.search.study import settings_of
 
 

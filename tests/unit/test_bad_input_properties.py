@@ -37,7 +37,7 @@ from tuner.measure import workloads
 from tuner.records.configs import WorkloadSpec
 from tuner.search import space
 from tuner.search import study as study_module
-from tuner.speculative import vllm_schema
+from tuner.speculative.schema import vllm_schema
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -385,7 +385,7 @@ def schema_source(request, monkeypatch):
     copy of vLLM 0.32.0's (what an engine in another virtualenv gets)."""
     import importlib.util
 
-    from tuner import speculative
+    from tuner.speculative import schema
 
     if request.param == "installed" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed in this Python")
@@ -393,9 +393,9 @@ def schema_source(request, monkeypatch):
         find_spec = importlib.util.find_spec
         monkeypatch.setattr(importlib.util, "find_spec",
                             lambda name, *a: None if name == "vllm" else find_spec(name, *a))
-    speculative.vllm_schema.cache_clear()
-    yield speculative.vllm_schema()
-    speculative.vllm_schema.cache_clear()
+    schema.vllm_schema.cache_clear()
+    yield schema.vllm_schema()
+    schema.vllm_schema.cache_clear()
 
 
 def test_methods_vllm_accepts_pass_though_tuner_has_no_entry_for_them(schema_source):

@@ -1,5 +1,5 @@
 """The split of a speedup over the plain baseline into the engine path's cost and speculation's
-own gain: the one arithmetic (tuner.records.results.Measured, SpeedupSplit) and where analysis applies
+own gain: the one arithmetic (tuner.records.speedup.Measured, SpeedupSplit) and where analysis applies
 it (tuner.analysis.decomposition: a frame's rows, a recommendation, the policy's ladder)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from study_fakes import H200_GAIN, H200_PATH, aligned_study, realistic_study
 from tuner.analysis import decomposition
 from tuner.analysis.frame import trials_frame
 from tuner.outputs import policy_words, verdicts
-from tuner.records.results import Measured, SpeedupSplit, ratio_text, split_text
+from tuner.records.speedup import Measured, SpeedupSplit, ratio_text, split_text
 
 
 def m(value: float, spread: float = math.nan) -> Measured:

@@ -11,7 +11,8 @@ import pytest
 from study_fakes import fake_level, fake_study, ngram
 
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
-from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
+from tuner.records.trials import Failure, TrialOutcome
 from tuner.search import ladder, optuna_compat
 from tuner.tokens import RequestTokens, TokenCapture
 

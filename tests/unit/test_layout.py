@@ -104,8 +104,11 @@ EDGES = {name: _imports(name, path) for name, path in _modules().items()}
 def test_the_layout_has_its_stage_folders():
     for stage in STAGES:
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
-    for top in ("errors", "tokens", "speculative", "engine_cmdline"):
+    for top in ("errors", "tokens", "engine_cmdline"):
         assert (PACKAGE / f"{top}.py").is_file(), top
+    # What vLLM's SpeculativeConfig accepts, by concern (a base package: it imports no stage).
+    for concern in ("schema", "config_check", "schedule_rules", "proposer_settings"):
+        assert (PACKAGE / "speculative" / f"{concern}.py").is_file(), concern
     # The checks, by concern (a package, as the records are).
     for concern in ("bounds", "converters", "files", "engine", "spec_config", "plans"):
         assert (PACKAGE / "checks" / f"{concern}.py").is_file(), concern
@@ -115,9 +118,11 @@ def test_the_layout_has_its_stage_folders():
     for command in ("bench", "optimize", "report", "policy", "recommend", "verify", "predict",
                     "repair"):
         assert (PACKAGE / "cli" / f"{command}.py").is_file(), command
-    # The records, by concern: what is asked, what was measured, the options of each command,
-    # the storage contract and the old keys it still reads.
-    for concern in ("configs", "results", "options", "storage", "migrations"):
+    # The records, by concern: what is asked, what was measured, why a trial stands in a study,
+    # the split of a speedup, what analysis recommends, the options of each command, the
+    # storage contract and the old keys it still reads.
+    for concern in ("configs", "results", "trials", "speedup", "recommendations", "options",
+                    "storage", "migrations"):
         assert (PACKAGE / "records" / f"{concern}.py").is_file(), concern
 
 

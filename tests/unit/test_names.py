@@ -12,7 +12,7 @@ from pathlib import Path
 import tuner
 from tuner.records import migrations
 from tuner.records.policy import PolicyDocument
-from tuner.records.results import Role
+from tuner.records.trials import Role
 
 PACKAGE = Path(tuner.__file__).resolve().parent
 GOLDEN_POLICY = PACKAGE.parent / "tests" / "data" / "golden" / "optuna_tpe" / "policy.json"

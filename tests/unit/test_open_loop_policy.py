@@ -183,7 +183,8 @@ def test_the_open_loop_phase_measures_only_the_edge_levels_at_their_rates(tmp_pa
 
     from tuner.measure.trial import OpenLoopSettings
     from tuner.records.configs import EngineSpec, MeasureSettings, Workload, WorkloadSpec
-    from tuner.records.results import BenchResult, EngineInfo, LevelMetrics, TrialOutcome
+    from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
+    from tuner.records.trials import TrialOutcome
     from tuner.search import ladder
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

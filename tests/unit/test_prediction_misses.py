@@ -11,8 +11,7 @@ import pytest
 from study_fakes import fake_settings
 
 from tuner.analysis import recommend
-from tuner.records.predictions import PredictedRow
-from tuner.records.results import PredictionMiss
+from tuner.records.predictions import PredictedRow, PredictionMiss
 from tuner.replay.predict import ACCEPTANCE_ACCURACY_PCT, misses
 
 

@@ -23,8 +23,9 @@ from tuner.records.configs import (
     WorkloadSpec,
 )
 from tuner.records.options import OptimizeOptions, OptimizePlan
-from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, TrialOutcome
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Failure, TrialOutcome
 from tuner.search import loop, replay_strategy, strategy
 from tuner.search import space as spaces
 

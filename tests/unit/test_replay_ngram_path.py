@@ -14,7 +14,8 @@ from tuner.outputs.predictions import ngram_path_note
 from tuner.records.configs import TrialConfig
 from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, ngram_v2, schedule
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.tokens import TokenCapture
 
 pytestmark = pytest.mark.vllm  # steps vLLM's proposers

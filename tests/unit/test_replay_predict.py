@@ -12,7 +12,8 @@ from tuner.records.configs import TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.records.results import LevelMetrics
 from tuner.replay import acceptance, cost, schedule
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.search import candidates, replay_confirm
 from tuner.search import space as spaces
 from tuner.tokens import RequestTokens, TokenCapture

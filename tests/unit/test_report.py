@@ -389,7 +389,7 @@ def test_the_windows_of_one_launch_are_said_with_whether_they_settled():
     # A single launch's confidence names each side's windows; one that did not settle, or
     # spread as much as the gain, leaves the answer unsettled.
     from tuner.outputs.verdicts import _windows_clause
-    from tuner.records.results import Basis, Verdict, WindowSpread
+    from tuner.records.recommendations import Basis, Verdict, WindowSpread
 
     def verdict(*windows):
         return Verdict(basis=Basis.WITHIN_NOISE, windows=windows)

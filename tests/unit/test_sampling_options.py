@@ -14,7 +14,7 @@ from tuner.analysis import recommend
 from tuner.errors import ConfigError
 from tuner.measure import completion_request, load_level, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
-from tuner.records.results import Basis, Verdict
+from tuner.records.recommendations import Basis, Verdict
 from tuner.replay import sampling
 from tuner.search import samplers, storage
 from tuner.search import study as st

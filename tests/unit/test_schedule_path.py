@@ -1,8 +1,8 @@
 """The policy follows the engine: what a K table does to vLLM's engine path
-(tuner.speculative.schedule_path), that the installed vLLM's source still says so, and that the
-policy withholds a schedule where the path changes (before any launch) or where its verify
-launch ran another path, ignored the table or measured slower than static K, offering the
-static K of the band that pays; the stored H100 study
+(tuner.speculative.schedule_rules.schedule_path), that the installed vLLM's source still says
+so, and that the policy withholds a schedule where the path changes (before any launch) or
+where its verify launch ran another path, ignored the table or measured slower than static K,
+offering the static K of the band that pays; the stored H100 study
 (benchmarks/data/h100/draft8b-synthetic-c1-128) is the case that showed it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import LadderRun, PathChange, PathRule, ScheduleBasis
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
-from tuner.speculative import FULL_GRAPH_MODES, schedule_path, varying_k
+from tuner.speculative.schedule_rules import FULL_GRAPH_MODES, schedule_path, varying_k
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "benchmarks/data/h100/draft8b-synthetic-c1-128"
@@ -71,7 +71,8 @@ def test_the_installed_vllm_source_still_overrides_full_graphs_for_a_table():
                  "or self.use_v2_model_runner",
                  "Overriding cudagraph_mode from %s to ",
                  "self.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE"):
-        assert line in block, "config/vllm.py changed: read tuner/speculative.py's rule again"
+        assert line in block, \
+            "config/vllm.py changed: read tuner/speculative/schedule_rules.py's rule again"
     assert "self._maybe_override_dynamic_sd_cudagraph_mode()" in text
 
 

@@ -1,7 +1,7 @@
 """Schedules vLLM accepts: which methods' proposers take a K that changes with the batch size
-(tuner.speculative.varying_k), that the installed vLLM's source still says so, and that the
-policy emits a per-batch-size schedule only for those, offering bands (and why) for the rest;
-the replay reads the same rule."""
+(tuner.speculative.schedule_rules.varying_k), that the installed vLLM's source still says so,
+and that the policy emits a per-batch-size schedule only for those, offering bands (and why)
+for the rest; the replay reads the same rule."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tuner.analysis import policy as P
 from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import PolicyDocument
-from tuner.speculative import varying_k
+from tuner.speculative.schedule_rules import varying_k
 
 # method -> (accepted on the V1 runner, accepted on the V2 runner)
 RULE = {
@@ -87,7 +87,8 @@ SOURCE_LINES = [
 
 @pytest.mark.parametrize("rel, line", SOURCE_LINES, ids=[r for r, _ in SOURCE_LINES])
 def test_the_installed_vllm_source_still_says_so(rel, line):
-    assert line in _vllm_file(rel), f"{rel} changed: read tuner/speculative.py's rule again"
+    assert line in _vllm_file(rel), \
+        f"{rel} changed: read tuner/speculative/schedule_rules.py's rule again"
 
 
 def test_v2_does_not_run_the_fixed_k_methods():

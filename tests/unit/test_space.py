@@ -11,9 +11,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import speculative
 from tuner.errors import ConfigError
 from tuner.search import space
+from tuner.speculative import schema as spec_schema
 
 
 def test_builtin_spaces_load_and_include_the_baseline():
@@ -139,7 +139,7 @@ def test_methods_of_the_installed_vllm_are_accepted():
                                   "deepseek_mtp": {"num_speculative_tokens": 1},
                                   "qwen3_next_mtp": {}}}, source="my.yaml")
     assert sp.speculative_methods() == ["dflash", "deepseek_mtp", "qwen3_next_mtp"]
-    assert speculative.vllm_schema().origin.startswith("SpeculativeConfig of vLLM")
+    assert spec_schema.vllm_schema().origin.startswith("SpeculativeConfig of vLLM")
 
 
 def test_unknown_method_names_close_matches_and_every_valid_method():
@@ -203,24 +203,24 @@ def test_without_vllm_the_fallback_list_is_used_and_the_message_says_so(monkeypa
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "vllm" else find_spec(name, *a))
-    speculative.vllm_schema.cache_clear()
+    spec_schema.vllm_schema.cache_clear()
     try:
-        assert speculative.vllm_schema().methods == speculative.FALLBACK_METHODS
+        assert spec_schema.vllm_schema().methods == spec_schema.FALLBACK_METHODS
         space.parse({"methods": {"dflash": {"model": "/m"}}})
         with pytest.raises(ConfigError, match=r"Did you mean 'prompt_lookup_max'.*Valid \(spec-"
                            r"tuner's copy of vLLM 0\.32\.0's SpeculativeConfig, as vLLM is not "
                            r"importable in "):
             space.parse({"methods": {"ngram": {"prompt_lookup_mx": 4}}})
     finally:
-        speculative.vllm_schema.cache_clear()
+        spec_schema.vllm_schema.cache_clear()
 
 
 @needs_vllm
 def test_fallback_lists_are_those_of_the_vllm_they_name():
-    if speculative.vllm_version() != speculative.FALLBACK_VERSION:
-        pytest.skip(f"vLLM {speculative.vllm_version()} installed, fallback is {speculative.FALLBACK_VERSION}")
-    schema = speculative.vllm_schema()
-    assert (schema.methods, schema.keys) == (speculative.FALLBACK_METHODS, speculative.FALLBACK_KEYS)
+    if spec_schema.vllm_version() != spec_schema.FALLBACK_VERSION:
+        pytest.skip(f"vLLM {spec_schema.vllm_version()} installed, fallback is {spec_schema.FALLBACK_VERSION}")
+    schema = spec_schema.vllm_schema()
+    assert (schema.methods, schema.keys) == (spec_schema.FALLBACK_METHODS, spec_schema.FALLBACK_KEYS)
 
 
 def test_source_reader_resolves_aliases_and_gives_up_on_imported_ones(tmp_path):
@@ -230,18 +230,18 @@ def test_source_reader_resolves_aliases_and_gives_up_on_imported_ones(tmp_path):
         "A = Literal['a']\nB = Literal['b', A]\n"
         "class SpeculativeConfig:\n    method: B | None = None\n"
         "    target_model_config: SkipValidation[int] = None\n    model: str = ''\n")
-    assert speculative._schema_from_source(tmp_path) == (("b", "a"), ("method", "model"))
+    assert spec_schema._schema_from_source(tmp_path) == (("b", "a"), ("method", "model"))
     (config / "speculative.py").write_text(
         "from elsewhere import M\nclass SpeculativeConfig:\n    method: M | None = None\n")
-    assert speculative._schema_from_source(tmp_path) is None  # vllm_schema then imports vLLM
+    assert spec_schema._schema_from_source(tmp_path) is None  # vllm_schema then imports vLLM
 
 
 @needs_vllm
 def test_reading_the_source_finds_what_importing_vllm_finds():
     root = Path(list(importlib.util.find_spec("vllm").submodule_search_locations)[0])
-    from_source = speculative._schema_from_source(root)
+    from_source = spec_schema._schema_from_source(root)
     assert from_source is not None and "dflash" in from_source[0]
     assert "target_model_config" not in from_source[1]
-    assert from_source == speculative._schema_from_import()  # imports vllm.config: about 8 s
+    assert from_source == spec_schema._schema_from_import()  # imports vllm.config: about 8 s
 
 

@@ -1,6 +1,6 @@
 """Checks before a launch: a --speculative-config vLLM's own SpeculativeConfig would refuse is
-refused before any engine starts (tuner.speculative.vllm_answer runs vLLM's source of that
-class over stand-ins for vLLM proper; tuner.checks.vllm_accepts words the refusal), with
+refused before any engine starts (tuner.speculative.config_check.vllm_answer runs vLLM's source
+of that class over stand-ins for vLLM proper; tuner.checks.vllm_accepts words the refusal), with
 vLLM's reason, and never for a reason of the stand-ins' own."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner import checks, speculative
+from tuner import checks
 from tuner.errors import ConfigError
 from tuner.records.configs import EngineSpec
+from tuner.speculative import config_check
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM's SpeculativeConfig is what is checked against")
@@ -62,20 +63,20 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("spec, reason", REFUSED, ids=[str(s) for s, _ in REFUSED])
 def test_vllm_refuses_with_its_reason(spec, reason):
-    answer = speculative.vllm_answer(spec, model=ENGINE.model)
+    answer = config_check.vllm_answer(spec, model=ENGINE.model)
     assert answer.refused is not None and reason in answer.refused, answer
     assert answer.origin.startswith("vLLM ")
 
 
 @pytest.mark.parametrize("spec", ACCEPTED, ids=[str(s) for s in ACCEPTED])
 def test_what_vllm_takes_is_not_refused(spec):
-    answer = speculative.vllm_answer(spec, model=ENGINE.model)
+    answer = config_check.vllm_answer(spec, model=ENGINE.model)
     assert answer.refused is None, answer
     checks.vllm_accepts(spec, ENGINE, where="--speculative-config")
 
 
 def test_where_vllm_needs_a_model_the_check_stops_and_says_so():
-    answer = speculative.vllm_answer({"method": "eagle", "model": "/m",
+    answer = config_check.vllm_answer({"method": "eagle", "model": "/m",
                                         "num_speculative_tokens": 3})
     assert answer.refused is None and "ModelConfig" in answer.checked
     assert "launch" in answer.checked
@@ -94,15 +95,16 @@ def test_the_real_vllm_class_agrees():
         try:
             SpeculativeConfig(**spec, target_model_config=None, target_parallel_config=None)
         except Exception as e:
-            real = speculative._validation_reason(e, path) or str(e)
+            real = config_check._validation_reason(e, path) or str(e)
         else:
             real = None
-        assert real == speculative.vllm_answer(spec).refused, spec
+        assert real == config_check.vllm_answer(spec).refused, spec
 
 
 def test_the_answer_is_fast_and_imports_no_vllm():
-    code = ("import sys, time; t = time.perf_counter(); from tuner import speculative; "
-            "v = speculative.vllm_answer({'method': 'eagle'}); "
+    code = ("import sys, time; t = time.perf_counter(); "
+            "from tuner.speculative import config_check; "
+            "v = config_check.vllm_answer({'method': 'eagle'}); "
             "print(round(time.perf_counter() - t, 3), 'vllm' in sys.modules, v.refused)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split(" ", 2)

@@ -12,8 +12,9 @@ from study_fakes import fake_level
 
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
 from tuner.records.options import OptimizeOptions, OptimizePlan
-from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, Role, TrialOutcome
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Failure, Role, TrialOutcome
 from tuner.search import loop
 from tuner.search import space as spaces
 from tuner.search.strategy import Launch, OptunaSearch, Stop, StopReason

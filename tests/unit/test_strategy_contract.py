@@ -26,8 +26,9 @@ from tuner.records.configs import (
     WorkloadSpec,
 )
 from tuner.records.options import OptimizeOptions, OptimizePlan
-from tuner.records.results import BenchResult, EngineInfo, Failure, LevelMetrics, Role, TrialOutcome
+from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Failure, Role, TrialOutcome
 from tuner.search import loop
 from tuner.search import space as spaces
 from tuner.search import study as st

@@ -15,7 +15,8 @@ import pytest
 
 from tuner.measure.trial import capture_tokens
 from tuner.records.configs import Prompt, TrialConfig
-from tuner.records.results import BenchResult, EngineInfo, RequestRecord, TrialOutcome
+from tuner.records.results import BenchResult, EngineInfo, RequestRecord
+from tuner.records.trials import TrialOutcome
 from tuner.tokens import FILE_NAME, RequestTokens, TokenCapture
 
 

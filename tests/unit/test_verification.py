@@ -13,7 +13,7 @@ from tuner.analysis import frame, pareto, recommend
 from tuner.analysis import verification as v
 from tuner.outputs import verification as words
 from tuner.records.configs import RequestSchedule, TrialConfig
-from tuner.records.results import Failure
+from tuner.records.trials import Failure
 from tuner.records.verification import (
     CheckOutcome,
     SkipReason,

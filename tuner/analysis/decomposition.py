@@ -16,7 +16,7 @@ import pandas as pd
 
 from tuner.analysis import frame
 from tuner.records.policy import LevelStat
-from tuner.records.results import ConfigSplit, Measured, SpeedupSplit
+from tuner.records.speedup import ConfigSplit, Measured, SpeedupSplit
 
 # Each ratio and its spread in the ratio's units: the frame's columns, and the keys of a
 # recommendation's `decomposition` (recommendation.json).

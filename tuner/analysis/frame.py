@@ -22,8 +22,9 @@ import pandas as pd
 
 from tuner import intervals
 from tuner.records.configs import TrialConfig
-from tuner.records.results import LevelMetrics, Role
+from tuner.records.results import LevelMetrics
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Role
 
 if TYPE_CHECKING:
     import optuna

@@ -52,7 +52,8 @@ from tuner.records.policy import (
     ScheduleVerification,
     VerificationRow,
 )
-from tuner.records.results import Measured, Role, SpeedupSplit
+from tuner.records.speedup import Measured, SpeedupSplit
+from tuner.records.trials import Role
 
 if TYPE_CHECKING:
     import pandas as pd

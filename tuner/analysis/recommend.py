@@ -25,12 +25,11 @@ import pandas as pd
 from tuner import engine_cmdline, intervals
 from tuner.analysis import decomposition, frame, pareto
 from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.records.results import (
+from tuner.records.predictions import PredictionMiss
+from tuner.records.recommendations import (
     Basis,
     Noise,
-    PredictionMiss,
     Recommendation,
-    Role,
     SpeedupInterval,
     Status,
     ThroughputSpread,
@@ -39,6 +38,7 @@ from tuner.records.results import (
 )
 from tuner.records.selection import Choice, Selection
 from tuner.records.storage import StudySettings
+from tuner.records.trials import Role
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2

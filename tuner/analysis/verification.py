@@ -19,7 +19,7 @@ import pandas as pd
 from tuner import intervals
 from tuner.analysis import frame
 from tuner.records.configs import TrialConfig
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 from tuner.records.selection import RestsOn
 from tuner.records.verification import (
     CheckOutcome,

@@ -40,8 +40,10 @@ from tuner.records.options import (
 )
 from tuner.records.outcomes import StudyOutcome, TrafficOutcome
 from tuner.records.policy import PolicyDocument
-from tuner.records.results import BenchResult, Recommendation, Role
+from tuner.records.recommendations import Recommendation
+from tuner.records.results import BenchResult
 from tuner.records.storage import StudySettings
+from tuner.records.trials import Role
 from tuner.records.verification import Verification, VerifyLaunch
 
 Say = Callable[[str], None]
@@ -165,7 +167,7 @@ def _warn_sampling(engine: EngineSpec, workload: WorkloadSpec, say: Say) -> None
     """Once, up front: speculative launches on vLLM's CPU build sample wrongly at temperature
     above 0 (tuner.replay.sampling.known_defect)."""
     from tuner.replay import sampling
-    from tuner.speculative import vllm_version
+    from tuner.speculative.schema import vllm_version
 
     if not engine.base_url and (text := sampling.known_defect(
             device=engine.device, temperature=workload.temperature,
@@ -386,14 +388,14 @@ def _predict_drafters(search: Any, out_dir: Path) -> None:
     """After a search that launched a model-based drafter (draft_model, EAGLE, MTP): every K
     up to each drafter's largest launched K, at every level, from that launch's per-position
     acceptance (tuner.replay.drafter_k) into predicted.csv, its table and any miss said."""
-    from tuner import speculative
     from tuner.outputs import drafter_k as drafter_words
     from tuner.replay import drafter_k
     from tuner.replay.predict import predict as predict_space
     from tuner.search import study as st
     from tuner.search import trials
+    from tuner.speculative.schedule_rules import autoregressive_drafter
 
-    if not any(speculative.autoregressive_drafter(m)
+    if not any(autoregressive_drafter(m)
                for m in search.space.speculative_methods()):
         return
     measured = trials.measured_trials(search.study, out_dir)

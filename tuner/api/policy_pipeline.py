@@ -15,7 +15,7 @@ from tuner import engine_cmdline
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
 from tuner.records.options import PolicyOptions
 from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
-from tuner.records.results import Role
+from tuner.records.trials import Role
 
 Lineup = list[tuple[Role, TrialConfig]]
 
@@ -24,11 +24,11 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     """Measure the study's leading configs on the campaign's ladder, find where speculation
     stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder.
     `workload`: the study's, as the ladder sends it."""
-    from tuner import speculative  # whether vLLM takes a schedule of the leader's method
     from tuner.analysis import frame
     from tuner.analysis import policy as rules
     from tuner.outputs import policy_words
     from tuner.search import ladder, trials
+    from tuner.speculative.schedule_rules import schedule_path, varying_k
 
     study, engine, say = campaign.study, campaign.engine, campaign.say
     levels = campaign.settings.concurrencies
@@ -46,9 +46,9 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     path = rules.engine_details(ladder_runs, leader.key())  # the path the bands were measured on
     draft = rules.draft_policy(
         ladder_runs, lineup, where=f"{campaign.out_dir}/policy",
-        varying_k=speculative.varying_k(leader.method),
-        path_rule=speculative.schedule_path(leader.method, runner=path.get("model_runner"),
-                                            cudagraph_mode=path.get("cudagraph_mode")),
+        varying_k=varying_k(leader.method),
+        path_rule=schedule_path(leader.method, runner=path.get("model_runner"),
+                                cudagraph_mode=path.get("cudagraph_mode")),
         predicted=_predicted_curves(ladder_runs, leader, study_dir=campaign.out_dir,
                                     engine=engine, temperature=workload.temperature, say=say),
         max_batch=engine_cmdline.engine_limits(engine).max_num_seqs,

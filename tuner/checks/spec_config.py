@@ -11,7 +11,9 @@ from typing import Any
 from tuner.checks.bounds import show, unknown_name
 from tuner.errors import ConfigError
 from tuner.records.configs import EngineSpec
-from tuner.speculative import varying_k, vllm_answer, vllm_schema
+from tuner.speculative.config_check import vllm_answer
+from tuner.speculative.schedule_rules import varying_k
+from tuner.speculative.schema import vllm_schema
 
 
 def check_methods(space: Any, engine: EngineSpec) -> None:
@@ -93,9 +95,9 @@ def _at_end(p: Any, end: str, *, at_most: float | None, at_least: float | None) 
 def vllm_accepts(spec: dict, engine: EngineSpec, *, where: str) -> None:
     """Refuse, before any engine starts, a speculative config vLLM's own SpeculativeConfig
     refuses (its field constraints and validators, run here without an engine:
-    tuner.speculative.vllm_answer), or a per-batch-size K schedule for a method whose
-    proposer cannot take a changing K (tuner.speculative.varying_k): one message, vLLM's
-    reason in its words, what to do."""
+    tuner.speculative.config_check.vllm_answer), or a per-batch-size K schedule for a method
+    whose proposer cannot take a changing K (tuner.speculative.schedule_rules.varying_k): one
+    message, vLLM's reason in its words, what to do."""
     answer = vllm_answer(spec, model=engine.model)
     shown = show(json.dumps(spec, separators=(",", ":")), 200, quote=True)
     if answer.refused:
@@ -132,7 +134,7 @@ def _what_to_do(spec: dict) -> str:
 
 # The common methods and what each needs besides the target model, for help texts and
 # messages. Which methods and keys a vLLM accepts is its own SpeculativeConfig's answer
-# (tuner.speculative.vllm_schema): every check reads that, so a method added to vLLM
+# (tuner.speculative.schema.vllm_schema): every check reads that, so a method added to vLLM
 # (dflash, deepseek_mtp, ...) is accepted without a change here.
 METHODS = {
     "none": "no speculation (the baseline)",

@@ -32,7 +32,8 @@ from tuner.records.configs import (
     Workload,
     prompts_digest,
 )
-from tuner.records.results import BenchResult, Failure, LevelMetrics, RequestRecord, TrialOutcome
+from tuner.records.results import BenchResult, LevelMetrics, RequestRecord
+from tuner.records.trials import Failure, TrialOutcome
 
 MAX_FAILED_FRACTION = 0.2
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from tuner.analysis.pareto import Points
 from tuner.outputs import figures
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 
 
 def acceptance_plot(

@@ -28,7 +28,8 @@ from tuner.outputs.text import (
 )
 from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
 from tuner.records.predictions import PredictedRow, Row
-from tuner.records.results import BenchResult, Recommendation
+from tuner.records.recommendations import Recommendation
+from tuner.records.results import BenchResult
 from tuner.records.selection import Choice
 from tuner.records.verification import Verification
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -14,7 +14,8 @@ import pandas as pd
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
 from tuner.outputs import figures
-from tuner.records.results import Recommendation, Role
+from tuner.records.recommendations import Recommendation
+from tuner.records.trials import Role
 
 
 def pareto_plots(

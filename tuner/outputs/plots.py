@@ -22,7 +22,7 @@ from tuner.outputs.acceptance_plots import acceptance_plot, per_position_plot
 from tuner.outputs.pareto_plot import pareto_plots
 from tuner.outputs.speedup_plot import speedup_plot
 from tuner.records.policy import BreakEvenStatus, PolicyDocument
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 
 
 def draw_all(

@@ -19,7 +19,7 @@ from tuner.records.policy import (
     ScheduleCheck,
     ScheduleVerification,
 )
-from tuner.records.results import Measured, SpeedupSplit, ratio_text
+from tuner.records.speedup import Measured, SpeedupSplit, ratio_text
 
 SPECULATION_OFF = "Speculation does not pay beyond the noise at any measured level: leave it off."
 

@@ -23,14 +23,15 @@ from tuner.outputs.predictions import PREDICTED_CSV, load_predictions, predictio
 from tuner.outputs.text import num, times
 from tuner.records.configs import RequestSchedule
 from tuner.records.policy import PolicyDocument
-from tuner.records.results import LevelMetrics, PredictionMiss
+from tuner.records.predictions import PredictionMiss
+from tuner.records.results import LevelMetrics
 from tuner.records.storage import StudySettings
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from tuner.analysis.pareto import Points
-    from tuner.records.results import Recommendation
+    from tuner.records.recommendations import Recommendation
 
 
 # --- study outputs, regenerated from storage ----------------------------------------------

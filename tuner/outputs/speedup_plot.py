@@ -15,7 +15,7 @@ import pandas as pd
 from tuner.analysis.frame import is_aligned_baseline
 from tuner.analysis.pareto import Points
 from tuner.outputs import figures
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 
 
 def speedup_plot(

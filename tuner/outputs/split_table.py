@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from tuner.analysis import frame
 from tuner.outputs import text
-from tuner.records.results import ratio_text
+from tuner.records.speedup import ratio_text
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from tuner.records.results import ConfigSplit, Recommendation
+    from tuner.records.recommendations import Recommendation
+    from tuner.records.speedup import ConfigSplit
 
 _TOP_CONFIGS = 5
 INTRO = ("Speedup over the plain baseline = engine path cost \u00d7 speculation gain. The "

@@ -12,7 +12,7 @@ from typing import Any
 
 from tuner.analysis.frame import number
 from tuner.records.predictions import PredictedRow
-from tuner.records.results import ratio_text
+from tuner.records.speedup import ratio_text
 
 
 def num(value: float | None, fmt: str = "{:.1f}") -> str:

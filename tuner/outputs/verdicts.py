@@ -1,5 +1,5 @@
 """A recommendation in words: its reason and how sure it is, from the figures of its verdict
-(tuner.records.results.Verdict, which tuner.analysis.recommend decides). The terminal, the
+(tuner.records.recommendations.Verdict, which tuner.analysis.recommend decides). The terminal, the
 report and recommendation.json all say them through here, so they say the same.
 """
 
@@ -10,16 +10,15 @@ from collections.abc import Mapping
 from tuner import intervals
 from tuner.analysis.recommend import MIN_CANDIDATES, MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
 from tuner.outputs import selection
-from tuner.records.results import (
+from tuner.records.recommendations import (
     Basis,
-    ConfigSplit,
     Noise,
     Recommendation,
     SpeedupInterval,
     Verdict,
     WordedRecommendation,
-    ratio_text,
 )
+from tuner.records.speedup import ConfigSplit, ratio_text
 
 
 def reason(rec: Recommendation) -> str:

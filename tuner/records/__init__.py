@@ -2,10 +2,12 @@
 
 - configs: what is asked (the workload and its prompts, the engine, a candidate config, how
   each level is driven, the requests every launch of a study sends);
-- results: what was measured and decided (requests, levels, launches, trial outcomes, the
-  speedup split, recommendations);
+- results: what was measured (requests, levels, launches, what a `tuner bench` run asked);
+- trials: why a trial stands in a study (its role), and what it produced or why it failed;
+- speedup: a measured figure with its spread, the split of a speedup, the wording of a ratio;
+- recommendations: what analysis decided per level, its verdict as figures, and its words;
 - predictions: a row the replay predicted (a config at a level), as predicted.csv and
-  traffic.csv hold it;
+  traffic.csv hold it, and where the replay missed a measurement;
 - policy: the load-aware policy document (policy.json) and the ladder runs it rests on;
 - verification: what `tuner verify` measured out of sample against a study's intervals;
 - outcomes: what a command hands the command line once it is done;

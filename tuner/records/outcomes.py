@@ -11,7 +11,7 @@ from pydantic import ConfigDict
 from tuner.records.configs import Frozen
 from tuner.records.policy import PolicyDocument
 from tuner.records.predictions import TrafficRow
-from tuner.records.results import Recommendation
+from tuner.records.recommendations import Recommendation
 
 
 class TrafficOutcome(Frozen):

@@ -21,7 +21,8 @@ from pydantic import (
 
 from tuner.records.configs import Frozen, TrialConfig
 from tuner.records.migrations import OLD_POLICY_KEYS, renamed
-from tuner.records.results import BenchResult, Failure, LevelMetrics, Role
+from tuner.records.results import BenchResult, LevelMetrics
+from tuner.records.trials import Failure, Role
 
 # (first batch size, last batch size, K): one band of vLLM's num_speculative_tokens_per_batch_size
 Band = tuple[int, int, int]
@@ -212,8 +213,9 @@ class PathChange(_Part):
 
 class PathRule(_Part):
     """What vLLM's source says a K table does to the engine path of the static config, before
-    any launch (tuner.speculative.schedule_path): the fields it changes (none: the path stays),
-    where vLLM does it, and a vLLM issue where the table is known to be ignored on that path."""
+    any launch (tuner.speculative.schedule_rules.schedule_path): the fields it changes (none:
+    the path stays), where vLLM does it, and a vLLM issue where the table is known to be
+    ignored on that path."""
 
     changes: tuple[PathChange, ...] = ()
     vllm_source: str | None = None

@@ -1,8 +1,9 @@
 """What the replay predicts: one config at one level, with the measured figures beside it
 (PredictedRow, a row of predicted.csv: tuner.replay.predict), or over a user's own request
 logs (TrafficRow, a row of traffic.csv: tuner.replay.traffic), and the predicted figure a
-ranking is by. Field names are the files' column names; `csv_row` is the one place a row
-becomes the dict those files are written from.
+ranking is by; and a launched config whose measured acceptance the replay missed beyond its
+stated accuracy (PredictionMiss). Field names are the files' column names; `csv_row` is the one
+place a row becomes the dict those files are written from.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
+
+from tuner.records.configs import Frozen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,3 +126,26 @@ class PredictedFigure(str, Enum):
         if self is PredictedFigure.OUTPUT_THROUGHPUT:
             return row.pred_output_throughput_pm
         return row.pred_mean_tpot_ms_pm
+
+
+class PredictionMiss(Frozen):
+    """A launched config whose measured acceptance length at a level lies further from the
+    replay's prediction, over the same requests, than the replay's stated accuracy
+    (tuner.replay.predict.ACCEPTANCE_ACCURACY_PCT): the prediction, or the measurement, is
+    not what it claims to be."""
+
+    key: str
+    label: str
+    concurrency: int
+    predicted: float
+    measured: float
+    error_pct: float  # 100 (predicted - measured) / measured
+    accuracy_pct: float
+
+    def text(self) -> str:
+        """The one line the study prints and the report and the recommendation repeat."""
+        return (f"Prediction missed at c={self.concurrency}: {self.label} measured acceptance "
+                f"length {self.measured:.2f} where the replay predicted {self.predicted:.2f} "
+                f"over the same requests ({self.error_pct:+.1f}%, beyond its stated "
+                f"±{self.accuracy_pct:g}%); check that launch's engine log and tokens before "
+                f"relying on it.")

@@ -14,7 +14,8 @@ from tuner.records.configs import (
     TrialConfig,
     WorkloadSpec,
 )
-from tuner.records.results import BenchResult, PredictionMiss
+from tuner.records.predictions import PredictionMiss
+from tuner.records.results import BenchResult
 
 # The study user attr that holds a StudySettings.
 STUDY_ATTR = "tuner"

@@ -8,7 +8,8 @@ from enum import Enum
 from typing import Literal
 
 from tuner.records.configs import Frozen, RequestSchedule, TrialConfig
-from tuner.records.results import Failure, Status
+from tuner.records.recommendations import Status
+from tuner.records.trials import Failure
 
 
 class CheckOutcome(str, Enum):

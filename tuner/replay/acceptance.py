@@ -29,7 +29,8 @@ import numpy as np
 
 from tuner.records.configs import TrialConfig
 from tuner.replay import ngram_v2
-from tuner.speculative import ProposerSettings, varying_k
+from tuner.speculative.proposer_settings import ProposerSettings
+from tuner.speculative.schedule_rules import varying_k
 from tuner.tokens import RequestTokens, TokenCapture
 
 REPLAYABLE = ("ngram", "suffix")
@@ -220,7 +221,7 @@ def replay(capture: TokenCapture, config: TrialConfig, *,
     k_schedule = settings.k_schedule
     rule = varying_k(method, runner="V1")  # the proposers replayed are V1's
     if k_schedule and not rule.accepted:
-        # tuner.speculative.varying_k: suffix's proposer asserts K never changes.
+        # tuner.speculative.schedule_rules.varying_k: suffix's proposer asserts K never changes.
         raise ValueError(f"{method} with num_speculative_tokens_per_batch_size: vLLM's "
                          f"proposer accepts no per-batch-size K ({rule.why})")
     lookup = _schedule(k_schedule, max_num_seqs=max_num_seqs, k=k)

@@ -42,7 +42,7 @@ import numpy as np
 
 from tuner.records.configs import TrialConfig
 from tuner.records.drafter_k import DrafterAxis, DrafterCost, KLaunch, KLevel, KPoint
-from tuner.records.results import PredictionMiss
+from tuner.records.predictions import PredictionMiss
 
 ACCEPTANCE_FLOOR_PCT = 3.0  # issue 49's goal for acceptance length at K < K_max
 THROUGHPUT_ACCURACY_PCT = 5.0  # issue 49's goal for throughput out of sample

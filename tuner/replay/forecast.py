@@ -4,7 +4,7 @@ The study's first baseline launch also sends the workload sample (RequestSchedul
 tuner.tokens.SAMPLE_LEVEL): prompts no level measures, far more than a launch does. At
 temperature 0 their tokens fix what every n-gram and suffix config drafts and accepts on them
 (tuner.replay.acceptance), so each config's drafts are played out at each level on the step
-cost the launches fitted (tuner.replay.predict.calibrate), beside the baseline's play of the
+cost the launches fitted (tuner.replay.calibration.calibrate), beside the baseline's play of the
 same requests. Each request's share of the played engine time is kept (Schedule.share_ms):
 the speedup over any resample of the sample's prompts is the ratio of the summed shares, so
 the bootstrap over prompts is one matrix product, paired (one draw of prompts for every
@@ -22,7 +22,7 @@ import numpy as np
 
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.replay import acceptance, cost, schedule
-from tuner.replay.predict import play
+from tuner.replay.yardstick import play
 from tuner.tokens import RequestTokens, TokenCapture
 
 DRAWS = 2000  # bootstrap resamples of the sample's prompts
@@ -41,7 +41,7 @@ class LevelForecast:
     base_share_ms: np.ndarray  # (requests,): the baseline's share of each request
     share_ms: np.ndarray  # (configs, requests)
     # The plain baseline's throughput over the one the step cost is anchored on (1 where the
-    # engine path does not change; tuner.replay.predict.Yardstick.path_ratio).
+    # engine path does not change; tuner.replay.yardstick.Yardstick.path_ratio).
     path_ratio: float = 1.0
 
     @property

@@ -14,7 +14,7 @@ from tuner import engine_cmdline
 from tuner.errors import ConfigError
 from tuner.measure.trial import measure_outcome
 from tuner.records.configs import EngineSpec
-from tuner.records.results import Failure, TrialOutcome
+from tuner.records.trials import Failure, TrialOutcome
 
 
 def choose(engine: EngineSpec, *, ray_address: str | None, parallel: int | None,

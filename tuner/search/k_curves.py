@@ -11,9 +11,10 @@ from pathlib import Path
 from tuner.measure import enginepath
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.policy import LadderRun
-from tuner.records.results import Role
+from tuner.records.trials import Role
 from tuner.replay import acceptance
-from tuner.replay.predict import MeasuredTrial, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import predict
 from tuner.tokens import TokenCapture
 
 

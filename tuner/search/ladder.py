@@ -28,8 +28,8 @@ from tuner.records.configs import (
     Workload,
 )
 from tuner.records.policy import LadderRun
-from tuner.records.results import TrialOutcome
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import TrialOutcome
 from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 

@@ -29,8 +29,9 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import ConfigError, TrialFailed
 from tuner.records.configs import RequestSchedule, TrialConfig, Workload
 from tuner.records.options import OptimizePlan
-from tuner.records.results import BenchResult, Role, TrialOutcome
+from tuner.records.results import BenchResult
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Role, TrialOutcome
 from tuner.search import optuna_compat, outcomes
 from tuner.search import study as st
 from tuner.search.space import Point, SearchSpace

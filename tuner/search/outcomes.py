@@ -12,8 +12,9 @@ from typing import Any
 
 from tuner.errors import TrialFailed
 from tuner.records.configs import TrialConfig
-from tuner.records.results import BenchResult, Failure, Role
+from tuner.records.results import BenchResult
 from tuner.records.storage import TrialAttr
+from tuner.records.trials import Failure, Role
 from tuner.search import study as st
 from tuner.search.space import Point
 

@@ -17,7 +17,8 @@ from tuner import intervals
 from tuner.records.configs import TrialConfig
 from tuner.records.selection import Choice, Selection, ThroughputCheck, Undecided
 from tuner.replay import forecast, selection
-from tuner.replay.predict import Prediction, yardsticks
+from tuner.replay.predict import Prediction
+from tuner.replay.yardstick import yardsticks
 from tuner.search import noise_profile
 from tuner.search import study as st
 from tuner.search.replay_phase import Flow, Phase

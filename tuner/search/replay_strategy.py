@@ -44,10 +44,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner import intervals
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.predictions import PredictedRow
-from tuner.records.results import Role
 from tuner.records.selection import Selection
+from tuner.records.trials import Role
 from tuner.replay import forecast, sampling
-from tuner.replay.predict import MeasuredTrial, Prediction, misses, predict
+from tuner.replay.measured import MeasuredTrial
+from tuner.replay.predict import Prediction, misses, predict
 from tuner.search import study as st
 from tuner.search.candidates import candidates, refine, refine_limit
 from tuner.search.replay_confirm import ConfirmPhase

@@ -27,7 +27,7 @@ from tuner.checks import METHODS, NEEDS_MODEL, show, unknown_name
 from tuner.errors import ConfigError
 from tuner.records.configs import TrialConfig
 from tuner.search.space_values import VALUE_TYPES, Value, check_value
-from tuner.speculative import VllmSchema, vllm_schema
+from tuner.speculative.schema import VllmSchema, vllm_schema
 
 PARAM_TYPES = ("int", "float", "choice")
 

@@ -21,9 +21,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import intervals
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload
-from tuner.records.results import Role
 from tuner.records.selection import Selection
 from tuner.records.storage import StoredTrial
+from tuner.records.trials import Role
 from tuner.search import outcomes
 from tuner.search import study as st
 from tuner.search.space import SearchSpace

@@ -23,7 +23,7 @@ from tuner.errors import ConfigError
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
 from tuner.records.policy import LadderRun
-from tuner.records.results import BenchResult, Failure, Role
+from tuner.records.results import BenchResult
 from tuner.records.selection import Selection
 from tuner.records.storage import (
     SELECTIONS_ATTR,
@@ -32,6 +32,7 @@ from tuner.records.storage import (
     StudySettings,
     TrialAttr,
 )
+from tuner.records.trials import Failure, Role
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -15,8 +15,9 @@ from optuna.trial import TrialState
 
 from tuner.measure import enginepath
 from tuner.records.configs import TrialConfig
-from tuner.records.results import BenchResult, LevelMetrics, Role
-from tuner.replay.predict import MeasuredTrial
+from tuner.records.results import BenchResult, LevelMetrics
+from tuner.records.trials import Role
+from tuner.replay.measured import MeasuredTrial
 from tuner.search import study as st
 
 

@@ -35,7 +35,7 @@ import time
 from pydantic import ValidationError
 
 from tuner.records.configs import TrialConfig
-from tuner.speculative import ProposerSettings
+from tuner.speculative.proposer_settings import ProposerSettings
 from tuner.testing import fake_pace
 from tuner.testing.fake_pace import ServerState
 from tuner.testing.fake_script import SCRIPT_ENV, FakeScript, load_script

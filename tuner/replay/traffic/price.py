@@ -1,11 +1,12 @@
 """Replay stage, traffic pricing: a study's step cost applied to another traffic's replay.
 
-A study on the target hardware fits the cost of an engine step per level (tuner.replay.predict
-calibrates it on the study's measured trials, tuner.replay.cost); the traffic's own requests,
-with each config's replayed drafts, are played out on it by tuner.replay.predict's `play` and
-scaled by its `Yardstick`: the measured throughput of the baseline the cost is anchored on
-over that baseline's own tokens played out, a factor applied to every played traffic level
-(what the play leaves out, the load generator and the frontend, is taken from the study).
+A study on the target hardware fits the cost of an engine step per level
+(tuner.replay.calibration fits it to the study's measured trials, tuner.replay.cost); the
+traffic's own requests, with each config's replayed drafts, are played out on it by
+tuner.replay.yardstick's `play` and scaled by its `Yardstick`: the measured throughput of the
+baseline the cost is anchored on over that baseline's own tokens played out, a factor applied
+to every played traffic level (what the play leaves out, the load generator and the frontend,
+is taken from the study).
 Where the anchor is an aligned baseline, the plain baseline's throughput is the anchor's times
 their measured ratio (the path's cost). TPOT and TTFT are the played figures, as in
 tuner.replay.predict.
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.replay import acceptance, cost, predict, schedule
-from tuner.replay.predict import MeasuredTrial
+from tuner.replay import acceptance, cost, schedule, yardstick
+from tuner.replay.measured import MeasuredTrial
 from tuner.tokens import TokenCapture
 
 PLAY_REQUESTS = 256
@@ -46,11 +47,11 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Level:
-    """One level's step cost, requests in flight and yardstick (tuner.replay.predict)."""
+    """One level's step cost, requests in flight and yardstick (tuner.replay.yardstick)."""
 
     step: cost.StepCost
     slots: int
-    yard: predict.Yardstick
+    yard: yardstick.Yardstick
 
 
 def sample_rows(n: int) -> np.ndarray:
@@ -66,8 +67,8 @@ def level(cal: Calibration, c: int) -> Level | None:
     if not cal.priced(c):
         return None
     step = cal.costs[c]
-    yard = predict.yardsticks(cal.base, cal.measured, {c: step},
-                              max_num_seqs=cal.max_num_seqs).get(c)
+    yard = yardstick.yardsticks(cal.base, cal.measured, {c: step},
+                                max_num_seqs=cal.max_num_seqs).get(c)
     if yard is None or yard.factor is None or yard.path_ratio is None:
         return None
     return Level(step=step, slots=min(c, cal.max_num_seqs), yard=yard)
@@ -87,8 +88,8 @@ class Priced:
 def baseline(lv: Level, sample: TokenCapture, c: int) -> Priced:
     """The plain baseline's predicted figures over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
-    played = predict.play(lv.step, schedule.baseline_drafts(lengths), lengths, prompts, k=0,
-                          slots=lv.slots)
+    played = yardstick.play(lv.step, schedule.baseline_drafts(lengths), lengths, prompts, k=0,
+                            slots=lv.slots)
     ratio = lv.yard.path_ratio
     thr = _scaled(lv.yard.factor * ratio, played.output_throughput)
     tpot = played.mean_tpot_ms / ratio if played.mean_tpot_ms is not None else None
@@ -100,8 +101,8 @@ def config(lv: Level, sample: TokenCapture, c: int, acc: acceptance.Acceptance,
            base_throughput: float | None) -> Priced:
     """A config's predicted figures: its drafts over the traffic's played requests."""
     lengths, prompts = _lengths(sample, c)
-    played = predict.play(lv.step, acc.request_drafts, lengths, prompts, k=acc.k,
-                          slots=lv.slots)
+    played = yardstick.play(lv.step, acc.request_drafts, lengths, prompts, k=acc.k,
+                            slots=lv.slots)
     thr = _scaled(lv.yard.factor, played.output_throughput)
     return Priced(output_throughput=thr, mean_tpot_ms=played.mean_tpot_ms,
                   mean_ttft_ms=played.mean_ttft_ms,

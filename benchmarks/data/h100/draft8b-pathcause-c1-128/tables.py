@@ -124,12 +124,12 @@ def policy() -> None:
     """tuner policy's rules on the stored study's ladder and verify runs, as tuner.api runs
     them: before any launch (the path rule from the leader's logged path), and on its verify
     launch (the engine path, drafts per band, speed against static K)."""
-    from tuner import speculative
     from tuner.analysis import policy as rules
     from tuner.measure import enginepath
     from tuner.outputs import policy_words
     from tuner.search import ladder
     from tuner.search import study as st
+    from tuner.speculative.schedule_rules import schedule_path, varying_k
 
     with tempfile.TemporaryDirectory() as tmp:  # a copy: opening a study writes beside it
         shutil.copy(HERE.parent / "draft8b-synthetic-c1-128" / "study.journal", tmp)
@@ -138,14 +138,14 @@ def policy() -> None:
     lineup = list({r.key: (r.role, r.config) for r in lad}.values())
     leader = next(c for role, c in lineup if role == "leader")
     path = rules.engine_details(lad, leader.key())
-    rule = speculative.schedule_path(leader.method, runner=path.get("model_runner"),
-                                     cudagraph_mode=path.get("cudagraph_mode"))
+    rule = schedule_path(leader.method, runner=path.get("model_runner"),
+                         cudagraph_mode=path.get("cudagraph_mode"))
     before = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
-                                varying_k=speculative.varying_k(leader.method), path_rule=rule)
+                                varying_k=varying_k(leader.method), path_rule=rule)
     print(f"Before any launch (the leader ran {path.get('model_runner')}, "
           f"{path.get('cudagraph_mode')}): {policy_words.worded(before).headline}")
     drafted = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
-                                 varying_k=speculative.varying_k(leader.method))
+                                 varying_k=varying_k(leader.method))
     policy_cfg, static = rules.policy_configs(drafted, lineup)
     after = policy_words.worded(rules.with_verification(
         drafted, runs, policy_cfg=policy_cfg, static=static, side_by_side=False,
