@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -101,15 +100,17 @@ def test_the_real_vllm_class_agrees():
         assert real == config_check.vllm_answer(spec).refused, spec
 
 
-def test_the_answer_is_fast_and_imports_no_vllm():
-    code = ("import sys, time; t = time.perf_counter(); "
+def test_the_answer_imports_no_vllm():
+    # What makes it fast (no torch, no vLLM: seconds saved per check); checked by what is
+    # imported, not by a clock, which the machine's load can stop.
+    code = ("import sys; "
             "from tuner.speculative import config_check; "
             "v = config_check.vllm_answer({'method': 'eagle'}); "
-            "print(round(time.perf_counter() - t, 3), 'vllm' in sys.modules, v.refused)")
+            "print('vllm' in sys.modules, 'torch' in sys.modules, v.refused)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split(" ", 2)
-    assert out[1] == "False", "the real vLLM was imported"
-    assert float(out[0]) < 2.0, out
+    assert out[0] == "False", "the real vLLM was imported"
+    assert out[1] == "False", "torch was imported"
     assert EAGLE_REASON in out[2]
 
 
@@ -159,16 +160,13 @@ def test_optimize_checks_every_method_of_its_space():
         checks.check_methods(spaces.load(name), ENGINE)  # the built-in spaces all pass
 
 
-def test_cli_refuses_eagle_without_a_draft_in_under_5_s(tmp_path: Path):
+def test_cli_refuses_eagle_without_a_draft_before_any_engine_starts(tmp_path: Path):
     # The command: an engine launched and failed after ~10 s; now vLLM's reason comes
-    # before any engine starts.
-    start = time.perf_counter()
+    # before any engine starts (nothing is made; no clock is read: a timed test fails on load).
     r = subprocess.run([sys.executable, "-m", "tuner", "bench", "--speculative-config",
                         '{"method":"eagle"}', "--output-dir", str(tmp_path / "bench")],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    wall = time.perf_counter() - start
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert EAGLE_REASON in r.stderr and 'needs "model"' in r.stderr
     assert not (tmp_path / "bench").exists()  # nothing made, nothing launched
-    assert wall < 5.0, f"{wall:.1f} s"
