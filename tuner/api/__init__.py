@@ -275,6 +275,13 @@ def _with_drafter(space: Any, model: str, *, replacing: str | None = None) -> An
     return space.model_copy(update={"methods": methods})
 
 
+def space_drafters(space: Any) -> dict[str, str]:
+    """Per method of `space` that loads a drafter, the drafter it names (resolved, once
+    drafted_space has run)."""
+    return {m: p["model"] for m, p in space.methods.items()
+            if m in checks.NEEDS_MODEL and isinstance(p.get("model"), str)}
+
+
 def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> Any:
     """`space` with its drafter resolved: `draft_model` (--draft-model, checked against the
     target's tokenizer) for every method that loads one; else, where the space names the
@@ -308,6 +315,22 @@ def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> An
                                   replacing=checks.EMBEDDED_DRAFT)
 
 
+def study_space(space: Any, stored: StudySettings, measured: Any) -> Any:
+    """`space` as a study's saved data reads it: where a method names the embedded default's
+    made drafter unresolved (checks.EMBEDDED_DRAFT), the drafter the study launched for it,
+    stored with the study or (stored before drafters were kept) named by its measured trials'
+    configs. No drafter is built or checked: nothing is launched."""
+    launched = dict(stored.drafters)
+    for t in measured:
+        spec = t.config.speculative_config or {}
+        if spec.get("method") in checks.NEEDS_MODEL and isinstance(spec.get("model"), str):
+            launched.setdefault(spec["method"], spec["model"])
+    methods = {m: ({**p, "model": launched[m]} if m in launched and
+                   p.get("model") == checks.EMBEDDED_DRAFT else p)
+               for m, p in space.methods.items()}
+    return space.model_copy(update={"methods": methods})
+
+
 def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
                   schedule: RequestSchedule, *, use_replay: bool, say: Say
                   ) -> tuple[Any, list[dict]]:
@@ -320,21 +343,22 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
     o, engine = plan.options, plan.engine
     settings = StudySettings(
         workload=o.workload, workload_digest=wl.digest, engine_spec=engine, settings=o.settings,
-        space=space.name, objectives=tuple(o.objectives),
+        space=space.name, drafters=space_drafters(space), objectives=tuple(o.objectives),
         target_concurrency=plan.target_concurrency, constraints=dict(o.constraints),
         acceptance_profile=o.acceptance_rates, metadata=dict(o.metadata),
         confidence=o.confidence, margin=o.margin, schedule=schedule,
         fingerprint=machine.fingerprint(engine, o.workload, wl.digest))
     constrained = any(v is not None for v in o.constraints.values())
     sampler = samplers.make_sampler(o.sampler, seed=o.seed, constrained=constrained)
-    # Every input is checked by now: only now is the study folder made and announced.
+    # Every input is checked by now: only now is the study folder made (a resumed study's
+    # settings checked against this command's), and announced.
+    study = st.create(out_dir=plan.out_dir, name=plan.study_name, objectives=list(o.objectives),
+                      sampler=sampler, storage_url=o.storage_url, settings=settings)
     say(f"Study '{plan.study_name}' in {plan.out_dir}: space {space.name}, strategy "
         f"{'replay' if use_replay else 'optuna/' + o.sampler}, {o.n_trials} trials, concurrency "
         f"{','.join(map(str, o.settings.concurrencies))} (objectives at "
         f"c={plan.target_concurrency}: {', '.join(o.objectives)}); every launch sends the same "
         f"{_levels_text(schedule)}")
-    study = st.create(out_dir=plan.out_dir, name=plan.study_name, objectives=list(o.objectives),
-                      sampler=sampler, storage_url=o.storage_url, settings=settings)
     retry = outcomes.recover_orphans(study)
     if retry:
         say(f"Resuming: {len(retry)} trial(s) interrupted by a dead driver will be retried.")
@@ -702,9 +726,10 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     study = st.open_existing(study_dir, storage_url, study_name)
     stored = st.settings_of(study)
     engine = stored.engine_spec
-    sp = spaces.load(space_name or stored.space)
-    base = next((t for t in trials.measured_trials(study, study_dir)
-                 if t.role == Role.BASELINE and t.capture is not None), None)
+    measured = trials.measured_trials(study, study_dir)
+    sp = study_space(spaces.load(space_name or stored.space), stored, measured)
+    base = next((t for t in measured if t.role == Role.BASELINE and t.capture is not None),
+                None)
     if base is None:
         raise ConfigError(f"{study_dir}: no completed baseline with token ids. Studies measured "
                           "before token capture (or on a vLLM that does not return token ids) "
@@ -717,7 +742,6 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     configs = candidates.candidates(sp)
     say(f"Replaying {len(configs)} configs of space '{sp.name}' over trial {base.number}'s "
         f"tokens ...")
-    measured = trials.measured_trials(study, study_dir)
     memo: dict = {}
     limits = engine_cmdline.engine_limits(engine)
     temperature = stored.workload.temperature
