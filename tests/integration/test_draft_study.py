@@ -2,7 +2,7 @@
 engine simulating a drafter: the study keeps the drafter it launched; resuming it with another
 drafter is one message and exit 2, nothing measured changed; `tuner predict STUDY --space
 draft` and `tuner report` read the study's drafter where the space names the embedded
-default's (`model: embedded-draft`)."""
+default's (`model: embedded-draft`); `tuner bench --draft-model` launches that drafter."""
 
 from __future__ import annotations
 
@@ -107,3 +107,20 @@ def test_predict_and_report_read_the_studys_drafter(study, monkeypatch, capsys) 
     assert all(a in r["speculative_config"] for r in doc["rows"] if r["method"] == "draft_model")
     assert cli.main(["report", str(out)]) == 0
     assert (out / "report.html").is_file()
+
+
+def test_bench_launches_the_drafter_of_draft_model(study, tmp_path) -> None:
+    from tuner.records.configs import TrialConfig
+    from tuner.records.options import BenchOptions
+
+    _, a, _ = study
+    result = api.bench(BenchOptions(
+        workload=WorkloadSpec(name="instructcoder", num_prompts=4, output_len=16),
+        settings=MeasureSettings(concurrencies=(1,)), draft_model=a, out_dir=tmp_path / "b",
+        config=TrialConfig(speculative_config={"method": "draft_model",
+                                               "num_speculative_tokens": 2})),
+        engine=fake_engine_spec(**ENGINE), say=lambda _line: None)
+    assert result.config.speculative_config["model"] == a
+    stored = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert stored["config"]["speculative_config"]["model"] == a
+    assert result.levels[0].spec_decode_acceptance_length > 1

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import checks, engine_cmdline
-from tuner.api import policy_pipeline
+from tuner.api import drafters, policy_pipeline
 from tuner.errors import ConfigError
 from tuner.records.configs import (
     EngineSpec,
@@ -137,6 +137,8 @@ def bench(options: BenchOptions, *, engine: EngineSpec | None = None, say: Say =
     from tuner.records.results import BenchHeader
 
     engine = engine or resolve_engine(options.engine)
+    options = dataclasses.replace(options, config=drafters.drafted_config(
+        options.config, engine, options.draft_model))
     checks.bench_options(options, engine)
     workload, settings, out_dir = options.workload, options.settings, options.out_dir
     wl, schedule = _load_workload(workload, engine, settings, say)
@@ -260,75 +262,10 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     if options.strategy == "replay" and refused:
         raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
-    space = drafted_space(space, engine, options.draft_model)
+    space = drafters.drafted_space(space, engine, options.draft_model)
     samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
     return space, options.strategy == "replay" or (options.strategy == "auto" and not refused)
-
-
-def _with_drafter(space: Any, model: str, *, replacing: str | None = None) -> Any:
-    """`space` with `model` as the drafter (`model`) of every method that loads one; with
-    `replacing`, only of those that name that one."""
-    methods = {m: ({**p, "model": model} if m in checks.NEEDS_MODEL and
-                   (replacing is None or p.get("model") == replacing) else p)
-               for m, p in space.methods.items()}
-    return space.model_copy(update={"methods": methods})
-
-
-def space_drafters(space: Any) -> dict[str, str]:
-    """Per method of `space` that loads a drafter, the drafter it names (resolved, once
-    drafted_space has run)."""
-    return {m: p["model"] for m, p in space.methods.items()
-            if m in checks.NEEDS_MODEL and isinstance(p.get("model"), str)}
-
-
-def drafted_space(space: Any, engine: EngineSpec, draft_model: str | None) -> Any:
-    """`space` with its drafter resolved: `draft_model` (--draft-model, checked against the
-    target's tokenizer) for every method that loads one; else, where the space names the
-    embedded default's made drafter (checks.EMBEDDED_DRAFT), that drafter's folder, built on
-    first use, which only the embedded default target may take."""
-    from tuner.measure import model as embedded
-    from tuner.measure import workloads
-
-    named = {m: p.get("model") for m, p in space.methods.items() if m in checks.NEEDS_MODEL}
-    if draft_model is not None:
-        if not named:
-            raise ConfigError(f"--draft-model: search space '{space.name}' has no method that "
-                              f"loads a drafter ({', '.join(sorted(checks.NEEDS_MODEL))}). Use "
-                              f"--space draft, or drop --draft-model.")
-        target = engine.tokenizer or engine.model
-        checks.draft_vocabulary(draft_model, workloads.vocabulary(draft_model, what="drafter"),
-                                workloads.vocabulary(target, what="target", config=engine.model),
-                                target_name=engine.model_name or engine.model)
-        return _with_drafter(space, draft_model)
-    if checks.EMBEDDED_DRAFT not in named.values():
-        return space
-    if not engine_cmdline.embedded_default(engine):
-        method = next(m for m, d in named.items() if d == checks.EMBEDDED_DRAFT)
-        name = engine.model_name or engine.model
-        raise ConfigError(
-            f"Search space '{space.name}': methods.{method}.model is {checks.EMBEDDED_DRAFT}, "
-            f"the drafter made for the embedded default model, and the target is {name}, "
-            f"whose tokenizer it does not share. Pass --draft-model PATH, a small model with "
-            f"{name}'s tokenizer.")
-    return _with_drafter(space, str(embedded.embedded_draft_dir()),
-                                  replacing=checks.EMBEDDED_DRAFT)
-
-
-def study_space(space: Any, stored: StudySettings, measured: Any) -> Any:
-    """`space` as a study's saved data reads it: where a method names the embedded default's
-    made drafter unresolved (checks.EMBEDDED_DRAFT), the drafter the study launched for it,
-    stored with the study or (stored before drafters were kept) named by its measured trials'
-    configs. No drafter is built or checked: nothing is launched."""
-    launched = dict(stored.drafters)
-    for t in measured:
-        spec = t.config.speculative_config or {}
-        if spec.get("method") in checks.NEEDS_MODEL and isinstance(spec.get("model"), str):
-            launched.setdefault(spec["method"], spec["model"])
-    methods = {m: ({**p, "model": launched[m]} if m in launched and
-                   p.get("model") == checks.EMBEDDED_DRAFT else p)
-               for m, p in space.methods.items()}
-    return space.model_copy(update={"methods": methods})
 
 
 def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
@@ -343,7 +280,7 @@ def _create_study(plan: OptimizePlan, space: Any, wl: Workload,
     o, engine = plan.options, plan.engine
     settings = StudySettings(
         workload=o.workload, workload_digest=wl.digest, engine_spec=engine, settings=o.settings,
-        space=space.name, drafters=space_drafters(space), objectives=tuple(o.objectives),
+        space=space.name, drafters=drafters.space_drafters(space), objectives=tuple(o.objectives),
         target_concurrency=plan.target_concurrency, constraints=dict(o.constraints),
         acceptance_profile=o.acceptance_rates, metadata=dict(o.metadata),
         confidence=o.confidence, margin=o.margin, schedule=schedule,
@@ -727,7 +664,7 @@ def predict(*, study_dir: Path, storage_url: str | None = None, study_name: str 
     stored = st.settings_of(study)
     engine = stored.engine_spec
     measured = trials.measured_trials(study, study_dir)
-    sp = study_space(spaces.load(space_name or stored.space), stored, measured)
+    sp = drafters.study_space(spaces.load(space_name or stored.space), stored, measured)
     base = next((t for t in measured if t.role == Role.BASELINE and t.capture is not None),
                 None)
     if base is None:
