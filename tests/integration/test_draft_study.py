@@ -14,6 +14,7 @@ import pytest
 from conftest import fake_engine_spec
 
 from tuner import api, checks, cli
+from tuner.api import engines
 from tuner.measure import model as embedded
 from tuner.measure.workloads import EMBEDDED_TOKENIZER
 from tuner.records.configs import MeasureSettings, WorkloadSpec
@@ -76,7 +77,7 @@ def test_resuming_with_another_drafter_is_one_message_and_exit_2(study, monkeypa
                                                                 capsys) -> None:
     out, a, b = study
     before = _measured(out)
-    monkeypatch.setattr(api, "resolve_engine", lambda _engine: fake_engine_spec(**ENGINE))
+    monkeypatch.setattr(engines, "resolve_engine", lambda _engine: fake_engine_spec(**ENGINE))
     rc = cli.main(["optimize", "--space", "draft", "--draft-model", b, "--output-dir",
                    str(out), "--study-name", "s", "--workload", "instructcoder",
                    "--num-prompts", "6", "--output-len", "24", "--concurrency", "1,2",
