@@ -98,6 +98,12 @@ def test_verify_measures_pick_and_baseline_on_fresh_prompts_and_leaves_the_study
     assert all(seq == launched[0] for seq in launched)
     assert sent and not sent & set(launched[0])
     assert len(launched[0]) == st.schedule_of(study).requests  # the study's counts
+    # Its repeats feed the host's noise profile under an entry of their own, for the studies
+    # that follow: per level, one degree of freedom per config launched twice.
+    from tuner.search import noise_profile
+    entries = noise_profile._read(noise_profile.machine_key(st.settings_of(study)))["studies"]
+    mine = entries[str((study_dir / "verify").resolve())]
+    assert {int(c): e["df"] for c, e in mine.items()} == {1: 1 + len(picks), 2: 1 + len(picks)}
 
 
 def test_a_failed_launch_is_recorded_and_the_check_goes_on(study_dir, capsys):

@@ -68,6 +68,7 @@ def verify(options: VerifyOptions, *, say: Say = print) -> Verification:
             say(words.launch_line(launches[-1], options.launches * len(lineup)))
     levels = tuple(checking.check(t, launches, requests=len(lv.measured), asked=lv.asked)
                    for t in targets for lv in [schedule.level(t.concurrency)])
+    _learn_spread(stored, study_dir, launches)
     result = Verification(study=study.study_name, study_dir=str(study_dir),
                           workload=stored.workload.name, launches_per_config=options.launches,
                           pool_prompts=len(pool.prompts), excluded_prompts=len(excluded),
@@ -75,6 +76,23 @@ def verify(options: VerifyOptions, *, say: Say = print) -> Verification:
                           wall_s=round(time.monotonic() - t0, 1))
     words.write(result, study_dir)
     return result
+
+
+def _learn_spread(stored: StudySettings, study_dir: Path, launches: list[VerifyLaunch]) -> None:
+    """The check's repeats (every config launched `--launches` times on the same requests)
+    feed the host's noise profile as a study's do, under the check's own entry: the studies
+    that follow start from the spread this host has shown in every repeat it ran."""
+    from tuner import intervals
+    from tuner.search import noise_profile
+
+    by_level: dict[int, dict[str, list[float]]] = {}
+    for launch in launches:
+        for c, tps in launch.throughputs.items():
+            by_level.setdefault(c, {}).setdefault(launch.config.key(), []).append(tps)
+    machine = noise_profile.machine_key(stored)
+    for c, runs in sorted(by_level.items()):
+        noise_profile.record(machine, c, study=str((study_dir / "verify").resolve()),
+                             pool=intervals.Pool.of(runs.values()))
 
 
 def _verify_targets(study: Any, stored: StudySettings, study_dir: Path) -> tuple[Any, ...]:
