@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tuner import api
+from tuner.api import engines
 from tuner.measure import trial as runner
 from tuner.measure import workloads
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=96)
     ap.add_argument("--concurrency", default="1")
     args = ap.parse_args()
-    base = api.resolve_engine(EngineOptions())
+    base = engines.resolve_engine(EngineOptions())
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=base.model)
     levels = tuple(int(c) for c in args.concurrency.split(","))

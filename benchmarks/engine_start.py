@@ -268,12 +268,12 @@ def main() -> int:
         return 0
     import shlex
 
-    from tuner import api
+    from tuner.api import engines
     from tuner.measure import launcher
     from tuner.records.options import EngineOptions
 
-    spec = api.resolve_engine(EngineOptions(model=args.model, ready_timeout_s=900,
-                                            extra_args=tuple(shlex.split(args.engine_args))))
+    spec = engines.resolve_engine(EngineOptions(model=args.model, ready_timeout_s=900,
+                                                extra_args=tuple(shlex.split(args.engine_args))))
     if args.paired:
         rows = paired(spec, args.paired, args.out_dir)
         launcher.close_all()

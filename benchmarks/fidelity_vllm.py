@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tuner import api
+from tuner.api import engines
 from tuner.measure import load_level, loadgen, metrics, workloads
 from tuner.measure.engine import Engine
 from tuner.records.configs import TrialConfig, WorkloadSpec
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--speculative-config", default=json.dumps(NGRAM))
     args = ap.parse_args()
-    engine = api.resolve_engine(EngineOptions(model=args.model))
+    engine = engines.resolve_engine(EngineOptions(model=args.model))
     spec = json.loads(args.speculative_config) if args.speculative_config != "none" else None
     wl = workloads.load(WorkloadSpec(name="instructcoder", num_prompts=args.num_prompts,
                                      output_len=args.output_len), tokenizer=engine.tokenizer or engine.model)

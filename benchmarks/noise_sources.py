@@ -38,6 +38,7 @@ from noise_covariates import BOUND_CORES, READING_P, busiest, engine_report
 from noise_probes import CpuMark, Monitor, gpu_placement
 
 from tuner import api, checks, engine_cmdline
+from tuner.api import engines
 from tuner.errors import ConfigError, TrialFailed
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import BenchOptions, EngineOptions
@@ -459,7 +460,7 @@ def prepare(out: Path, plan: dict[str, Any], steps: Sequence[Step],
 
 def run(args: argparse.Namespace) -> None:
     clock = Clock(args.budget_s)
-    engine = api.resolve_engine(EngineOptions(model=args.model, extra_args=args.engine_args))
+    engine = engines.resolve_engine(EngineOptions(model=args.model, extra_args=args.engine_args))
     settings = MeasureSettings(requests_per_slot=args.requests_per_slot)
     steps = {"main": plan_steps(args.concurrency, args.suspects, reps=args.reps,
                                 requests_of=lambda c: settings.requests_for(c, args.num_prompts),

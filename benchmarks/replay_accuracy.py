@@ -27,7 +27,8 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner import api, checks, engine_cmdline
+from tuner import checks, engine_cmdline
+from tuner.api import engines
 from tuner.measure import trial, workloads
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import EngineOptions
@@ -88,7 +89,7 @@ def main() -> None:
                          "then no longer parts a speculative engine's output from the baseline's)")
     ap.add_argument("--out", type=Path, default=Path("outputs/replay-accuracy"))
     args = ap.parse_args()
-    engine = api.resolve_engine(EngineOptions(
+    engine = engines.resolve_engine(EngineOptions(
         model=args.model, extra_args=checks.command_line("--engine-args")(args.engine_args or "")))
     levels = tuple(int(x) for x in args.concurrency.split(","))
     ms = MeasureSettings(concurrencies=levels, requests_per_slot=args.requests_per_slot)

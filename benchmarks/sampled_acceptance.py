@@ -50,7 +50,8 @@ from noise_sources import (  # noqa: E402  (the sibling benchmark: one home for 
 from noise_sources import _read_json as read_json  # noqa: E402
 from noise_sources import _write_json as write_json  # noqa: E402
 
-from tuner import api, checks, engine_cmdline  # noqa: E402
+from tuner import checks, engine_cmdline  # noqa: E402
+from tuner.api import engines
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import EngineOptions
@@ -238,7 +239,7 @@ def run(args: argparse.Namespace) -> None:
     parallel = args.parallel or (len(configs) if gpu else 1)
     extra = tuple(args.engine_args) + (share_args(args.engine_args) if gpu and parallel > 1
                                        else ())
-    engine = api.resolve_engine(EngineOptions(model=args.model, extra_args=extra))
+    engine = engines.resolve_engine(EngineOptions(model=args.model, extra_args=extra))
     args.start_s = args.start_s or START_S["gpu" if gpu else "cpu"] * (1.5 if parallel > 2 else 1)
     cases = plan_cases(args.temperatures, args.workloads, args.concurrency, args.reps)
     plan = json.loads(json.dumps({

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner import api
+from tuner.api import engines
 from tuner.measure.machine import has_nvidia_gpu
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import BenchOptions, EngineOptions
@@ -22,7 +23,7 @@ pytestmark = [
 def test_ngram_on_the_gpu_build_measures_acceptance(tmp_path):
     pytest.importorskip("vllm", reason="vLLM's GPU build is not installed")
     model = os.environ.get("SPEC_TUNER_GPU_MODEL")  # else the embedded SmolLM2
-    engine = api.resolve_engine(EngineOptions(
+    engine = engines.resolve_engine(EngineOptions(
         model=model, extra_args=tuple(shlex.split(os.environ.get("SPEC_TUNER_GPU_ARGS", "")))))
     assert engine.device == "cuda"
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,

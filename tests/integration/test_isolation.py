@@ -24,7 +24,7 @@ from conftest import _PYTHONPATH
 from study_fakes import add_failed, fake_level, realistic_study
 
 import tuner
-from tuner import api
+from tuner.api import engines
 from tuner.measure.engine import Engine
 from tuner.outputs import files
 from tuner.records.configs import TrialConfig
@@ -123,7 +123,7 @@ def test_model_path_with_shell_characters_reaches_the_engine_intact(tmp_path, mo
     name = "my model \"v2\" it's; touch pwned && echo $(touch pwned2) `touch pwned3` | x"
     model = tmp_path / name
     model.mkdir()
-    spec = api.resolve_engine(EngineOptions(
+    spec = engines.resolve_engine(EngineOptions(
         model=str(model), vllm_cmd=(sys.executable, "-m", "tuner.testing.fake_engine"),
         env={SCRIPT_ENV: json.dumps({"startup_s": 0}), "PYTHONPATH": _PYTHONPATH},
         ready_timeout_s=15.0))

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tuner import api
+from tuner.api import engines
 from tuner.errors import ConfigError
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import BenchOptions, EngineOptions
@@ -28,7 +29,7 @@ def _vllm_or_skip():
 @pytest.fixture(scope="module")
 def engine_spec():
     _vllm_or_skip()
-    return api.resolve_engine(EngineOptions(ready_timeout_s=600))
+    return engines.resolve_engine(EngineOptions(ready_timeout_s=600))
 
 
 def _bench(engine_spec, tmp_path_factory, spec):

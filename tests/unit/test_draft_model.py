@@ -1,6 +1,7 @@
-"""A drafter for the draft space: the embedded default's made drafter where the space names it
-(`model: embedded-draft`), a user's own with --draft-model PATH, checked before any launch
-(a folder with config.json, the target's tokenizer), bad input one message and exit 2.
+"""A drafter for the draft space (and for `tuner bench`'s speculative config): the embedded
+default's made drafter where the space names it (`model: embedded-draft`), a user's own with
+--draft-model PATH, checked before any launch (a folder with config.json, the target's
+tokenizer), bad input one message and exit 2.
 Building the made drafter: tests/integration/test_embedded_draft.py.
 """
 
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from tuner import api, checks, cli
+from tuner.api import drafters
 from tuner.errors import ConfigError
 from tuner.measure import model as embedded
 from tuner.measure import workloads
-from tuner.records.configs import EngineSpec
+from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.search import space as spaces
 
 TOK = str(workloads.EMBEDDED_TOKENIZER)
@@ -56,7 +58,7 @@ def _embedded_engine(tmp_path: Path) -> EngineSpec:
 def test_the_draft_space_takes_the_made_drafter_on_the_embedded_default(monkeypatch, tmp_path):
     made = tmp_path / "made"
     monkeypatch.setattr(embedded, "embedded_draft_dir", lambda: made)
-    sp = api.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), None)
+    sp = drafters.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), None)
     assert sp.methods["draft_model"]["model"] == str(made)
     assert spaces.load("draft").methods["draft_model"]["model"] == checks.EMBEDDED_DRAFT
 
@@ -65,12 +67,12 @@ def test_the_made_drafter_is_refused_for_another_target(monkeypatch, tmp_path):
     monkeypatch.setattr(embedded, "embedded_draft_dir", lambda: pytest.fail("built"))
     engine = EngineSpec(model=TOK, model_name="meta-llama/Llama-3.1-8B")
     with pytest.raises(ConfigError, match="Llama-3.1-8B.*Pass --draft-model PATH"):
-        api.drafted_space(spaces.load("draft"), engine, None)
+        drafters.drafted_space(spaces.load("draft"), engine, None)
 
 
 def test_draft_model_replaces_the_spaces_drafter_when_it_shares_the_tokenizer(tmp_path):
     folder = str(_drafter(tmp_path))
-    sp = api.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), folder)
+    sp = drafters.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), folder)
     assert sp.methods["draft_model"]["model"] == folder
     cfg = sp.config_from_params(spaces.Point.from_params(
         {"method": "draft_model", "draft_model.num_speculative_tokens": 2}))
@@ -78,8 +80,8 @@ def test_draft_model_replaces_the_spaces_drafter_when_it_shares_the_tokenizer(tm
     # A head without a tokenizer (EAGLE) is compared by its vocabulary's size.
     head = str(_drafter(tmp_path, tokenizer="none"))
     eagle = spaces.parse({"methods": {"eagle": {"model": "/x", "num_speculative_tokens": 2}}})
-    assert api.drafted_space(eagle, _embedded_engine(tmp_path), head
-                             ).methods["eagle"]["model"] == head
+    assert drafters.drafted_space(eagle, _embedded_engine(tmp_path), head
+                                  ).methods["eagle"]["model"] == head
 
 
 @pytest.mark.parametrize("tokenizer, vocab_size, fragment", [
@@ -89,7 +91,7 @@ def test_draft_model_replaces_the_spaces_drafter_when_it_shares_the_tokenizer(tm
 def test_a_drafter_with_other_tokens_is_refused(tmp_path, tokenizer, vocab_size, fragment):
     folder = str(_drafter(tmp_path, tokenizer=tokenizer, vocab_size=vocab_size))
     with pytest.raises(ConfigError, match=fragment):
-        api.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), folder)
+        drafters.drafted_space(spaces.load("draft"), _embedded_engine(tmp_path), folder)
 
 
 def test_the_same_size_split_differently_is_refused():
@@ -153,4 +155,72 @@ def test_draft_model_reaches_the_options(monkeypatch, tmp_path):
     monkeypatch.setattr(api, "optimize_and_report", fake)
     folder = _drafter(tmp_path)
     assert cli.main(["-q", "optimize", "--space", "draft", "--draft-model", str(folder)]) == 2
+    assert seen[0].draft_model == str(folder.resolve())
+
+
+def _bench_config(**spec) -> TrialConfig:
+    return TrialConfig(speculative_config={"method": "draft_model",
+                                           "num_speculative_tokens": 3, **spec})
+
+
+def test_bench_takes_its_drafter_from_draft_model(tmp_path):
+    folder = str(_drafter(tmp_path))
+    engine = _embedded_engine(tmp_path)
+    got = drafters.drafted_config(_bench_config(), engine, folder)
+    assert got.speculative_config == {"method": "draft_model", "num_speculative_tokens": 3,
+                                      "model": folder}
+    # The same drafter named twice is one drafter; the embedded name gives way to the flag.
+    for named in (folder, checks.EMBEDDED_DRAFT):
+        assert drafters.drafted_config(_bench_config(model=named), engine, folder) == got
+    assert drafters.drafted_config(_bench_config(model="/x"), engine, None
+                                   ) == _bench_config(model="/x")  # no flag: as given
+
+
+def test_bench_resolves_the_made_drafter_as_the_space_does(monkeypatch, tmp_path):
+    made = tmp_path / "made"
+    monkeypatch.setattr(embedded, "embedded_draft_dir", lambda: made)
+    got = drafters.drafted_config(_bench_config(model=checks.EMBEDDED_DRAFT),
+                                  _embedded_engine(tmp_path), None)
+    assert got.speculative_config["model"] == str(made)
+    other = EngineSpec(model="/models/Llama-3.1-8B", model_name="meta-llama/Llama-3.1-8B")
+    with pytest.raises(ConfigError, match="config's \"model\" is embedded-draft.*Llama-3.1-8B"):
+        drafters.drafted_config(_bench_config(model=checks.EMBEDDED_DRAFT), other, None)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--speculative-config", '{"method":"ngram","num_speculative_tokens":3}',
+      "--draft-model", "{same}"], "method ngram, which loads no drafter"),
+    (["--draft-model", "{same}"], "no speculative config (the baseline)"),
+    (["--speculative-config", '{"method":"draft_model","model":"/x",'
+      '"num_speculative_tokens":3}', "--draft-model", "{same}"], "name two drafters"),
+    (["--speculative-config", '{"method":"draft_model","num_speculative_tokens":3}',
+      "--draft-model", "{other}"], "not the same tokenizer"),
+    (["--speculative-config", '{"method":"draft_model","num_speculative_tokens":3}',
+      "--draft-model", "{missing}"], "does not exist"),
+])
+def test_bench_draft_model_mistakes_are_one_message_and_exit_2(capsys, tmp_path, argv,
+                                                                fragment):
+    paths = {"{missing}": str(tmp_path / "missing"),
+             "{other}": str(_drafter(tmp_path, tokenizer="other")),
+             "{same}": str(_drafter(tmp_path))}
+    out = tmp_path / "deep" / "out"
+    argv = [paths.get(a, a) for a in argv]
+    assert cli.main(["bench", "--model", TOK, "--output-dir", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and fragment in err, err
+    assert not (tmp_path / "deep").exists()
+
+
+def test_bench_draft_model_reaches_the_options(monkeypatch, tmp_path):
+    seen = []
+
+    def fake(options, **_kwargs):
+        seen.append(options)
+        raise ConfigError("stop")
+
+    monkeypatch.setattr(api, "bench", fake)
+    folder = _drafter(tmp_path)
+    assert cli.main(["-q", "bench", "--speculative-config",
+                     '{"method":"draft_model","num_speculative_tokens":3}',
+                     "--draft-model", str(folder)]) == 2
     assert seen[0].draft_model == str(folder.resolve())

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from study_fakes import fake_settings
 
-from tuner import api, cli, engine_cmdline
+from tuner import cli, engine_cmdline
 from tuner.analysis import recommend
+from tuner.api import engines
 from tuner.errors import ConfigError
 from tuner.measure import completion_request, load_level, workloads
 from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
@@ -129,10 +130,10 @@ def test_a_mismatch_recorded_for_a_level_ends_its_recommendations_reason():
 def test_the_cpu_build_is_warned_about_once_up_front_when_sampling():
     said: list[str] = []
     cpu = EngineSpec(model="m", device="cpu")
-    api._warn_sampling(cpu, WorkloadSpec(name="sharegpt", temperature=0.8), said.append)
-    api._warn_sampling(cpu, WorkloadSpec(name="sharegpt"), said.append)
-    api._warn_sampling(cpu.model_copy(update={"device": "cuda"}),
-                       WorkloadSpec(name="sharegpt", temperature=0.8), said.append)
+    engines.warn_sampling(cpu, WorkloadSpec(name="sharegpt", temperature=0.8), said.append)
+    engines.warn_sampling(cpu, WorkloadSpec(name="sharegpt"), said.append)
+    engines.warn_sampling(cpu.model_copy(update={"device": "cuda"}),
+                          WorkloadSpec(name="sharegpt", temperature=0.8), said.append)
     assert said == [sampling.known_defect(device="cpu", temperature=0.8)]
     assert "vLLM #55005" in said[0] and said[0].count("\n") == 0
 

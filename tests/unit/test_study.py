@@ -1,5 +1,6 @@
 """Study: a study's values are named after its objectives (optuna-dashboard shows the names,
-not "Objective 0/1"), in new studies and in old ones when they resume."""
+not "Objective 0/1"), in new studies and in old ones when they resume; a study resumes with
+the drafters it launched, and a method's first drafter joins them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 from study_fakes import fake_settings
 
+from tuner.errors import ConfigError
 from tuner.records.storage import StudySettings
 from tuner.search import samplers, storage
 from tuner.search import study as st
@@ -57,3 +60,17 @@ def test_constrained_samplers_build_without_optunas_deprecation_warning():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert samplers.make_sampler(name, seed=0, constrained=True) is not None
+
+
+def test_a_study_resumes_with_its_drafters_and_refuses_another(tmp_path):
+    out = tmp_path / "s"
+    _create(out, SETTINGS)  # no drafter (an n-gram space), as studies stored before them
+    assert "drafters" not in st.open_existing(out).user_attrs["tuner"]
+    _create(out, SETTINGS.model_copy(update={"drafters": {"draft_model": "/d/a"}}))
+    assert st.settings_of(st.open_existing(out)).drafters == {"draft_model": "/d/a"}
+    with pytest.raises(ConfigError, match=r"started with the drafter /d/a \(method "
+                       r"draft_model\); this command asks for /d/b.*new --output-dir"):
+        _create(out, SETTINGS.model_copy(update={"drafters": {"draft_model": "/d/b"}}))
+    _create(out, SETTINGS.model_copy(update={"drafters": {"eagle": "/d/head"}}))
+    assert st.settings_of(st.open_existing(out)).drafters == {"draft_model": "/d/a",
+                                                              "eagle": "/d/head"}

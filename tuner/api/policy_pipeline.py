@@ -2,7 +2,8 @@
 the study's leaders and the baseline measured on the ladder, the document drafted from those
 runs, its schedule verified on the same ladder and, where the engine ran it, checked open
 loop at each band edge; then the document completed once from what the launches found, and
-worded (tuner.outputs.policy_words)."""
+worded (tuner.outputs.policy_words); `policy` is the command's entry (`tuner policy`, and
+`tuner optimize --policy` after the search)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner import engine_cmdline
-from tuner.records.configs import EngineSpec, TrialConfig, WorkloadSpec
+from tuner import checks, engine_cmdline
+from tuner.api import engines, journal, study_outputs
+from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import PolicyOptions
 from tuner.records.policy import LadderRun, PolicyContext, PolicyDocument
 from tuner.records.trials import Role
 
 Lineup = list[tuple[Role, TrialConfig]]
+Say = Callable[[str], None]
 
 
 def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> PolicyDocument:
@@ -135,3 +138,31 @@ def _open_loop_checked(schedule: Any, draft: PolicyDocument, verify_runs: list[L
         campaign, lineup=lineup, rates={e.concurrency: e.rate for e in plan})
     return rules.open_loop_revision(schedule, draft.k_stats, rules.open_loop_check(
         plan, open_loop_runs, policy_key=policy_cfg.key(), static_keys=static_keys), static)
+
+
+@journal.one_driver
+def policy(options: PolicyOptions, *, study_dir: Path, storage_url: str | None = None,
+           study_name: str | None = None, say: Say = print) -> PolicyDocument:
+    """Measure the study's leading configs on a concurrency ladder, find where speculation
+    stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder.
+    Returns the policy document (also written to policy.json)."""
+    from tuner.outputs import files
+    from tuner.search import ladder
+    from tuner.search import study as st
+
+    study = st.open_existing(study_dir, storage_url, study_name, write=True)
+    stored = st.settings_of(study)
+    updates = {k: v for k, v in (("num_prompts", options.num_prompts),
+                                 ("output_len", options.output_len)) if v}
+    wspec = stored.workload.model_copy(update=updates)
+    settings = MeasureSettings(concurrencies=checks.ladder(options),
+                               requests_per_slot=options.requests_per_slot)
+    wl, schedule = engines.load_workload(wspec, stored.engine_spec, settings, say)
+    campaign = ladder.Campaign(
+        study=study, engine=stored.engine_spec, workload=wl, settings=settings,
+        schedule=schedule, repeats=options.repeats, out_dir=study_dir, say=say)
+    doc = run(options, campaign, workload=wspec)
+    # The one place policy.json is written (tuner.outputs.report reads it back).
+    files.write_json(study_dir / "policy.json", doc.model_dump())
+    study_outputs.render(study, study_dir)  # the report shows the policy, and draws its plot
+    return doc

@@ -28,6 +28,11 @@ def add_arguments(b: argparse.ArgumentParser, names: dict[str, str]) -> None:
                    "vLLM's SpeculativeConfig, e.g. "
                    # Examples only: listing vLLM's own would import it (seconds) at every start.
                    f"{', '.join(m for m in checks.METHODS if m != 'none')}; 'none' = baseline")
+    b.add_argument("--draft-model", metavar="PATH", type=checks.draft_model_folder,
+                   help="the drafter of --speculative-config's method (draft_model; for "
+                   "eagle/eagle3: the head) as its \"model\", e.g. with '{\"method\": "
+                   "\"draft_model\", \"num_speculative_tokens\": 3}'; checked against the "
+                   "target's tokenizer before the launch, as tuner optimize's --draft-model")
     b.add_argument("--output-dir", type=Path,
                    help="where result.json goes (default: outputs/bench-TIME-METHOD)")
     b.add_argument("--base-url", metavar="URL",

@@ -86,6 +86,7 @@ class BenchOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     config: TrialConfig = field(default_factory=TrialConfig)
+    draft_model: str | None = None  # --draft-model: the `model` of config's drafter method
     out_dir: Path
     metadata: Mapping[str, str] = field(default_factory=dict)
 
@@ -98,8 +99,8 @@ class BenchOptions:
             f"bench-{time.strftime('%Y%m%d-%H%M%S')}-{config.method}")
         engine = replace(EngineOptions.from_cli_args(args), env={})  # in `config` instead
         return cls(workload=_workload_from(args), engine=engine,
-                   settings=_measure_from(args), config=config, out_dir=out,
-                   metadata=dict(args.metadata))
+                   settings=_measure_from(args), config=config,
+                   draft_model=args.draft_model, out_dir=out, metadata=dict(args.metadata))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,6 +51,10 @@ class StudySettings(BaseModel):
     engine_spec: EngineSpec
     settings: MeasureSettings = Field(default_factory=MeasureSettings)
     space: str = "default"
+    # Per method that loads a drafter (draft_model, EAGLE, ...), the drafter the study launched,
+    # resolved (--draft-model, or the folder the space's `model` names); {}: none, or a study
+    # stored before drafters were kept (its trials' configs name them).
+    drafters: dict[str, str] = Field(default_factory=dict)
     objectives: tuple[str, ...] = ("output_throughput", "mean_tpot_ms")
     target_concurrency: int | None = None
     # The SLOs the command set (--max-tpot-ms, --max-ttft-ms); None: not set.
@@ -88,10 +92,10 @@ class StudySettings(BaseModel):
         return out
 
     def stored(self) -> dict[str, Any]:
-        """The JSON the study's storage keeps; what the replay strategy found is left out
-        until it found something, as studies stored before these fields read."""
+        """The JSON the study's storage keeps; the drafters, and what the replay strategy
+        found, are left out while empty, as studies stored before these fields read."""
         out = self.model_dump(mode="json")
-        for key in ("prediction_misses", "sampling_mismatch"):
+        for key in ("drafters", "prediction_misses", "sampling_mismatch"):
             if not out[key]:
                 del out[key]
         return out

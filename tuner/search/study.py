@@ -122,12 +122,15 @@ def create(
                     f"command asks for {asked!r}. Resume with the same options, or "
                     f"pass --study-name NEW (or another --output-dir) to start a new study.")
         _same_schedule(name, out_dir, old.schedule, settings.schedule)
+        _same_drafters(name, out_dir, old.drafters, settings.drafters)
         # The latest command's SLOs, measurement and decision rule (--confidence, --margin)
-        # are what the report renders; a study stored before schedules takes this one's.
+        # are what the report renders; a study stored before schedules takes this one's; a
+        # method's drafter first launched now (another space) joins the study's.
         store_settings(study, old.model_copy(update={
             "constraints": settings.constraints, "settings": settings.settings,
             "confidence": settings.confidence, "margin": settings.margin,
-            "schedule": old.schedule or settings.schedule}))
+            "schedule": old.schedule or settings.schedule,
+            "drafters": {**settings.drafters, **old.drafters}}))
     # Named values: optuna-dashboard and Optuna's plots then say "output_throughput" where they
     # said "Objective 0". A study stored before this line gets its names when it resumes.
     if study.metric_names != objectives:
@@ -200,6 +203,23 @@ def _same_schedule(name: str, out_dir: Path, was: RequestSchedule | None,
         f"launch of a study sends the same requests: resume with the same --concurrency, "
         f"--num-prompts, --num-requests, --requests-per-slot, --num-warmups and "
         f"--allow-repeats, or pass --study-name NEW to start a new study.")
+
+
+def _same_drafters(name: str, out_dir: Path, was: dict[str, str], asked: dict[str, str]
+                   ) -> None:
+    """Refuse to resume a study with another drafter for a method it drafts with: its trials
+    at each K would then mix two drafters, and its K axis and recommendation with them."""
+    changed = [(m, was[m], asked[m]) for m in sorted(was.keys() & asked.keys())
+               if was[m] != asked[m]]
+    if not changed:
+        return
+    method, old, new = changed[0]
+    raise ConfigError(
+        f"Study '{name}' in {out_dir} was started with the drafter {old} (method {method}); "
+        f"this command asks for {new} (--draft-model, or the space's `model`). A study "
+        f"measures one drafter per method: resume it with --draft-model {old} (or without "
+        f"--draft-model, where that is the space's own drafter), or pass a new --output-dir "
+        f"(or --study-name NEW) to start a study of {new}. Nothing measured was changed.")
 
 
 def schedule_of(study: Any) -> RequestSchedule | None:
