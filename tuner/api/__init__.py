@@ -230,10 +230,12 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
     bar = console.TrialProgress(say=say, show_bar=show_bar,
                                 desc="launches" if use_replay else "trials",
                                 unit="launch" if use_replay else "trial")
+    shown_detail = functools.partial(bar.write, detail) if detail else None
+    narrator = decisions.Narrator(plan.out_dir, say=bar.say, detail=shown_detail,
+                                  trial_line=console.trial_line)
     output = loop.LoopOutput(  # lines print above the bar
-        say=bar.say, line=console.trial_line, tick=bar.update, show_bar=show_bar,
-        detail=functools.partial(bar.write, detail) if detail else None,
-        note=decisions.Decisions(plan.out_dir).record)
+        record=narrator, say=bar.say, tick=bar.update, show_bar=show_bar,
+        detail=shown_detail, note=narrator.note)
     search = loop.SearchLoop(
         plan=plan, study=study, space=space, workload=wl, schedule=schedule,
         executor=executor,
@@ -368,7 +370,7 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
             limits=engine_cmdline.engine_limits(search.engine),
             watch=replay_strategy.Watch(
                 prediction=lambda pred: _write_predictions(pred, out_dir),
-                selection=selection.watcher(search.say, search.detail, search.note)))
+                selection=selection.watcher(search.record)))
         stop = search.run(replay, n_trials=options.n_trials, timeout_s=options.timeout_s)
         if stop.ranking is not None:
             ranking.say_ranking(stop.ranking, say=search.say, detail=search.detail,
