@@ -431,12 +431,14 @@ def optimize_and_report(options: OptimizeOptions, *, engine: EngineSpec | None =
                         ) -> StudyOutcome:
     """`tuner optimize`: the search, then (asked for, and when the study has a baseline to
     compare with) the load-aware policy, then the outputs; partial results render too."""
+    from tuner.outputs import decision_words
     from tuner.search import study as st
 
     plan = resolve_optimize(options, engine=engine)  # the study's folder, for what follows
     study = optimize(options, engine=plan.engine, say=say, detail=detail, show_bar=show_bar)
     out_dir = plan.out_dir
-    failed = st.failure_summary(study, out_dir)
+    found = st.failure_summary(study, out_dir)
+    failed = None if found is None else decision_words.no_answer_text(found)
     doc = None
     if options.policy is not None and failed is None:
         doc = policy(options.policy, study_dir=out_dir, storage_url=options.storage_url,

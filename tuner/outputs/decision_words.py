@@ -231,3 +231,22 @@ def _lower(text: str) -> str:
 
 def _label_line(result, _baseline) -> str:
     return result.label()
+
+
+def no_answer_text(found: ev.NoAnswer) -> str:
+    """One line for a study with nothing to compare: what failed most, one reason, its log
+    (last, so the path can be copied without punctuation stuck to it), and what to do."""
+    if found.kind is not None:
+        reason = " ".join(found.reason.split())
+        reason = reason if len(reason) <= 300 else reason[:297] + "..."
+        why = f"most common: {found.kind} x{found.count}: {reason.rstrip('.')}"
+        fix = (f"Fix the cause and rerun the same command (finished trials are kept). Logs: "
+               f"{found.log}")
+    else:
+        why, fix = "the baseline has not run yet", "Rerun the same command to resume."
+    if not found.completed:
+        if not found.failed:
+            return f"No trial of study '{found.study_name}' has finished. {fix}"
+        return f"All {found.failed} trials failed; {why}. {fix}"
+    return (f"The baseline (no speculation) did not complete, so no speedup can be measured "
+            f"though {found.completed} speculative trial(s) did; {why}. {fix}")

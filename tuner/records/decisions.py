@@ -377,6 +377,21 @@ class RepeatOf(Event):
     label: str
 
 
+# -- what keeps a study from an answer -----------------------------------------------------
+class NoAnswer(Frozen):
+    """A study with nothing to compare (no completed trial, or no completed baseline): the
+    trials that completed and failed, and the most common failure (its kind, how often, the
+    last one's reason and log); kind None where none failed (the baseline has not run)."""
+
+    study_name: str
+    completed: int
+    failed: int
+    kind: str | None = None
+    count: int = 0
+    reason: str = ""
+    log: str = ""
+
+
 # -- text -----------------------------------------------------------------------------------
 class Note(Event):
     """A fact recorded as text: an entry of a decisions.json written before the events (its
