@@ -45,14 +45,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "record for outputs to word",
     ("search/space_values.py", ""): _DEBT + "each bound's reason, a clause of the ConfigError "
         "check_value raises; the bounds table belongs with tuner.checks",
-    ("search/candidates.py", "the space searches engine knobs"): _DEBT + "why_not_replayable's "
-        "answer, the cause clause of tuner.api's ConfigError; an enum for outputs to word",
-    ("search/candidates.py", "--acceptance-profile forces"): _DEBT + "as above",
     ("search/outcomes.py", "the driver stopped while"): _DEBT + "a Failure's reason as storage "
         "keeps it (the driver_died kind says it; outputs could word the kind)",
-    ("analysis/frame.py", ""): _DEBT + "trials.csv's reason column for trials without a "
-        "failure text of their own (running, queued, pruned, no result); outputs should fill "
-        "it from the state when it writes the file",
     ("analysis/policy.py", "the schedule is empty"): _DEBT + "validate_schedule's problems, "
         "stored as text in policy.json's schedule_problems; typed problems change that file",
     ("analysis/policy.py", "entry {} {} is not three integers"): _DEBT + "as above",

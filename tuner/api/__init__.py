@@ -252,6 +252,7 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
 def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     """The search space, checked against the strategy, the objectives and this machine; and
     whether the replay strategy runs it."""
+    from tuner.outputs import decision_words
     from tuner.search import candidates, samplers
     from tuner.search import space as spaces
 
@@ -260,7 +261,8 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     space = spaces.load(options.space_name)
     refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
-        raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
+        raise ConfigError(f"--strategy replay: {decision_words.unreplayable_text(refused)}. "
+                          "Use --strategy optuna (or "
                           "auto, which picks it) for this space.")
     space = drafted_space(space, engine, options.draft_model)
     samplers.validate_objectives(options.objectives)

@@ -250,3 +250,13 @@ def no_answer_text(found: ev.NoAnswer) -> str:
         return f"All {found.failed} trials failed; {why}. {fix}"
     return (f"The baseline (no speculation) did not complete, so no speedup can be measured "
             f"though {found.completed} speculative trial(s) did; {why}. {fix}")
+
+
+def unreplayable_text(u: ev.Unreplayable) -> str:
+    """Why the replay strategy cannot predict a space, as a clause."""
+    if u.why == "methods":
+        return (f"method(s) {', '.join(u.methods)} cannot be replayed (only "
+                f"{', '.join(u.replayable)} can)")
+    if u.why == "engine_knobs":
+        return "the space searches engine knobs, which the step-cost model does not cover"
+    return "--acceptance-profile forces a synthetic acceptance that replay cannot predict"

@@ -392,6 +392,16 @@ class NoAnswer(Frozen):
     log: str = ""
 
 
+class Unreplayable(Frozen):
+    """Why the replay strategy cannot predict a space: a method replay has no proposer for
+    (`methods`, against the `replayable` ones), engine knobs the step-cost model does not
+    cover, or a synthetic acceptance (--acceptance-profile)."""
+
+    why: Literal["methods", "engine_knobs", "acceptance_profile"]
+    methods: tuple[str, ...] = ()
+    replayable: tuple[str, ...] = ()
+
+
 # -- text -----------------------------------------------------------------------------------
 class Note(Event):
     """A fact recorded as text: an entry of a decisions.json written before the events (its
