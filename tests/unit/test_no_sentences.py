@@ -43,8 +43,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "not a decision; they move with the file code out of search/",
     ("search/repair.py", ""): _DEBT + "`tuner repair`'s report of what it moved; a Repair "
         "record for outputs to word",
-    ("search/space_values.py", ""): _DEBT + "each bound's reason, a clause of the ConfigError "
-        "check_value raises; the bounds table belongs with tuner.checks",
     ("search/outcomes.py", "the driver stopped while"): _DEBT + "a Failure's reason as storage "
         "keeps it (the driver_died kind says it; outputs could word the kind)",
     ("analysis/policy.py", "the schedule is empty"): _DEBT + "validate_schedule's problems, "
