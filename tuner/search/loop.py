@@ -8,12 +8,12 @@ as it ends (a result, or a FAIL with its reason and log tail), a result with the
 capture its executor brought back, saved in the trial's folder; what storage already knows is
 never launched again (a measured config is answered with its result, a config the same engine
 refused at start with its failure), and a proposal whose config is in flight waits for it and
-is answered from storage; one event per finished trial through `record` (tuner.outputs words it), "[done/total]"
-with its wall time, a line as each engine starts (and, inline, as it is ready), and the
-running count handed to `tick` for a progress bar. An aligned baseline (no speculation on the
-speculative engine path) is launched at most once per study, right after what calls for it:
-the first speculative trial whose engine path differs from the plain baseline's ("auto"), or
-the plain baseline (one given by the user).
+is answered from storage; one event per finished trial through `record` (tuner.outputs
+words it: "[done/total]" with its wall time), one as each engine starts (and, inline, a line
+as it is ready), and the running count handed to `tick` for a progress bar. An aligned
+baseline (no speculation on the speculative engine path) is launched at most once per study,
+right after what calls for it: the first speculative trial whose engine path differs from the
+plain baseline's ("auto"), or the plain baseline (one given by the user).
 """
 
 from __future__ import annotations

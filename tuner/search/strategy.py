@@ -80,9 +80,9 @@ class StudyView:
     --timeout, the launches in flight), and the loop's answers: `room()` (None while the
     budget leaves room for a launch, else which part ran out), `align()` (the aligned baseline
     due now, decided once per study), `exhausted()` and `space_size()` (a finite space every
-    config of which storage answers), `config_of(trial)` (a proposed trial's config); and the
-    events it records (`record(event, store=True, show=True)`, tuner.records.decisions; tuner.search.loop
-    LoopOutput)."""
+    config of which storage answers), `config_of(trial)` (a proposed trial's config); and
+    `record(event, store=True, show=True)`, where the events it finds go
+    (tuner.records.decisions; tuner.search.loop LoopOutput)."""
 
     study: Any
     space: SearchSpace
@@ -196,8 +196,8 @@ class Repeats:
         if not self.launches:
             return Stop(StopReason.REPEATED)
         launch = self.launches.pop(0)
-        view.record(ev.RepeatOf(trial=int(launch.repeat_of or 0), label=launch.config.label()),
-                  store=False)
+        view.record(ev.RepeatOf(trial=int(launch.repeat_of or 0),
+                                label=launch.config.label()), store=False)
         return launch
 
     def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:
