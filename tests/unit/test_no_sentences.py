@@ -41,8 +41,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("search/storage.py", ""): _DEBT + "the study file's own messages (a torn journal line, "
         "the driver lock, Optuna's heartbeat warning matched to silence it): about the file, "
         "not a decision; they move with the file code out of search/",
-    ("search/repair.py", ""): _DEBT + "`tuner repair`'s report of what it moved; a Repair "
-        "record for outputs to word",
     ("search/outcomes.py", "the driver stopped while"): _DEBT + "a Failure's reason as storage "
         "keeps it (the driver_died kind says it; outputs could word the kind)",
     ("analysis/policy.py", "the schedule is empty"): _DEBT + "validate_schedule's problems, "
