@@ -185,7 +185,7 @@ def test_the_lock_holder_is_read_from_its_line_and_a_blank_lock_names_none():
     assert storage._Holder.parse(holder.line()) == holder
     assert storage._Holder.parse(b'{"pid": "7", "host": 3}') == storage._Holder()
     assert [storage._Holder.parse(b) for b in (b"", b"{}", b"[1]", b'{"pid": 7')] == [None] * 4
-    assert "in use by another tuner process" in storage._in_use_message(Path("s"), None)
+    assert "in use by another tuner process" in str(storage._in_use(Path("s"), None))
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
