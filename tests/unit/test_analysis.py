@@ -28,6 +28,7 @@ from tuner.analysis import pareto
 from tuner.analysis.frame import configs_frame, configs_of, trials_frame
 from tuner.analysis.pareto import knee, pareto_front, speedups
 from tuner.analysis.recommend import recommend, recommendations, serve_config
+from tuner.outputs import report
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.recommendations import Basis, Noise, Recommendation, WindowSpread
 from tuner.search.study import settings_of
@@ -116,7 +117,10 @@ def test_frame_rows_per_level_and_failed_running_rows():
     assert "<script>" in fail["reason"].iloc[0] and fail["failure_kind"].iloc[0] == \
         "engine_crashed"
     running = df[df["state"] == "RUNNING"]
-    assert len(running) == 1 and "not finished" in running["reason"].iloc[0]
+    assert len(running) == 1 and pd.isna(running["reason"].iloc[0])  # outputs words the state
+    worded = report.with_reasons(df)
+    assert "not finished" in worded.loc[worded["state"] == "RUNNING", "reason"].iloc[0]
+    assert worded.loc[worded["state"] == "FAIL", "reason"].iloc[0] == fail["reason"].iloc[0]
     assert running["label"].iloc[0] == "ngram k=6 window 3-6"
     assert "params_ngram.num_speculative_tokens" in df.columns
 

@@ -13,7 +13,9 @@ import numpy as np
 import optuna
 from study_fakes import fake_level
 
+from tuner.outputs import decision_words, decisions
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
+from tuner.records.decisions import PathLeft
 from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
 from tuner.records.storage import TrialAttr
@@ -81,8 +83,8 @@ def _run(out: Path, executor: _Executor, lines: list[str]) -> optuna.Study:
     search = loop.SearchLoop(
         plan=_plan(out_dir=out, aligned_baseline="off"), study=study, space=sp,
         workload=Workload(spec=WORKLOAD, prompts=()), executor=executor, gpus=0.0,
-        output=loop.LoopOutput(say=lines.append,
-                               line=lambda result, _base: result.config.label()))
+        output=loop.LoopOutput(record=decisions.Narrator(
+            None, say=lines.append, trial_line=lambda result, _base: result.config.label())))
     search.run(n_trials=2, timeout_s=None)
     return study
 
@@ -182,7 +184,7 @@ ALIGNED = TrialConfig(engine_args={"no_async_scheduling": True},
 
 
 def _search(study, executor, lines: list[str], *, aligned,
-            detail: list[str] | None = None, notes: list[tuple] | None = None
+            detail: list[str] | None = None, notes: list | None = None
             ) -> loop.SearchLoop:
     sp = spaces.parse({"methods": {"ngram": {"num_speculative_tokens": {
         "type": "choice", "values": [1, 2, 3, 4]}, "prompt_lookup_max": 3,
@@ -192,10 +194,20 @@ def _search(study, executor, lines: list[str], *, aligned,
         plan=_plan(out_dir=Path("unused"), objectives=("output_throughput",),
                    aligned_baseline=aligned),
         study=study, space=sp, workload=Workload(spec=WORKLOAD, prompts=()), executor=executor,
-        gpus=0.0, output=loop.LoopOutput(
-            say=lines.append, line=lambda result, _base: result.config.label(),
-            detail=None if detail is None else detail.append,
-            note=None if notes is None else lambda *fact: notes.append(fact)))
+        gpus=0.0, output=loop.LoopOutput(record=_recorder(
+            decisions.Narrator(None, say=lines.append,
+                               detail=None if detail is None else detail.append,
+                               trial_line=lambda result, _base: result.config.label()),
+            notes)))
+
+
+def _recorder(narrator, notes: list | None):
+    """The narrator's lines, and each decision kept in `notes` as the study folder would."""
+    def record(event, *, store=True, show=True):
+        if store and notes is not None and event.topic is not None:
+            notes.append(event)
+        narrator(event, store=store, show=show)
+    return record
 
 
 def _study() -> optuna.Study:
@@ -222,8 +234,10 @@ def test_auto_alignment_measures_the_speculative_path_once_right_after_it_is_see
     said = [ln for ln in detail if ln.startswith("Engine path:")]
     assert len(said) == 1 and "model_runner: V2 without speculation, V1 with it" in said[0]
     assert "--no-async-scheduling VLLM_USE_V2_MODEL_RUNNER=0" in said[0]
-    assert [(topic, key) for topic, _, key in notes] == [("engine_path", "decision")]
-    assert notes[0][1] == said[0].removeprefix("Engine path: ")
+    assert [(e.topic, e.slot()) for e in notes] == [("engine_path", "decision")]
+    assert isinstance(notes[0], PathLeft) and notes[0].trial == 1
+    assert notes[0].knobs == ("--no-async-scheduling", "VLLM_USE_V2_MODEL_RUNNER=0")
+    assert decision_words.text(notes[0]) == said[0].removeprefix("Engine path: ")
     assert trials.aligned_config(study) == ALIGNED
 
 

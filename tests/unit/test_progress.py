@@ -13,7 +13,7 @@ import optuna
 import pytest
 from study_fakes import fake_level
 
-from tuner.outputs import console
+from tuner.outputs import console, decisions
 from tuner.records.configs import (
     EngineLimits,
     EngineSpec,
@@ -87,10 +87,12 @@ def _loop(tmp_path, executor, lines, ticks, *, show_bar=False, detail=None
         objectives=("output_throughput", "mean_tpot_ms"))
     plan = OptimizePlan(options=options, engine=EngineSpec(model="m"), aligned_baseline="off",
                         study_name="s", out_dir=tmp_path, target_concurrency=1)
+    shown = None if detail is None else detail.append
     output = loop.LoopOutput(
-        say=lines.append, line=console.trial_line,
-        tick=lambda done, total: ticks.append((done, total)), show_bar=show_bar,
-        detail=None if detail is None else detail.append)
+        record=decisions.Narrator(None, say=lines.append, detail=shown,
+                                  trial_line=console.trial_line),
+        say=lines.append, tick=lambda done, total: ticks.append((done, total)),
+        show_bar=show_bar, detail=shown)
     return loop.SearchLoop(
         plan=plan, study=study, space=sp,
         workload=Workload(spec=options.workload, prompts=()), executor=executor, gpus=0.0,

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from tuner.outputs import decision_words
 from tuner.records.configs import TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.records.results import LevelMetrics
@@ -278,8 +279,12 @@ def test_candidates_cover_the_whole_ngram_grid_and_a_seeded_suffix_sample():
 
 def test_spaces_that_replay_cannot_predict_say_why():
     assert candidates.why_not_replayable(spaces.load("ngram"), rates=None) is None
-    assert "cannot be replayed" in candidates.why_not_replayable(spaces.load("draft"), rates=None)
-    assert "synthetic" in candidates.why_not_replayable(spaces.load("ngram"), rates=[0.5])
+    draft = candidates.why_not_replayable(spaces.load("draft"), rates=None)
+    assert draft.why == "methods" and "ngram" in draft.replayable and draft.methods
+    assert "cannot be replayed" in decision_words.unreplayable_text(draft)
+    synthetic = candidates.why_not_replayable(spaces.load("ngram"), rates=[0.5])
+    assert synthetic.why == "acceptance_profile"
+    assert "synthetic" in decision_words.unreplayable_text(synthetic)
 
 
 def test_leaders_to_confirm_take_the_best_of_each_method_first():

@@ -13,6 +13,7 @@ import optuna
 import pytest
 from study_fakes import fake_settings
 
+from tuner.outputs import decisions
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.replay import sampling
@@ -58,11 +59,16 @@ def _row(label: str, thr: float, pm: float | None, method: str = "ngram") -> Pre
 
 
 def _search(study=None) -> types.SimpleNamespace:
-    said, notes, detail = [], [], []
+    said, events, detail = [], [], []
+    narrator = decisions.Narrator(None, say=said.append, detail=detail.append)
+
+    def record(event, *, store=True, show=True):
+        if store:
+            events.append(event)
+        narrator(event, store=store, show=show)
     return types.SimpleNamespace(
         view=types.SimpleNamespace(target=4, engine=EngineSpec(model="m", device="cpu")),
-        leaders=2, study=study, said=said, notes=notes, details=detail, say=said.append,
-        note=lambda *a: notes.append(a), detail=detail.append,
+        leaders=2, study=study, said=said, events=events, details=detail, record=record,
         _config_of=lambda r: TrialConfig(speculative_config={**NG, "num_speculative_tokens":
                                                              int(r.label[1:])}),
         _vllm_version=lambda _key: "0.32.0")
@@ -78,6 +84,10 @@ def test_leaders_the_replay_cannot_order_are_said_and_at_temperature_0_nothing_c
     assert search.said == ["Predicted leaders at c=4: k3 120.0 \u00b14.0 tok/s (1.20x); "
                            "k4 117.0 \u00b14.0 tok/s (1.17x)"]
     (tied,) = search.details
+    leaders, tied_event = search.events
+    assert [(r.label, r.output_throughput_pm) for r in leaders.leaders] == [("k3", 4.0),
+                                                                            ("k4", 4.0)]
+    assert (tied_event.tied, tied_event.best, tied_event.launched) == (2, "k3", ("k4",))
     assert tied.startswith("At temperature 0.8, 2 configs' 90% throughput intervals overlap "
                            "the best's (k3)") and "launched among them: k4;" in tied
     greedy = Prediction(rows=[dataclasses.replace(r, pred_output_throughput_pm=None)
@@ -105,7 +115,8 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
     (line,) = search.said
     assert line.startswith("vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step (k3, c=4) "
                            "where the replay predicts 1.43 \u00b1 0.05 at temperature 0.8")
-    assert [n[2] for n in search.notes] == ["c=4", "c=1"]
+    assert [(e.kind, e.concurrency) for e in search.events] == [
+        ("sampling_mismatch", 4), ("sampling_mismatch", 1)]
     settings = st.settings_of(study)
     assert set(settings.sampling_mismatch) == {"1", "4"}
     at = recommend._Level(concurrency=4, slos={}, settings=settings)
@@ -113,7 +124,7 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
     # at temperature 0 the same figures are the replay's own error: nothing is said
     search = _search(optuna.create_study())
     check(search, Prediction(rows=[row], costs={}, seconds=0.0, configs=1))
-    assert search.said == [] and search.notes == []
+    assert search.said == [] and search.events == []
 
 
 def test_the_tables_show_each_half_width_and_say_what_it_is(tmp_path):

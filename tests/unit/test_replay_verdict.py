@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tuner import intervals
-from tuner.outputs import ranking
+from tuner.outputs import decision_words, decisions, ranking
 from tuner.outputs.ranking import full, short
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.search.replay_strategy import ReplaySearch
@@ -46,6 +46,12 @@ class _View:
 
     def note(self, topic: str, text: str, key: str | None = None) -> None:
         self.notes.append((topic, text))
+
+    def record(self, event, *, store: bool = True, show: bool = True) -> None:
+        """The loop's events (tuner.records.decisions): their lines said, decisions kept."""
+        decisions.Narrator(None, say=self.say, detail=self.detail)(event, show=show)
+        if store and event.topic is not None:
+            self.notes.append((event.topic, decision_words.text(event)))
 
 
 def _search(runs: list[tuple[TrialConfig, list[float]]], *, aligned: bool = False,

@@ -15,6 +15,7 @@ from study_fakes import fake_meta
 
 from tuner import cli
 from tuner.errors import ConfigError
+from tuner.outputs import journal_repair
 from tuner.records.storage import STUDY_ATTR
 from tuner.search import repair, storage
 from tuner.search import study as st
@@ -112,7 +113,9 @@ def test_bad_middle_line_is_refused_with_its_number_then_repaired(tmp_path, bad,
     assert path.read_bytes() == corrupt  # refused, unchanged
 
     with storage.driver(say=lambda _m: None):
-        said = repair.repair(tmp_path)
+        done = repair.repair(tmp_path)
+    said = journal_repair.repair_text(done)
+    assert [n.line for n in done.lines] == [6] and done.studies[0][1] == 4
     (quarantine,) = tmp_path.glob("study.journal.quarantine-*")
     assert quarantine.read_bytes() == bad  # moved, never deleted
     assert path.read_bytes() == good  # every good record kept
@@ -131,8 +134,9 @@ def test_repair_keeps_the_record_glued_to_a_torn_line(tmp_path):
     with pytest.raises(ConfigError, match=f"line {len(lines) - 1} of {len(lines)}"):
         st.open_existing(tmp_path)
     with storage.driver(say=lambda _m: None):
-        said = repair.repair(tmp_path)
-    assert "1 recovered from torn lines" in said
+        done = repair.repair(tmp_path)
+    assert [n.salvaged for n in done.lines] == [True]
+    assert "1 recovered from torn lines" in journal_repair.repair_text(done)
     (quarantine,) = tmp_path.glob("study.journal.quarantine-*")
     assert quarantine.read_bytes() == lines[-2][:-30] + b"\n"
     study = st.open_existing(tmp_path)
@@ -181,7 +185,7 @@ def test_the_lock_holder_is_read_from_its_line_and_a_blank_lock_names_none():
     assert storage._Holder.parse(holder.line()) == holder
     assert storage._Holder.parse(b'{"pid": "7", "host": 3}') == storage._Holder()
     assert [storage._Holder.parse(b) for b in (b"", b"{}", b"[1]", b'{"pid": 7')] == [None] * 4
-    assert "in use by another tuner process" in storage._in_use_message(Path("s"), None)
+    assert "in use by another tuner process" in str(storage._in_use(Path("s"), None))
 
 
 def _listing(folder: Path) -> dict[str, bytes]:

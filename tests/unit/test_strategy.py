@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 from study_fakes import fake_level
 
+from tuner.outputs import decisions
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload, WorkloadSpec
 from tuner.records.options import OptimizeOptions, OptimizePlan
 from tuner.records.results import BenchResult, EngineInfo, LevelMetrics
@@ -59,7 +60,8 @@ def _loop(tmp_path: Path, executor: _Executor, lines: list[str]) -> loop.SearchL
                         out_dir=tmp_path, target_concurrency=1, aligned_baseline="off")
     return loop.SearchLoop(plan=plan, study=study, space=sp,
                            workload=Workload(spec=WORKLOAD, prompts=()), executor=executor,
-                           gpus=0.0, output=loop.LoopOutput(say=lines.append))
+                           gpus=0.0, output=loop.LoopOutput(
+                               record=decisions.Narrator(None, say=lines.append)))
 
 
 class _Scripted:

@@ -11,6 +11,7 @@ from optuna.trial import TrialState, create_trial
 from study_fakes import add_complete, add_failed, fake_level, ngram, realistic_study
 
 from tuner.analysis.frame import configs_frame, trials_frame
+from tuner.outputs import decision_words
 from tuner.records.configs import TrialConfig
 from tuner.search import outcomes, space
 from tuner.search import study as st
@@ -106,7 +107,7 @@ def test_failure_summary_names_the_most_common_failure(tmp_path):
         _trial(s, _cfg(k), TrialState.FAIL, kind="engine_crashed", reason=f"refused k={k}.")
     _trial(s, _cfg(2), TrialState.FAIL, kind="engine_crashed", reason="refused k=2.",
            duplicate_of=2)  # answered from storage: not counted
-    line = st.failure_summary(s, tmp_path)
+    line = decision_words.no_answer_text(st.failure_summary(s, tmp_path))
     assert line == (f"All 4 trials failed; most common: engine_crashed x3: refused k=4. Fix the "
                     f"cause and rerun the same command (finished trials are kept). Logs: "
                     f"{tmp_path / 'trials' / '3' / 'engine.log'}")
@@ -119,7 +120,7 @@ def test_failure_summary_without_a_baseline_names_the_baselines_failure(tmp_path
     add_failed(s, None, role="baseline", reason="vLLM exited with status 1: no GPU",
                kind="engine_crashed")
     add_complete(s, ngram(5), [fake_level(1, output_throughput=40.0, mean_tpot_ms=20.0)])
-    line = st.failure_summary(s, tmp_path)
+    line = decision_words.no_answer_text(st.failure_summary(s, tmp_path))
     assert line.startswith("The baseline (no speculation) did not complete, so no speedup can "
                            "be measured though 1 speculative trial(s) did; most common: "
                            "engine_crashed x1: vLLM exited with status 1: no GPU.")

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,12 +76,6 @@ SPREAD_COLUMNS = (
 )
 SPEEDUP_COLUMNS = ("speedup_throughput", "speedup_tpot")
 CONFIG_COLUMNS = ("trials", "n_failed")  # configs_frame: a config's launches, failed ones
-_NOT_FINISHED = {
-    "RUNNING": "not finished: still running, or the driver was stopped (rerun the same "
-               "command to resume)",
-    "WAITING": "queued, not started yet",
-    "PRUNED": "pruned by the sampler before it was measured",
-}
 # df.attrs key of config key -> TrialConfig (configs_of).
 CONFIGS_ATTR = "configs"
 # df.attrs key of (config key, level) -> each measurement's throughput (launch_throughputs).
@@ -199,9 +193,6 @@ class _Trials:
         levels = [LevelMetrics.migrate(lv) for lv in (result or {}).get("levels", [])
                   if isinstance(lv, dict)]
         if not levels:
-            if t.state.name == "COMPLETE":
-                own = replace(own, reason="completed without a stored result (nothing to "
-                                          "analyse)")
             self.rows.append({**asdict(own), **params})
             return
         for lv in levels:
@@ -253,11 +244,8 @@ def _trial_columns(t: Any, study_name: str, config: TrialConfig) -> _TrialColumn
     result = attrs.get(TrialAttr.RESULT) or {}
     engine = result.get("engine") or {} if isinstance(result, dict) else {}
     state = t.state.name
-    reason = None
-    if state == "FAIL":
-        reason = str(failure.get("reason") or "failed without a recorded reason")
-    elif state in _NOT_FINISHED:
-        reason = _NOT_FINISHED[state]
+    # A failure's own text ("" where it recorded none); tuner.outputs words the other states.
+    reason = str(failure.get("reason") or "") if state == "FAIL" else None
     return _TrialColumns(
         study=study_name, trial=t.number, state=state,
         role=attrs.get(TrialAttr.ROLE, Role.SEARCH.value), method=config.method,

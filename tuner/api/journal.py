@@ -27,6 +27,7 @@ def one_driver(fn):
 @one_driver
 def repair(*, study_dir: Path, say: Say = print) -> str:
     """Quarantine the bad lines of a study's journal, keep every good record, check it loads."""
+    from tuner.outputs import journal_repair
     from tuner.search import repair as journal
 
-    return journal.repair(study_dir)
+    return journal_repair.repair_text(journal.repair(study_dir))

@@ -64,10 +64,12 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
     bar = console.TrialProgress(say=say, show_bar=show_bar,
                                 desc="launches" if use_replay else "trials",
                                 unit="launch" if use_replay else "trial")
+    shown_detail = functools.partial(bar.write, detail) if detail else None
+    narrator = decisions.Narrator(plan.out_dir, say=bar.say, detail=shown_detail,
+                                  trial_line=console.trial_line)
     output = loop.LoopOutput(  # lines print above the bar
-        say=bar.say, line=console.trial_line, tick=bar.update, show_bar=show_bar,
-        detail=functools.partial(bar.write, detail) if detail else None,
-        note=decisions.Decisions(plan.out_dir).record)
+        record=narrator, say=bar.say, tick=bar.update, show_bar=show_bar,
+        detail=shown_detail, note=narrator.note)
     search = loop.SearchLoop(
         plan=plan, study=study, space=space, workload=wl, schedule=schedule,
         executor=executor,
@@ -84,6 +86,7 @@ def optimize(options: OptimizeOptions, *, engine: EngineSpec | None = None, say:
 def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     """The search space, checked against the strategy, the objectives and this machine; and
     whether the replay strategy runs it."""
+    from tuner.outputs import decision_words
     from tuner.search import candidates, samplers
     from tuner.search import space as spaces
 
@@ -92,8 +95,8 @@ def _space(options: OptimizeOptions, engine: EngineSpec) -> tuple[Any, bool]:
     space = spaces.load(options.space_name)
     refused = candidates.why_not_replayable(space, rates=options.acceptance_rates)
     if options.strategy == "replay" and refused:
-        raise ConfigError(f"--strategy replay: {refused}. Use --strategy optuna (or "
-                          "auto, which picks it) for this space.")
+        raise ConfigError(f"--strategy replay: {decision_words.unreplayable_text(refused)}. "
+                          "Use --strategy optuna (or auto, which picks it) for this space.")
     space = drafters.drafted_space(space, engine, options.draft_model)
     samplers.validate_objectives(options.objectives)
     checks.check_methods(space, engine)
@@ -170,7 +173,7 @@ def _run_search(search: Any, options: OptimizeOptions, out_dir: Path, retry: lis
             limits=engine_cmdline.engine_limits(search.engine),
             watch=replay_strategy.Watch(
                 prediction=lambda pred: _write_predictions(pred, out_dir),
-                selection=selection.watcher(search.say, search.detail, search.note)))
+                selection=selection.watcher(search.record)))
         stop = search.run(replay, n_trials=options.n_trials, timeout_s=options.timeout_s)
         if stop.ranking is not None:
             ranking.say_ranking(stop.ranking, say=search.say, detail=search.detail,
@@ -231,12 +234,14 @@ def optimize_and_report(options: OptimizeOptions, *, engine: EngineSpec | None =
                         ) -> StudyOutcome:
     """`tuner optimize`: the search, then (asked for, and when the study has a baseline to
     compare with) the load-aware policy, then the outputs; partial results render too."""
+    from tuner.outputs import decision_words
     from tuner.search import study as st
 
     plan = resolve_optimize(options, engine=engine)  # the study's folder, for what follows
     study = optimize(options, engine=plan.engine, say=say, detail=detail, show_bar=show_bar)
     out_dir = plan.out_dir
-    failed = st.failure_summary(study, out_dir)
+    found = st.failure_summary(study, out_dir)
+    failed = None if found is None else decision_words.no_answer_text(found)
     doc = None
     if options.policy is not None and failed is None:
         doc = policy_pipeline.policy(options.policy, study_dir=out_dir,

@@ -79,6 +79,7 @@ _O, _P = OptimizeOptions(workload=_W), PolicyOptions()
 _T, _V = TrafficOptions(traffic_path=Path(".")), VerifyOptions(study_dir=Path("."))
 
 # Every numeric option of the CLI, by argparse dest. The reasons are part of the message.
+_K_WHY = "every sequence pays for K drafts each step, and acceptance never reaches that far"
 BOUNDS: dict[str, Bound] = {
     # engine
     "ready_timeout": _b("--ready-timeout", float, 1, DAY_S, "seconds",
@@ -185,9 +186,7 @@ BOUNDS: dict[str, Bound] = {
     "verify_num_prompts": _b("--num-prompts", int, 1, MAX_REQUESTS_PER_TRIAL, "requests",
                              "every request's record is kept in the driver and in "
                              "requests.jsonl", "16"),
-    "k_values": _b("--k-values", int, 1, 64, "draft tokens",
-                   "every sequence pays for K drafts each step, and acceptance never reaches "
-                   "that far", "5,2"),
+    "k_values": _b("--k-values", int, 1, 64, "draft tokens", _K_WHY, "5,2"),
     "policy_num_prompts": _b("--policy-num-prompts", int, 1, 100_000, "prompts",
                              "every prompt is tokenized and held in the driver first", "32"),
     "policy_output_len": _b("--policy-output-len", int, 1, MAX_TOKENS, "tokens",
@@ -196,6 +195,33 @@ BOUNDS: dict[str, Bound] = {
                                    "a level sends this many times the concurrency",
                                    _num(_P.requests_per_slot)),
 }
+
+
+# -- the values a search space may fix or search (tuner.search.space_values) ----------------
+def _value_bound(key: str, kind: type, low: float, high: float, why: str) -> Bound:
+    return Bound(key, kind, low, high, "", why, "")
+
+
+_WINDOW_WHY = "an n-gram longer than 64 tokens almost never matches twice"
+# Ranges of the values a space may fix or search, where we know the key; any other number in a
+# space only has to be finite and at most 2^53 (ANY_NUMBER). The reasons are in the messages.
+VALUE_BOUNDS = {
+    "num_speculative_tokens": _value_bound(
+        "num_speculative_tokens", int, 1, 64, _K_WHY),
+    "prompt_lookup_min": _value_bound("prompt_lookup_min", int, 1, 64, _WINDOW_WHY),
+    "prompt_lookup_max": _value_bound("prompt_lookup_max", int, 1, 64, _WINDOW_WHY),
+    "suffix_decoding_max_tree_depth": _value_bound(
+        "suffix_decoding_max_tree_depth", int, 1, 1024, "deeper costs memory for every cached "
+        "request, and no draft is that long"),
+    "suffix_decoding_min_token_prob": _value_bound(
+        "suffix_decoding_min_token_prob", float, 0, 1, "a probability"),
+    "draft_tensor_parallel_size": _value_bound(
+        "draft_tensor_parallel_size", int, 1, 64, "GPUs of one node"),
+    "gpu_memory_utilization": _value_bound(
+        "gpu_memory_utilization", float, 0.01, 1, "a fraction of the GPU's memory"),
+}
+ANY_NUMBER = _value_bound("", float, -2.0**53, 2.0**53, "beyond 2^53 a float no longer holds "
+                          "every whole number, so no engine option means it")
 
 
 def show(value: object, limit: int = 40, *, quote: bool = False) -> str:

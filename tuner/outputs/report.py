@@ -62,6 +62,7 @@ def write_outputs(*, study_name: str, df: pd.DataFrame, configs: pd.DataFrame, p
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    df, configs = with_reasons(df), with_reasons(configs)
     workload = settings.workload.name
     predictions = load_predictions(out_dir)
     drawn, notes = plots.draw_all(points, out_dir / "plots", workload=workload,
@@ -121,6 +122,41 @@ def write_serve_configs(recs: Sequence[Recommendation], out_dir: Path, *,
         text = "\n".join(lines) + "\n" + yaml.safe_dump(rec.serve_config, sort_keys=False)
         written[rec.concurrency] = files.write_atomic(path, text)
     return written
+
+
+# The reason column's words for a trial without a failure text of its own.
+_STATE_REASONS = {
+    "RUNNING": "not finished: still running, or the driver was stopped (rerun the same "
+               "command to resume)",
+    "WAITING": "queued, not started yet",
+    "PRUNED": "pruned by the sampler before it was measured",
+}
+_NO_FAILURE_TEXT = "failed without a recorded reason"
+_NO_RESULT = "completed without a stored result (nothing to analyse)"
+
+
+def with_reasons(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` (a trials_frame, or its configs_frame) with its reason column in words: a failed
+    trial's own text, else what its state says (tuner.analysis.frame keeps the failure's text
+    only)."""
+    import pandas as pd
+
+    if df.empty or "reason" not in df.columns:
+        return df
+    out = df.copy()
+
+    def words(state: Any, reason: Any, concurrency: Any) -> Any:
+        if state == "FAIL":
+            return reason if isinstance(reason, str) and reason else _NO_FAILURE_TEXT
+        if state in _STATE_REASONS:
+            return _STATE_REASONS[state]
+        if state == "COMPLETE" and pd.isna(concurrency):
+            return _NO_RESULT
+        return reason
+
+    out["reason"] = [words(*cells) for cells in zip(
+        out["state"], out["reason"], out["concurrency"], strict=True)]
+    return out
 
 
 def _csv_text(df: pd.DataFrame) -> str:

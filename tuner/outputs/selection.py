@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tuner import intervals
+from tuner.records.decisions import ForecastMissed, LevelSelected
 from tuner.records.selection import Choice, RestsOn, Selection, Undecided
 
 
@@ -117,11 +118,10 @@ def confidence(s: Selection) -> str:
     return f"decided at {intervals.percent(s.confidence)}"
 
 
-def watcher(say: Callable[[str], None], detail: Callable[[str], None],
-            note: Callable[..., None]) -> Callable[[tuple[Selection, ...]], None]:
-    """What the study prints as its selections change: each level's headline once per change,
-    and (-v) what it rests on, both kept for the report's "How it was decided" (`note`); a
-    forecast miss always."""
+def watcher(tell: Callable[..., None]) -> Callable[[tuple[Selection, ...]], None]:
+    """What the study records as its selections change (tuner.records.decisions events,
+    `tell` as tuner.outputs.decisions Narrator takes them): each level's selection once per
+    change (its headline said, and with -v what it rests on), a forecast miss always."""
     shown: dict[int, str] = {}
     missed: set[tuple[str, int]] = set()
 
@@ -130,17 +130,10 @@ def watcher(say: Callable[[str], None], detail: Callable[[str], None],
             for c in s.checks:
                 if c.missed and (c.label, c.concurrency) not in missed:
                     missed.add((c.label, c.concurrency))
-                    text = (f"Forecast missed at c={c.concurrency}: {c.label} measured "
-                            f"{c.measured:.1f} tok/s where the step-cost model predicted "
-                            f"{c.predicted:.1f} on the same requests ({c.error_pct:+.1f}%, "
-                            f"beyond its stated ±{c.accuracy_pct:.1f}%).")
-                    say(text)
-                    note("forecast_miss", text, f"c={c.concurrency} {c.label}")
+                    tell(ForecastMissed(check=c))
             line = headline(s)
             if shown.get(s.concurrency) != line:
                 shown[s.concurrency] = line
-                say(f"Forecast {line[0].lower()}{line[1:]}")
-                detail(f"  {reason(s)}")
-                note("selection", f"{line}; {reason(s)}", f"c={s.concurrency}")
+                tell(LevelSelected(selection=s))
 
     return show

@@ -80,6 +80,8 @@ def worded(rec: Recommendation) -> WordedRecommendation:
 # --- the reasons, one per basis --------------------------------------------------------------
 def _no_baseline(rec: Recommendation, v: Verdict) -> str:
     why = (f" The baseline trial failed: {v.baseline_failure}" if v.baseline_failure
+           else " The baseline trial failed without a recorded reason."
+           if v.baseline_failure is not None
            else " The baseline trial has not finished yet." if v.baseline_waiting else "")
     return (f"No baseline (no speculation) was measured at concurrency {rec.concurrency}, so "
             f"no speedup can be stated.{why} Measure it with: {rec.verify_command}")

@@ -39,3 +39,23 @@ class StudyOutcome(Frozen):
     paths: dict[str, Path] = {}
     recommendations: tuple[Recommendation, ...] = ()
     policy: PolicyDocument | None = None
+
+
+class RepairedLine(Frozen):
+    """A bad line of a journal: its number, why it was bad (tuner.search.storage's reading of
+    it) and whether a whole record glued to it was kept (`salvaged`)."""
+
+    line: int
+    why: str = ""
+    salvaged: bool = False
+
+
+class JournalRepair(Frozen):
+    """What `tuner repair` did to a study's journal: the records kept, the bad lines moved into
+    the quarantine file beside it, and the studies it loads (name, trials) afterwards."""
+
+    journal: Path
+    kept: int
+    lines: tuple[RepairedLine, ...] = ()
+    quarantine: str = ""
+    studies: tuple[tuple[str, int], ...] = ()

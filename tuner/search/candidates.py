@@ -13,6 +13,7 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.records.configs import TrialConfig
+from tuner.records.decisions import Unreplayable
 from tuner.records.predictions import PredictedRow
 from tuner.replay import acceptance
 from tuner.replay.predict import Prediction
@@ -26,16 +27,16 @@ SAMPLED_POINTS = 48  # per method whose space is continuous or larger than GRID_
 SUFFIX_POINTS = 24
 
 
-def why_not_replayable(space: SearchSpace, *, rates: list[float] | None) -> str | None:
+def why_not_replayable(space: SearchSpace, *, rates: list[float] | None) -> Unreplayable | None:
     """None when every candidate of `space` can be predicted by replay, else why not."""
     other = [m for m in space.speculative_methods() if m not in acceptance.REPLAYABLE]
     if other:
-        return (f"method(s) {', '.join(other)} cannot be replayed (only "
-                f"{', '.join(acceptance.REPLAYABLE)} can)")
+        return Unreplayable(why="methods", methods=tuple(other),
+                            replayable=tuple(acceptance.REPLAYABLE))
     if any(isinstance(p, Param) for p in space.engine.values()):
-        return "the space searches engine knobs, which the step-cost model does not cover"
+        return Unreplayable(why="engine_knobs")
     if rates:
-        return "--acceptance-profile forces a synthetic acceptance that replay cannot predict"
+        return Unreplayable(why="acceptance_profile")
     return None
 
 

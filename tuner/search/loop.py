@@ -8,12 +8,12 @@ as it ends (a result, or a FAIL with its reason and log tail), a result with the
 capture its executor brought back, saved in the trial's folder; what storage already knows is
 never launched again (a measured config is answered with its result, a config the same engine
 refused at start with its failure), and a proposal whose config is in flight waits for it and
-is answered from storage; one line per finished trial through `say`, "[done/total]"
-with its wall time, a line as each engine starts (and, inline, as it is ready), and the
-running count handed to `tick` for a progress bar. An aligned baseline (no speculation on the
-speculative engine path) is launched at most once per study, right after what calls for it:
-the first speculative trial whose engine path differs from the plain baseline's ("auto"), or
-the plain baseline (one given by the user).
+is answered from storage; one event per finished trial through `record` (tuner.outputs
+words it: "[done/total]" with its wall time), one as each engine starts (and, inline, a line
+as it is ready), and the running count handed to `tick` for a progress bar. An aligned
+baseline (no speculation on the speculative engine path) is launched at most once per study,
+right after what calls for it: the first speculative trial whose engine path differs from the
+plain baseline's ("auto"), or the plain baseline (one given by the user).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError, TrialFailed
+from tuner.records import decisions as ev
 from tuner.records.configs import RequestSchedule, TrialConfig, Workload
 from tuner.records.options import OptimizePlan
-from tuner.records.results import BenchResult
 from tuner.records.storage import TrialAttr
 from tuner.records.trials import Role, TrialOutcome
 from tuner.search import optuna_compat, outcomes
@@ -82,16 +82,22 @@ def _quiet(*_args: Any) -> None:
     return None
 
 
+def _untold(_event: ev.Event, *, store: bool = True, show: bool = True) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class LoopOutput:
-    """What the loop tells, and through what: `say` a line a user must know; `line(result,
-    baseline)` a finished trial's figures; `detail` the lines -v adds (each trial's engine
-    start and levels, the search's working); `note(topic, text, key="")` a fact for the
-    report's "How it was decided" (tuner.outputs.decisions); `tick(done, total)` the progress
-    bar; `show_bar` a bar over each level's requests, for an inline trial. None: not told."""
+    """What the loop tells, and through what: `record(event, store=True, show=True)` each event
+    of the search (tuner.records.decisions: a trial ended, a decision and its figures), which
+    tuner.outputs.decisions Narrator words, prints and keeps for the report's "How it was
+    decided"; `detail` the lines -v adds that an inline trial says itself (its engine start
+    and levels); `say` and `note(topic, text, key="")` what outputs worded itself, handed on
+    to the strategies' callers (tuner.api); `tick(done, total)` the progress bar; `show_bar`
+    a bar over each level's requests, for an inline trial. None: not told."""
 
+    record: Callable[..., None] = _untold
     say: Callable[[str], None] = _quiet
-    line: Callable[[BenchResult, dict | None], str] = lambda result, _base: result.label()
     detail: Callable[[str], None] | None = None
     note: Callable[..., None] | None = None
     tick: Callable[[int, int], None] | None = None
@@ -126,7 +132,7 @@ class SearchLoop:
         self.executor, self.gpus = executor, gpus
         self.schedule = schedule
         output = output or LoopOutput()
-        self.say, self.line, self.show_bar = output.say, output.line, output.show_bar
+        self.record, self.say, self.show_bar = output.record, output.say, output.show_bar
         self.detail = output.detail or _quiet
         self.note = output.note or _quiet
         self.tick = output.tick or _quiet
@@ -185,11 +191,8 @@ class SearchLoop:
             self._check_landed = False  # the one this driver launched has ended
             gap = aligned_gap(self.study)
             if gap is not None:
-                text = (f"the aligned baseline (trial {gap[0].number}) still differs from "
-                        f"trial {gap[1].number}'s path ({gap[2].describe()}); its split into "
-                        "path cost and speculation gain is approximate.")
-                self.say(f"Engine path: {text}")
-                self.note("engine_path", text[0].upper() + text[1:], "check")
+                self.record(ev.PathGap(aligned_trial=gap[0].number, trial=gap[1].number,
+                                     difference=gap[2].describe()))
         if self._aligned_decided:
             return None
         if has_aligned_baseline(self.study):
@@ -207,22 +210,13 @@ class SearchLoop:
         spec, alignment = found
         label = st.stored(spec).label or f"trial {spec.number}"
         if alignment is None:
-            text = (f"Trial {spec.number} ({label}) ran the plain baseline's path, or one its "
-                    "log does not tell apart; no aligned baseline to measure.")
-            self.detail(f"Engine path: {text}")
-            self.note("engine_path", text, "decision")
+            self.record(ev.PathSame(trial=spec.number, label=label))
             return None
         config = alignment.trial_config()
         self._check_landed = True
-        knobs = " ".join([*alignment.engine_args,
-                          *(f"{k}={v}" for k, v in sorted(alignment.engine_env.items()))])
-        self.say(f"Aligned baseline: trial {spec.number} ({label}) left the plain baseline's "
-                 "engine path; measuring a baseline on that path once.")
-        text = (f"Trial {spec.number} ({label}) left the plain baseline's path "
-                f"({alignment.describe()}); measuring an aligned baseline once (no speculation, "
-                f"{knobs}) beside the plain one, to split path cost from speculation gain.")
-        self.detail(f"Engine path: {text}")
-        self.note("engine_path", text, "decision")
+        self.record(ev.PathLeft(trial=spec.number, label=label, difference=alignment.describe(),
+                              knobs=(*alignment.engine_args, *(
+                                  f"{k}={v}" for k, v in sorted(alignment.engine_env.items())))))
         return config
 
     def suggest(self, trial) -> TrialConfig:
@@ -258,7 +252,7 @@ class SearchLoop:
             timeout_s=self.timeout_s, in_flight=self.in_flight,
             requests_per_launch=self.requests_per_launch(), room=self.room, align=self.align,
             exhausted=self.exhausted, space_size=self.space_size, config_of=self.config_of,
-            say=self.say, detail=self.detail, note=self.note)
+            record=self.record)
 
     def _drive(self, strategy: Strategy, *, extra: bool = False) -> Stop:
         """The one launch path: ask, open the trial, answer a proposal storage knows or launch
@@ -282,9 +276,7 @@ class SearchLoop:
                 elif step.trial is not None and self.answer_known(trial, step.config):
                     known_in_row += 1
                     if known_in_row > MAX_KNOWN_IN_ROW:
-                        self.stop_line("The sampler keeps proposing configs already measured "
-                                       "or refused: the space looks exhausted; stopping the "
-                                       "search.")
+                        self.record(ev.SamplerRepeating())
                         step = Stop(StopReason.REPEATING)
                         break
                 else:
@@ -333,11 +325,6 @@ class SearchLoop:
         if self.n_trials - self.done() - self.in_flight <= 0:
             return StopReason.BUDGET
         return None
-
-    def stop_line(self, why: str) -> None:
-        """Say why a strategy stops, and note it for the report."""
-        self.say(why)
-        self.note("stop", why)
 
     def _open(self, launch: Launch) -> Any:
         """The trial `launch` runs as: the one its sampler proposed, else a fresh one with
@@ -391,8 +378,8 @@ class SearchLoop:
                                  show_bar=self.show_bar)
         else:
             # A Ray worker's lines never reach this terminal: say here what it is doing.
-            self.detail(f"  trial {trial.number}: engine starting for {config.label()} (log: "
-                        f"{trial_dir / 'engine.log'}); its figures come back when it ends")
+            self.record(ev.EngineStarting(trial=trial.number, label=config.label(),
+                                        log=str(trial_dir / "engine.log")))
             self.executor.submit(*args, num_gpus=self.gpus, schedule=schedule)
 
     def _schedule_for(self, config: TrialConfig) -> RequestSchedule | None:
@@ -417,10 +404,9 @@ class SearchLoop:
         if refused is None:
             return False
         outcomes.tell_known_failure(self.study, trial, refused)
-        kind = st.stored(refused).failure_kind
-        self.say(f"trial {trial.number} {config.label()}: the engine refused this config in "
-                 f"trial {refused.number} ({kind}); answered from storage as FAIL (no engine "
-                 f"launched; a new --study-name would launch it again)")
+        self.record(ev.RefusedBefore(trial=trial.number, label=config.label(),
+                                   refused_trial=refused.number,
+                                   failure_kind=st.stored(refused).failure_kind))
         return True
 
     def _tell(self, trial, config, outcome: TrialOutcome, wall_s: float, *,
@@ -430,28 +416,28 @@ class SearchLoop:
         for key in ("cuda_visible_devices", "host", "ran_from", "ran_to"):
             if getattr(outcome, key) is not None:
                 trial.set_user_attr(key, getattr(outcome, key))
-        mark = f"[{self.ordinal()}/{max(self.total, self.ordinal())}]"
+        done, total = self.ordinal(), max(self.total, self.ordinal())
         self.extra += extra
         if outcome.failure is not None:
             f = outcome.failure
             exc = TrialFailed(f.reason, log_tail=f.log_tail)
             exc.kind = f.kind
             outcomes.tell_failure(self.study, trial, exc)
-            self.say(f"{mark} trial {trial.number} {config.label()}: FAIL ({exc.kind}) "
-                     f"{f.reason[:300]} -- recorded; the study continues ({wall_s:.0f} s). "
-                     f"Log: {self.out_dir / 'trials' / str(trial.number) / 'engine.log'}")
+            self.record(ev.TrialFailedEvent(
+                done=done, total=total, trial=trial.number, label=config.label(),
+                failure_kind=str(exc.kind), reason=f.reason, wall_s=wall_s,
+                log=str(self.out_dir / "trials" / str(trial.number) / "engine.log")))
             self.progress()
             return
         assert outcome.result is not None  # an outcome holds a result or a failure
         if outcome.tokens is not None and not st.store_tokens(
                 self.out_dir, trial, outcome.tokens,
                 trial_dir=self.out_dir / "trials" / str(trial.number)):
-            self.say(f"trial {trial.number}: its token capture came back unreadable; stored "
-                     f"without it, so replay is unavailable for this trial")
+            self.record(ev.TokensUnreadable(trial=trial.number))
         outcomes.tell_result(self.study, trial, outcome.result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints)
-        self.say(f"{mark} trial {trial.number} " + self.line(outcome.result, self._baseline())
-                 + f" ({wall_s:.0f} s)")
+        self.record(ev.TrialEnded(done=done, total=total, trial=trial.number,
+                                result=outcome.result, baseline=self._baseline(), wall_s=wall_s))
         self.progress()
 
     def _answer_duplicate(self, trial, dup) -> None:
@@ -460,8 +446,8 @@ class SearchLoop:
         outcomes.tell_result(self.study, trial, result, objectives=self.objectives,
                        concurrency=self.target, constraints=self.constraints,
                        duplicate_of=dup.number)
-        self.say(f"trial {trial.number} {result.config.label()}: same config as trial "
-                 f"{dup.number}, answered from storage (no engine launched)")
+        self.record(ev.SameConfig(trial=trial.number, label=result.config.label(),
+                                duplicate_of=dup.number))
 
     def repeat_leaders(self, *, repeats: int, leaders: int = 3) -> Stop:
         """Re-measure the baseline and the leading configs so ranking can use their spread

@@ -13,6 +13,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from tuner.errors import ConfigError
+from tuner.records.outcomes import JournalRepair, RepairedLine
 from tuner.search import storage as store
 from tuner.search.storage import JOURNAL
 
@@ -28,10 +29,10 @@ def _salvage(line: bytes, replay: store.Replay) -> int | None:
     return None
 
 
-def repair(study_dir: Path) -> str:
+def repair(study_dir: Path) -> JournalRepair:
     """Move every bad line of the journal into `study.journal.quarantine-<UTC time>` beside it,
     keep every good record (also one glued to a torn line), check that the studies load, and
-    return what was done. Takes the study lock (inside driver())."""
+    return what was done (tuner.outputs words it). Takes the study lock (inside driver())."""
     path = study_dir / JOURNAL
     if not path.exists():
         raise ConfigError(f"No journal in '{study_dir}' (no {JOURNAL}). Pass the folder that "
@@ -41,8 +42,7 @@ def repair(study_dir: Path) -> str:
     replay = store.Replay()
     keep: list[bytes] = []
     moved: list[bytes] = []
-    notes: list[str] = []
-    salvaged = 0
+    notes: list[RepairedLine] = []
     for number, _, line in store.journal_lines(data):
         why = replay.accepts(line)
         whole = line if line.endswith(b"\n") else line + b"\n"
@@ -53,13 +53,12 @@ def repair(study_dir: Path) -> str:
         if cut is not None:
             moved.append(line[:cut] + b"\n")
             keep.append(whole[cut:])
-            salvaged += 1
-            notes.append(f"line {number}: torn start moved, the record after it kept")
+            notes.append(RepairedLine(line=number, salvaged=True))
         else:
             moved.append(whole)
-            notes.append(f"line {number}: {why}")
+            notes.append(RepairedLine(line=number, why=why))
     if not moved:
-        return f"{path}: all {len(keep)} records are valid; nothing to repair."
+        return JournalRepair(journal=path, kept=len(keep))
     side = store.side_file(path, "quarantine", b"".join(moved))
     tmp = path.with_name(path.name + ".repair-tmp")
     try:
@@ -73,24 +72,15 @@ def repair(study_dir: Path) -> str:
     os.replace(tmp, path)
     store.fsync_dir(study_dir)
     store.clear_stale_mutex(path)
-    loaded = _verify(path)
-    lines = [f"Repaired {path}: moved {len(moved)} bad line(s) to {side.name} beside it and kept "
-             f"{len(keep)} records" + (f" ({salvaged} recovered from torn lines)" if salvaged
-                                       else "") + "."]
-    lines += [f"  {n}" for n in notes[:20]]
-    if len(notes) > 20:
-        lines.append(f"  ... and {len(notes) - 20} more (all in {side.name})")
-    lines.append(f"The journal loads: {loaded}.")
-    return "\n".join(lines)
+    return JournalRepair(journal=path, kept=len(keep), lines=tuple(notes),
+                         quarantine=side.name, studies=_verify(path))
 
 
-def _verify(path: Path) -> str:
+def _verify(path: Path) -> tuple[tuple[str, int], ...]:
+    """The studies the journal loads now, with their trials."""
     import optuna
 
     storage = JournalStorage(JournalFileBackend(str(path)))
-    parts = []
-    for frozen in storage.get_all_studies():
-        study = optuna.load_study(study_name=frozen.study_name, storage=storage)
-        parts.append(f"study '{frozen.study_name}' with {len(study.get_trials(deepcopy=False))} "
-                     f"trials")
-    return ", ".join(parts) or "no study in it yet"
+    return tuple((frozen.study_name, len(optuna.load_study(
+        study_name=frozen.study_name, storage=storage).get_trials(deepcopy=False)))
+        for frozen in storage.get_all_studies())

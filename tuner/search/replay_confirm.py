@@ -4,12 +4,13 @@ until speedup intervals decide the ranking (tuner.search.ranking), or the budget
 
 A part of tuner.search.replay_strategy ReplaySearch, which mixes it in: its methods read the
 strategy's view, configs and launches (`view`, `study`, `_throughputs`, `_launch`, `_align`,
-`_predict`, `_room`, `_config_of`) and say what they find through it.
+`_predict`, `_room`, `_config_of`) and record what they find through it (`record`).
 """
 
 from __future__ import annotations
 
 from tuner import intervals
+from tuner.records import decisions as ev
 from tuner.records.configs import TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.replay import sampling
@@ -33,22 +34,16 @@ class ConfirmPhase:
         ranked = pred.leaders(target, 10_000)
         top = _diverse(ranked, self.leaders)
         if not top:
-            self.say("No predicted leader to confirm.")
-            self.note("leaders", "No predicted leader to confirm.")
+            self.record(ev.NoLeader())
             return []
-        named = "; ".join(f"{r.label} {r.pred_output_throughput:.1f}{_pm(r)} tok/s "
-                          f"({r.pred_speedup:.2f}x)" for r in top)
-        self.say(f"Predicted leaders at c={target}: {named}")
-        self.note("leaders", f"At c={target}, launched to confirm them: {named}.")
+        self.record(ev.Leaders(concurrency=target, leaders=tuple(ev.Leader(
+            label=r.label, output_throughput=r.pred_output_throughput,
+            output_throughput_pm=_pm(r), speedup=r.pred_speedup) for r in top)))
         tied = [r for r in ranked[1:] if sampling.within(r, ranked[0])]
         if tied:
-            launched = ", ".join(r.label for r in tied if r in top) or "none"
-            text = (f"At temperature {pred.temperature:g}, {len(tied)} configs' 90% throughput "
-                    f"intervals overlap the best's ({ranked[0].label}): the replay cannot "
-                    f"order them, the confirm launches decide (launched among them: "
-                    f"{launched}; --confirm-leaders launches more).")
-            self.detail(text)
-            self.note("leaders", text, "tied")
+            self.record(ev.TiedLeaders(temperature=pred.temperature, tied=len(tied),
+                                     best=ranked[0].label,
+                                     launched=tuple(r.label for r in tied if r in top)))
         return [self._config_of(r) for r in top]
 
     def _confirm(self, leaders: list[TrialConfig], capture: TokenCapture) -> Flow[Stop]:
@@ -80,15 +75,10 @@ class ConfirmPhase:
         """A failed launch is recorded as a FAIL trial; launching the same config again would
         spend the budget on it, so it leaves the ranking. False when the confirmation ends
         there (a baseline failed, or no leader is left)."""
+        self.record(ev.LaunchFailed(label=pick.label(), key=pick.key(), leader=pick in leaders))
         if pick not in leaders:
-            text = f"{pick.label()} failed to re-measure; stopping the confirmation."
-            self.say(text)
-            self.note("confirmation", text, f"failed {pick.key()}")
             return False
         leaders.remove(pick)
-        text = f"{pick.label()} failed; it leaves the confirmation."
-        self.say(text)
-        self.note("confirmation", text, f"failed {pick.key()}")
         return bool(leaders)
 
     def _launch_windows(self) -> dict[str, list[intervals.LaunchWindows]]:
@@ -121,11 +111,11 @@ class ConfirmPhase:
                             confidence=1 - (1 - self.confidence) / self._looks)
 
 
-def _pm(row: PredictedRow) -> str:
-    """A predicted throughput's sampling half-width as the leaders line shows it, " ±3.1"
-    (tuner.replay.sampling); nothing at temperature 0."""
+def _pm(row: PredictedRow) -> float | None:
+    """A predicted throughput's sampling half-width (tuner.replay.sampling); None at
+    temperature 0."""
     pm = row.pred_output_throughput_pm
-    return f" \u00b1{pm:.1f}" if isinstance(pm, float) and pm == pm else ""
+    return pm if isinstance(pm, float) and pm == pm else None
 
 
 def _diverse(ranked: list[PredictedRow], n: int) -> list[PredictedRow]:

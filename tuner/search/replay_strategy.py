@@ -42,6 +42,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import intervals
+from tuner.records import decisions as ev
 from tuner.records.configs import EngineLimits, TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.records.selection import Selection
@@ -127,14 +128,10 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
     def study(self) -> Any:
         return self.view.study
 
-    def say(self, text: str) -> None:
-        self.view.say(text)
-
-    def detail(self, text: str) -> None:
-        self.view.detail(text)
-
-    def note(self, topic: str, text: str, key: str = "") -> None:
-        self.view.note(topic, text, key)
+    def record(self, event: ev.Event, *, store: bool = True, show: bool = True) -> None:
+        """Record `event` (tuner.records.decisions) through the view: its lines shown,
+        the decision kept for the report."""
+        self.view.record(event, store=store, show=show)
 
     def _phases(self) -> Flow[Stop]:
         """Baseline, replay (calibrating and climbing), confirm: each `yield` a launch, and
@@ -145,10 +142,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         yield from self._align()  # a given aligned baseline; "auto" on a resumed study
         capture = st.token_capture(self.study_dir, base)
         if capture is None:
-            text = ("The baseline trial holds no token ids (this vLLM did not return them), "
-                    "so replay cannot predict; using the Optuna search instead.")
-            self.say(text)
-            self.note("strategy", text)
+            self.record(ev.NoTokens())
             return Stop(StopReason.NO_TOKENS)
         pred = yield from self._replay_space(capture)
         sample = forecast.sample_capture(st.token_capture(self.study_dir, base, sample=True)
@@ -166,11 +160,9 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         room = self.view.room()
         if room is not None and self._ran_out is None:
             self._ran_out = room
-            why = (f"--timeout {self.view.timeout_s:.0f} s reached; stopping."
-                   if room == StopReason.TIMEOUT else f"--n-trials {self.view.n_trials}: "
-                   "every engine launch of the budget is spent.")
-            self.say(why)
-            self.note("stop", why)
+            self.record(ev.BudgetSpent(
+                limit="timeout" if room == StopReason.TIMEOUT else "n_trials",
+                timeout_s=self.view.timeout_s, n_trials=self.view.n_trials, launches=True))
         return room is None
 
     def _baseline(self) -> Flow[Any]:
@@ -191,12 +183,8 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         left = self.view.n_trials - self.launches()
         if not wall or left <= 0:
             return
-        text = (f"Each launch sends the same {self.view.requests_per_launch} requests; the "
-                f"baseline's took {wall:.0f} s, so the {left} launch(es) left take about "
-                f"{left * wall / 60:.1f} min (speculative ones as much faster or slower as they "
-                f"decode).")
-        self.say(text)
-        self.note("strategy", text, "expected time")
+        self.record(ev.ExpectedTime(requests=self.view.requests_per_launch, baseline_s=wall,
+                                  launches_left=left))
 
     def _replay_space(self, capture: TokenCapture) -> Flow[Prediction]:
         """Predict the space over the baseline's tokens, with the calibration launches the
@@ -204,14 +192,11 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         self.phase = Phase.REPLAY
         configs = candidates(self.view.space, seed=self.seed)
         self._configs = {c.key(): c for c in configs}
-        self.say(f"Replaying {len(configs)} configs of space '{self.view.space.name}' over the "
-                 "baseline's tokens (no engine) ...")
+        self.record(ev.ReplayStarted(configs=len(configs), space=self.view.space.name))
         pred = self._predict(capture)
-        text = (f"Replayed {pred.configs} configs of space '{self.view.space.name}' over the "
-                f"baseline's {len(capture.level(capture.levels()[0], warmup=False))} requests "
-                f"per level in {pred.seconds:.1f} s (no engine).")
-        self.detail(text)
-        self.note("replay", text)
+        self.record(ev.SpaceReplayed(
+            configs=pred.configs, space=self.view.space.name, seconds=pred.seconds,
+            requests_per_level=len(capture.level(capture.levels()[0], warmup=False))))
         self.phase = Phase.CALIBRATE
         pred = yield from self._calibrate(capture, pred)
         pred = yield from self._calibrate_mixed(capture, pred)
@@ -228,11 +213,8 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         calib = self._calibration_config(pred)
         if calib is None:
             return pred
-        text = (f"{calib.label()} drafts the most per step "
-                f"({self._drafted(pred, calib):.1f} tokens), so the step-cost line "
-                "spans the space.")
-        self.say(f"Calibration launch: {text}")
-        self.note("calibration", text, "first")
+        self.record(ev.Calibration(label=calib.label(),
+                                 drafted_per_step=self._drafted(pred, calib)))
         yield self._launch(calib, Role.CALIBRATION)
         yield from self._align()  # "auto": the calibration is the first speculative trial
         return self._predict(capture)
@@ -246,14 +228,8 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         if row is None:
             return pred
         calib = self._config_of(row)
-        self.say(f"Second calibration launch: {calib.label()} (this engine splits "
-                 "CUDA graphs by batch shape).")
-        text = (f"{calib.label()} drafts a full K on "
-                f"{row.uniform_share:.0%} of its steps at c={row.concurrency}: "
-                "this engine splits CUDA graphs by batch shape, so the step cost "
-                "needs a point where most steps are not uniform.")
-        self.detail(f"Second calibration launch: {text}")
-        self.note("calibration", f"Then {text}", "second")
+        self.record(ev.MixedCalibration(label=calib.label(), uniform_share=row.uniform_share,
+                                      concurrency=row.concurrency))
         yield self._launch(calib, Role.CALIBRATION)
         return self._predict(capture)
 
@@ -266,11 +242,8 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         if added:
             self._configs = {c.key(): c for c in configs}
             self._show(pred)
-            text = (f"Searched the sampled grids around the predicted leaders: {added} more "
-                    f"configs replayed ({len(configs)} in all, "
-                    f"{time.monotonic() - started:.1f} s).")
-            self.detail(text)
-            self.note("climb", text)
+            self.record(ev.Climb(added=added, configs=len(configs),
+                               seconds=time.monotonic() - started))
         return pred
 
     # -- launching --------------------------------------------------------------------------
@@ -321,9 +294,9 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         self.prediction = pred
         self.on_prediction(pred)
         for c in sorted(pred.costs):
-            self.note("step_cost", pred.costs[c].describe(), f"c={c}")
+            self.record(_step_cost(pred.costs[c]), show=False)
         if pred.streams:
-            self.note("streams", pred.streams)
+            self.record(ev.TokenStreams(line=pred.streams), show=False)
         self._check_sampling(pred)
         self._check_predictions(pred)
 
@@ -340,8 +313,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         if not fresh:
             return
         for m in fresh:
-            self.say(m.text())
-            self.note("prediction_miss", m.text(), f"c={m.concurrency}")
+            self.record(ev.PredictionMissed(miss=m))
         st.store_settings(self.study, stored.model_copy(
             update={"prediction_misses": (*known, *fresh)}))
 
@@ -363,10 +335,11 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         fresh = {c: text for c, text in lines.items() if c not in known}
         if not fresh:
             return
-        if not known:
-            self.say(fresh.get(str(self.view.target)) or next(iter(fresh.values())))
+        # One line said (the target level's where it is among them), every level kept.
+        said = None if known else (str(self.view.target) if str(self.view.target) in fresh
+                                   else next(iter(fresh)))
         for c, text in fresh.items():
-            self.note("sampling", text, f"c={c}")
+            self.record(ev.SamplingMismatch(concurrency=int(c), line=text), show=c == said)
         st.store_settings(self.study, stored.model_copy(
             update={"sampling_mismatch": {**known, **fresh}}))
 
@@ -408,9 +381,9 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
 
     def _print_costs(self, pred: Prediction) -> None:
         for c in sorted(pred.costs):
-            self.detail("  step cost " + pred.costs[c].describe())
+            self.record(_step_cost(pred.costs[c]), store=False)
         if pred.streams:
-            self.detail("  " + pred.streams)
+            self.record(ev.TokenStreams(line=pred.streams), store=False)
 
     # -- confirming -------------------------------------------------------------------------
     def _throughputs(self, level: int | None = None) -> dict[str, list[float]]:
@@ -421,3 +394,15 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
             if (lv := m.levels.get(c)) is not None and intervals.logs([lv.output_throughput]):
                 out.setdefault(m.config.key(), []).append(lv.output_throughput)
         return out
+
+
+def _step_cost(cost: Any) -> ev.StepCostFit:
+    """A level's step cost (tuner.replay.cost StepCost) as the event that records it."""
+    return ev.StepCostFit(
+        concurrency=cost.concurrency, a_ms=cost.a, b_ms=cost.b, m_ms=cost.m,
+        mixed_term=cost.mixed_term, mixed_fitted=cost.mixed_fitted,
+        prefill_ms_per_token=cost.prefill.ms_per_token,
+        prefill_overhead_ms=cost.prefill.overhead_ms,
+        points=tuple(ev.CostPoint(label=p.label, scored=p.scored, mixed=p.mixed,
+                                  step_ms=p.step_ms) for p in cost.points),
+        profile=tuple(cost.profile), path=cost.path)

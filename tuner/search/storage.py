@@ -144,13 +144,15 @@ def scan(path: Path) -> Scan:
     return Scan(records, tuple(bad), tail_start=len(data))
 
 
-def _bad_lines_message(path: Path, bad: list[tuple[int, str]] | tuple[tuple[int, str], ...],
-                       total: int) -> str:
+def _bad_lines(path: Path, bad: list[tuple[int, str]] | tuple[tuple[int, str], ...],
+               total: int) -> ConfigError:
+    """The error that refuses a journal with bad lines, naming the first and what to do."""
     (number, why), more = bad[0], len(bad) - 1
     also = f" (and {more} more bad line{'s' if more > 1 else ''})" if more else ""
-    return (f"{path} line {number} of {total} is {why}{also}; the study cannot be read past it. "
-            f"Run `tuner repair {path.parent}` to move the bad line(s) into a quarantine file "
-            f"beside the journal and keep every good record.")
+    return ConfigError(
+        f"{path} line {number} of {total} is {why}{also}; the study cannot be read past it. "
+        f"Run `tuner repair {path.parent}` to move the bad line(s) into a quarantine file "
+        f"beside the journal and keep every good record.")
 
 
 # --- opening -----------------------------------------------------------------------------------
@@ -179,14 +181,13 @@ def open_journal(study_dir: Path, *, write: bool = False) -> JournalStorage:
         found = scan(path)
         total = found.records + len(found.bad) + (1 if found.tail else 0)
         if found.bad:
-            raise ConfigError(_bad_lines_message(path, found.bad, total))
+            raise _bad_lines(path, found.bad, total)
         if found.tail and say is not None:
             say(_mend_tail(path, found))
         elif found.tail.endswith(b"\n"):
             # A complete line that is not JSON is no write in progress; Optuna would stop on it
             # if it is not UTF-8. Only the lock holder may change the file.
-            raise ConfigError(_bad_lines_message(path, [(found.tail_line, found.tail_why)],
-                                                 total))
+            raise _bad_lines(path, [(found.tail_line, found.tail_why)], total)
     if say is not None:
         clear_stale_mutex(path)
     return JournalStorage(_Backend(str(path)))
@@ -389,7 +390,7 @@ def take_lock(study_dir: Path) -> Say:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(_in_use_message(study_dir, _holder(fd, wait_s=1.0))) from None
+            raise _in_use(study_dir, _holder(fd, wait_s=1.0)) from None
         before = _holder(fd, wait_s=0.0)
         holder = _Holder(pid=os.getpid(), host=socket.gethostname(),
                          since=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -452,10 +453,12 @@ def _holder(fd: int, *, wait_s: float) -> _Holder | None:
         time.sleep(0.05)
 
 
-def _in_use_message(study_dir: Path, holder: _Holder | None) -> str:
+def _in_use(study_dir: Path, holder: _Holder | None) -> ConfigError:
+    """The error that refuses a second driver on a study, naming the one that holds it."""
     who = (f"tuner pid {holder.pid} on host {holder.host} since {holder.since}"
            if holder is not None else "another tuner process")
     stop = (f"stop it (kill {holder.pid} on {holder.host})" if holder is not None
             else "stop it")
-    return (f"Study {study_dir} is in use by {who}; wait for it, or {stop} and run this command "
-            f"again. Two drivers on one study would fail each other's running trials.")
+    return ConfigError(
+        f"Study {study_dir} is in use by {who}; wait for it, or {stop} and run this command "
+        f"again. Two drivers on one study would fail each other's running trials.")

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import intervals
+from tuner.records import decisions as ev
 from tuner.records.configs import EngineSpec, MeasureSettings, TrialConfig, Workload
 from tuner.records.selection import Selection
 from tuner.records.storage import StoredTrial
@@ -79,8 +80,9 @@ class StudyView:
     --timeout, the launches in flight), and the loop's answers: `room()` (None while the
     budget leaves room for a launch, else which part ran out), `align()` (the aligned baseline
     due now, decided once per study), `exhausted()` and `space_size()` (a finite space every
-    config of which storage answers), `config_of(trial)` (a proposed trial's config); and the
-    lines it may say (`say`, `detail`, `note`, tuner.search.loop LoopOutput)."""
+    config of which storage answers), `config_of(trial)` (a proposed trial's config); and
+    `record(event, store=True, show=True)`, where the events it finds go
+    (tuner.records.decisions; tuner.search.loop LoopOutput)."""
 
     study: Any
     space: SearchSpace
@@ -97,9 +99,7 @@ class StudyView:
     exhausted: Callable[[], bool]
     space_size: Callable[[], int]
     config_of: Callable[[Any], TrialConfig]
-    say: Callable[[str], None]
-    detail: Callable[[str], None]
-    note: Callable[..., None]
+    record: Callable[..., None]
 
 
 class Strategy(Protocol):
@@ -132,16 +132,14 @@ class OptunaSearch:
         room = view.room()
         if room == StopReason.TIMEOUT:
             if not view.in_flight:  # said once the running trials have ended
-                _stop_line(view, f"--timeout {view.timeout_s:.0f} s reached; stopping the "
-                           "search.")
+                view.record(ev.BudgetSpent(limit="timeout", timeout_s=view.timeout_s))
             return Stop(room)
         if room is not None:
             return Stop(room)
         aligned = view.align()
         if aligned is None and not view.study.get_trials(
                 deepcopy=False, states=(TrialState.WAITING,)) and view.exhausted():
-            _stop_line(view, f"Every config of search space '{view.space.name}' "
-                       f"({view.space_size()}) is measured or refused; stopping the search.")
+            view.record(ev.SpaceExhausted(space=view.space.name, configs=view.space_size()))
             return Stop(StopReason.EXHAUSTED)
         trial = self._propose(view.study, aligned)
         config = view.config_of(trial)
@@ -162,12 +160,6 @@ class OptunaSearch:
 
     def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:
         return None  # the loop told the study; the sampler reads it from there
-
-
-def _stop_line(view: StudyView, why: str) -> None:
-    """Say why a strategy stops, and note it for the report."""
-    view.say(why)
-    view.note("stop", why)
 
 
 class Repeats:
@@ -204,7 +196,8 @@ class Repeats:
         if not self.launches:
             return Stop(StopReason.REPEATED)
         launch = self.launches.pop(0)
-        view.say(f"repeat of trial {launch.repeat_of} ({launch.config.label()})")
+        view.record(ev.RepeatOf(trial=int(launch.repeat_of or 0),
+                                label=launch.config.label()), store=False)
         return launch
 
     def tell(self, launch: Launch, trial: FrozenTrial | None) -> None:

@@ -22,6 +22,7 @@ from tuner import tokens
 from tuner.errors import ConfigError
 from tuner.measure.metrics import OBJECTIVES
 from tuner.records.configs import EngineSpec, RequestSchedule, TrialConfig
+from tuner.records.decisions import NoAnswer
 from tuner.records.policy import LadderRun
 from tuner.records.results import BenchResult
 from tuner.records.selection import Selection
@@ -381,10 +382,11 @@ def method_choices(study: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def failure_summary(study: Any, out_dir: Path) -> str | None:
-    """One line when the study has nothing to compare (no completed trial, or no completed
-    baseline): the most common failure with its count, one reason and its log. None when the
-    study can be analysed. Proposals answered from storage are not counted: nothing ran."""
+def failure_summary(study: Any, out_dir: Path) -> NoAnswer | None:
+    """What keeps the study from an answer (no completed trial, or no completed baseline):
+    the most common failure with its count, one reason and its log (tuner.outputs words it).
+    None when the study can be analysed. Proposals answered from storage are not counted:
+    nothing ran."""
     from collections import Counter
 
     from optuna.trial import TrialState
@@ -396,25 +398,16 @@ def failure_summary(study: Any, out_dir: Path) -> str | None:
     failed = [t for t in trials if t.state == TrialState.FAIL]
     base_failed = [t for t in failed if is_baseline(t)]
     pool = failed if not done else base_failed
-    if pool:
-        failures = [(t, failure_of(t) or UNSTATED) for t in pool]
-        kinds = Counter(failure.kind for _, failure in failures)
-        kind, count = kinds.most_common(1)[0]
-        last, failure = [(t, f) for t, f in failures if f.kind == kind][-1]
-        reason = " ".join(failure.reason.split())
-        reason = reason if len(reason) <= 300 else reason[:297] + "..."
-        why = f"most common: {kind} x{count}: {reason.rstrip('.')}"
-        # The log last, so the path can be copied without punctuation stuck to it.
-        fix = (f"Fix the cause and rerun the same command (finished trials are kept). Logs: "
-               f"{out_dir / 'trials' / str(last.number) / 'engine.log'}")
-    else:
-        why, fix = "the baseline has not run yet", "Rerun the same command to resume."
-    if not done:
-        if not failed:
-            return f"No trial of study '{study.study_name}' has finished. {fix}"
-        return f"All {len(failed)} trials failed; {why}. {fix}"
-    return (f"The baseline (no speculation) did not complete, so no speedup can be measured "
-            f"though {len(done)} speculative trial(s) did; {why}. {fix}")
+    found = NoAnswer(study_name=study.study_name, completed=len(done), failed=len(failed))
+    if not pool:
+        return found
+    failures = [(t, failure_of(t) or UNSTATED) for t in pool]
+    kinds = Counter(failure.kind for _, failure in failures)
+    kind, count = kinds.most_common(1)[0]
+    last, failure = [(t, f) for t, f in failures if f.kind == kind][-1]
+    return found.model_copy(update={
+        "kind": kind, "count": count, "reason": failure.reason,
+        "log": str(out_dir / "trials" / str(last.number) / "engine.log")})
 
 
 def counted_trials(study: Any, *, repeats: bool = False) -> int:
