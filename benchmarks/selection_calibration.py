@@ -126,13 +126,55 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def recheck(root: Path) -> list[str]:
+    """Each stored study's `tuner verify` result (ROOT/seed-N/verify.json) judged again with
+    this checkout's analysis: the range expected of the check's fresh prompts beside the
+    stated interval (for runs whose verify predates that range)."""
+    from tuner.analysis import verification as checking
+    from tuner.records.verification import VerifyLaunch, VerifyTarget
+
+    lines = [f"{'study':<8} {'c':>3} {'stated':>11} {'expected':>11} {'measured':>8} "
+             f"{'stated says':<11} {'expected says':<13} {'fresh sd':>8} {'launch sd':>9}"]
+    for study in sorted(root.glob("seed-*")):
+        try:
+            rec = json.loads((study / "recommendation.json").read_text())
+            ver = json.loads((study / "verify.json").read_text())
+        except OSError:
+            continue
+        launches = [VerifyLaunch.model_validate(x) for x in ver["launches"]]
+        checked = {lv["target"]["concurrency"]: lv for lv in ver["levels"]}
+        for lv in rec["levels"]:
+            sel = (lv.get("verdict") or {}).get("selection") or {}
+            old = checked.get(lv["concurrency"])
+            if not old or old["outcome"] == "skipped":
+                continue
+            target = VerifyTarget.model_validate(old["target"])
+            if sel.get("rests_on") in ("replay", "scaled") and sel.get("sample_prompts"):
+                target = target.model_copy(update={k: sel[k] for k in (
+                    "sample_sd", "sample_prompts", "cost_sd", "cost_df")})
+            c = checking.check(target, launches, requests=old["requests"])
+            lo, hi = target.stated_interval
+            e = c.expected_interval
+            lines.append(
+                f"{study.name:<8} {lv['concurrency']:>3} {lo:>5.2f}-{hi:<5.2f} "
+                f"{f'{e[0]:.2f}-{e[1]:.2f}' if e else '-':>11} {_x(c.measured_speedup):>8} "
+                f"{(c.stated_outcome or c.outcome).value:<11} {c.outcome.value:<13} "
+                f"{_x(c.fresh_sd):>8} {_x(c.launch_sd):>9}")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recheck", type=Path, default=None, metavar="ROOT",
+                   help="judge the stored studies under ROOT again (no launch) and exit")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--launches", type=int, default=3)
     p.add_argument("--root", type=Path, default=Path("/tmp/selection-calibration"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.recheck is not None:
+        print("\n".join(recheck(args.recheck)))
+        return
     runs = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         runs.append(_run(seed, args.root, args.launches))
