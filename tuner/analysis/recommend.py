@@ -428,8 +428,8 @@ def _metrics(row: pd.Series) -> dict[str, float | None]:
 UNMEASURED_NOISE = 0.05
 # The smallest throughput gain counted as a finding even where the measured spread is smaller:
 # a MAD of two or three runs understates the spread (of two runs it is half their gap; two
-# identical runs give zero), and tuner.analysis.policy never claims less than 1% for either of
-# the two series a speedup divides, so their ratio is not known better than 2%.
+# identical runs give zero), and tuner.analysis.ladder_stats never claims less than 1% for
+# either of the two series a speedup divides, so their ratio is not known better than 2%.
 MIN_DIFFERENCE = 0.02
 
 
