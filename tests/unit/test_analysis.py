@@ -29,7 +29,7 @@ from tuner.analysis.frame import configs_frame, configs_of, trials_frame
 from tuner.analysis.level_context import serve_config
 from tuner.analysis.pareto import knee, pareto_front, speedups
 from tuner.analysis.recommend import recommend, recommendations
-from tuner.outputs import report
+from tuner.outputs import trial_reasons
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.recommendations import Basis, Noise, Recommendation, WindowSpread
 from tuner.search.study import settings_of
@@ -119,7 +119,7 @@ def test_frame_rows_per_level_and_failed_running_rows():
         "engine_crashed"
     running = df[df["state"] == "RUNNING"]
     assert len(running) == 1 and pd.isna(running["reason"].iloc[0])  # outputs words the state
-    worded = report.with_reasons(df)
+    worded = trial_reasons.with_reasons(df)
     assert "not finished" in worded.loc[worded["state"] == "RUNNING", "reason"].iloc[0]
     assert worded.loc[worded["state"] == "FAIL", "reason"].iloc[0] == fail["reason"].iloc[0]
     assert running["label"].iloc[0] == "ngram k=6 window 3-6"
