@@ -183,7 +183,7 @@ def test_recommended_json_verbatim_starts_a_real_server(engine_spec, tmp_path):
 
 def test_per_batch_size_schedule_is_honoured_by_the_real_engine(engine_spec, tmp_path):
     """Our emitted schedule format, once against the real engine: K=5 at batch 1, off above."""
-    from tuner.analysis import policy as rules
+    from tuner.analysis import schedule as rules
     from tuner.measure import trial as runner
     from tuner.measure import workloads
     from tuner.records.policy import LevelSpeedup

@@ -26,9 +26,10 @@ from study_fakes import (
 
 from tuner.analysis import pareto
 from tuner.analysis.frame import configs_frame, configs_of, trials_frame
+from tuner.analysis.level_context import serve_config
 from tuner.analysis.pareto import knee, pareto_front, speedups
-from tuner.analysis.recommend import recommend, recommendations, serve_config
-from tuner.outputs import report
+from tuner.analysis.recommend import recommend, recommendations
+from tuner.outputs import trial_reasons
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.recommendations import Basis, Noise, Recommendation, WindowSpread
 from tuner.search.study import settings_of
@@ -118,7 +119,7 @@ def test_frame_rows_per_level_and_failed_running_rows():
         "engine_crashed"
     running = df[df["state"] == "RUNNING"]
     assert len(running) == 1 and pd.isna(running["reason"].iloc[0])  # outputs words the state
-    worded = report.with_reasons(df)
+    worded = trial_reasons.with_reasons(df)
     assert "not finished" in worded.loc[worded["state"] == "RUNNING", "reason"].iloc[0]
     assert worded.loc[worded["state"] == "FAIL", "reason"].iloc[0] == fail["reason"].iloc[0]
     assert running["label"].iloc[0] == "ngram k=6 window 3-6"
@@ -694,20 +695,20 @@ def test_serve_config_maps_every_flag_form_as_vllm_reads_it():
 
 
 def test_a_single_launch_carries_how_far_its_own_windows_spread():
-    from tuner.analysis.recommend import _window_spreads
+    from tuner.analysis.noise import window_spreads
 
     def row(label, pct, converged, thr):
         return pd.Series({"label": label, "stability_pct": pct, "converged": converged,
                           "speedup_throughput": thr})
 
-    assert _window_spreads(row("k4", 2.9, True, 1.42), row("base", 17.0, False, 1.0)) == (
+    assert window_spreads(row("k4", 2.9, True, 1.42), row("base", 17.0, False, 1.0)) == (
         WindowSpread(label="k4", pct=2.9, settled=True),
         WindowSpread(label="the baseline", pct=17.0, settled=False))
-    assert _window_spreads(row("k4", None, None, 1.4), row("base", None, None, 1.0)) == ()
+    assert window_spreads(row("k4", None, None, 1.4), row("base", None, None, 1.0)) == ()
 
 
 def test_a_config_launched_once_counts_no_surer_than_its_paired_windows_moved():
-    from tuner.analysis.recommend import _paired_window_spread
+    from tuner.analysis.noise import _paired_window_spread
 
     base = pd.Series({"prompts_digest": "d", "windows": (10.0, 20.0, 30.0)})
     win = pd.Series({"prompts_digest": "d", "windows": (20.0, 44.0, 54.0)})  # 2.0, 2.2, 1.8x

@@ -53,10 +53,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "over, said through the driver's `say`; an event for outputs",
     ("search/outcomes.py", "the driver stopped while"): _DEBT + "a Failure's reason as storage "
         "keeps it (the driver_died kind says it; outputs could word the kind)",
-    ("analysis/policy.py", "the schedule is empty"): _DEBT + "validate_schedule's problems, "
+    ("analysis/schedule.py", "the schedule is empty"): _DEBT + "validate_schedule's problems, "
         "stored as text in policy.json's schedule_problems; typed problems change that file",
-    ("analysis/policy.py", "entry {} {} is not three integers"): _DEBT + "as above",
-    ("analysis/policy.py", "the first range must start at 1"): _DEBT + "as above",
+    ("analysis/schedule.py", "entry {} {} is not three integers"): _DEBT + "as above",
+    ("analysis/schedule.py", "the first range must start at 1"): _DEBT + "as above",
 }
 
 

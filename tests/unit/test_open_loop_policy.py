@@ -1,4 +1,4 @@
-"""The policy's open-loop check (tuner.analysis.policy): where the band edges are, the rate
+"""The policy's open-loop check (tuner.analysis.open_loop): where the band edges are, the rate
 and cap each is measured at, the per-edge verdict against the best static K (a difference
 inside the spread is no finding), and the merge where the schedule dips; on synthetic runs."""
 
@@ -9,7 +9,8 @@ import math
 import pytest
 from study_fakes import ladder_runs
 
-from tuner.analysis import policy as rules
+from tuner.analysis import ladder_stats as LS
+from tuner.analysis import open_loop as OL
 from tuner.outputs.console import open_loop_lines
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import (
@@ -27,30 +28,30 @@ CHOSEN = TrialConfig(speculative_config={"method": "ngram", "num_speculative_tok
 
 
 def test_edges_are_where_k_changes():
-    assert rules.band_edges(SCHEDULE) == [BandEdge(edge=2, k_below=5, k_above=2),
+    assert OL.band_edges(SCHEDULE) == [BandEdge(edge=2, k_below=5, k_above=2),
                                           BandEdge(edge=6, k_below=2, k_above=0)]
-    assert rules.band_edges([(1, 128, 4)]) == []
+    assert OL.band_edges([(1, 128, 4)]) == []
 
 
 def test_each_edge_is_driven_at_the_closed_loop_rate_there_capped_above_it():
     # Request throughput (req/s) per ladder level, two runs each.
     closed = {1: [1.0, 1.0], 2: [2.0, 2.0], 4: [3.0, 3.0], 8: [4.0, 4.0]}
-    plan = rules.open_loop_plan(SCHEDULE, closed)
+    plan = OL.open_loop_plan(SCHEDULE, closed)
     assert [(e.edge, e.concurrency) for e in plan] == [(2, 4), (6, 8)]
     # Edge 2|3: log2-interpolated at 2.5 between levels 2 and 4.
     expect = 2.0 + (math.log2(2.5) - 1.0) * (3.0 - 2.0)
     assert plan[0].rate == pytest.approx(expect, abs=1e-4)
     assert plan[0].rate_from == (2, 4)
     # No ladder level above an edge: nothing to cross it with.
-    assert rules.open_loop_plan([(1, 8, 5), (9, 128, 0)], closed) == []
+    assert OL.open_loop_plan([(1, 8, 5), (9, 128, 0)], closed) == []
 
 
 def test_the_lineup_is_the_schedule_and_every_k_of_the_edges():
-    plan = rules.open_loop_plan(SCHEDULE, {1: [1.0], 2: [2.0], 4: [3.0], 8: [4.0]})
+    plan = OL.open_loop_plan(SCHEDULE, {1: [1.0], 2: [2.0], 4: [3.0], 8: [4.0]})
     policy_cfg = CHOSEN.model_copy(update={"speculative_config": {
         **CHOSEN.speculative_config,
         "num_speculative_tokens_per_batch_size": [list(b) for b in SCHEDULE]}})
-    lineup, keys = rules.open_loop_lineup(plan, policy_cfg, CHOSEN)
+    lineup, keys = OL.open_loop_lineup(plan, policy_cfg, CHOSEN)
     assert [r for r, _ in lineup] == ["policy", "static", "static", "baseline"]
     assert [c.k for _, c in lineup[1:]] == [5, 2, None]
     assert keys[5] == CHOSEN.key() and keys[0] == TrialConfig().key()
@@ -62,7 +63,7 @@ PLAN = [OpenLoopLevel(edge=2, k_below=5, k_above=0, concurrency=4, rate=3.0, rat
 def _check(policy: list[float], k_below: list[float], k_above: list[float]) -> EdgeCheck:
     runs = (ladder_runs("P", {4: policy}) + ladder_runs("K5", {4: k_below})
             + ladder_runs("B", {4: k_above}))
-    return rules.open_loop_check(PLAN, runs, policy_key="P", static_keys={5: "K5", 0: "B"})[0]
+    return OL.open_loop_check(PLAN, runs, policy_key="P", static_keys={5: "K5", 0: "B"})[0]
 
 
 def test_a_dip_beyond_the_spread_is_a_finding():
@@ -76,7 +77,7 @@ def test_a_dip_beyond_the_spread_is_a_finding():
 def test_a_difference_inside_the_spread_is_not():
     # 8 % below, with a spread of 5 % each (one run each: UNMEASURED_NOISE): 10 % in all.
     row = _check([92.0], [100.0], [80.0])
-    assert row.dips is False and row.noise == pytest.approx(2 * rules.UNMEASURED_NOISE)
+    assert row.dips is False and row.noise == pytest.approx(2 * LS.UNMEASURED_NOISE)
     # Two runs each, 1.5 % below: each median is known to 1 % at best (the MAD floor).
     row = _check([98.5, 98.5], [100.0, 100.0], [50.0, 50.0])
     assert row.dips is False and row.noise == pytest.approx(0.02)
@@ -87,7 +88,7 @@ def test_a_difference_inside_the_spread_is_not():
 
 def test_an_edge_without_both_static_runs_has_no_verdict():
     runs = ladder_runs("P", {4: [70.0]}) + ladder_runs("K5", {4: [100.0]})
-    row = rules.open_loop_check(PLAN, runs, policy_key="P", static_keys={5: "K5", 0: "B"})[0]
+    row = OL.open_loop_check(PLAN, runs, policy_key="P", static_keys={5: "K5", 0: "B"})[0]
     assert row.dips is None and row.best_k is None
     # Not measured: its JSON has no difference and no merge cost (policy.json as before).
     assert not {"policy_minus_best", "gives_up"} & set(row.model_dump())
@@ -101,15 +102,15 @@ def _edge(edge: int, dips: bool | None, best_k: int | None = None) -> EdgeCheck:
 
 def test_merge_at_a_dip_takes_the_better_k_and_keeps_k_non_increasing():
     edges = [_edge(2, True, 2), _edge(6, False)]
-    assert rules.merged_at_dips(SCHEDULE, edges) == [(1, 6, 2), (7, 128, 0)]
+    assert OL.merged_at_dips(SCHEDULE, edges) == [(1, 6, 2), (7, 128, 0)]
     edges = [_edge(2, False), _edge(6, True, 2)]
-    assert rules.merged_at_dips(SCHEDULE, edges) == [(1, 2, 5), (3, 128, 2)]
+    assert OL.merged_at_dips(SCHEDULE, edges) == [(1, 2, 5), (3, 128, 2)]
     # Both edges dip: left to right, each merged K between its neighbours'.
     edges = [_edge(2, True, 5), _edge(6, True, 0)]
-    assert rules.merged_at_dips(SCHEDULE, edges) == [(1, 128, 0)]
+    assert OL.merged_at_dips(SCHEDULE, edges) == [(1, 128, 0)]
     edges = [_edge(2, True, 5), _edge(6, True, 5)]
-    assert rules.merged_at_dips(SCHEDULE, edges) == [(1, 128, 5)]
-    assert rules.merged_at_dips(SCHEDULE, [_edge(2, None)]) == SCHEDULE
+    assert OL.merged_at_dips(SCHEDULE, edges) == [(1, 128, 5)]
+    assert OL.merged_at_dips(SCHEDULE, [_edge(2, None)]) == SCHEDULE
 
 
 def _doc(**fields) -> PolicyDocument:
@@ -123,7 +124,7 @@ def _doc(**fields) -> PolicyDocument:
 def test_a_dipping_edge_revises_the_schedule_and_the_document_says_so():
     row = _check([70.0, 71.0], [100.0, 101.0], [90.0, 91.0])
     assert row.edge == 2
-    doc = rules.with_open_loop(_doc(), [row], CHOSEN)
+    doc = OL.with_open_loop(_doc(), [row], CHOSEN)
     block = doc.open_loop
     assert block.revised and block.dipped_at == (2,)
     assert block.schedule_verified == ((1, 2, 5), (3, 128, 0))
@@ -137,7 +138,7 @@ def test_a_dipping_edge_revises_the_schedule_and_the_document_says_so():
 
 def test_a_holding_schedule_is_left_as_it_is():
     row = _check([99.0, 100.0], [100.0, 101.0], [90.0, 91.0])
-    doc = rules.with_open_loop(_doc(), [row], CHOSEN)
+    doc = OL.with_open_loop(_doc(), [row], CHOSEN)
     assert not doc.open_loop.revised and doc.schedule == _doc().schedule
     assert doc.speculative_config == _doc().speculative_config
     lines = open_loop_lines(doc)
@@ -151,22 +152,22 @@ K_STATS = {k: {c: LevelSpeedup(speedup=s, noise=0.05) for c, s in curve.items()}
 def test_a_merge_that_would_give_up_a_closed_loop_gain_is_not_made():
     schedule = [(1, 2, 5), (3, 8, 2), (9, 128, 0)]
     # Into K=0 over the K=2 band: K=2 measured 1.28x at 4, K=0 is 1.00x.
-    cost = rules.merge_cost(schedule, K_STATS, edge=8, best_k=0)
+    cost = OL.merge_cost(schedule, K_STATS, edge=8, best_k=0)
     assert cost == MergeCost(concurrency=4, k=2, speedup=1.28, merged_k=0, merged_speedup=1.0)
     # Into K=2 over the K=0 band: K=2 at 16 is 0.98x against 1.00x, within the noise.
-    assert rules.merge_cost(schedule, K_STATS, edge=8, best_k=2) is None
+    assert OL.merge_cost(schedule, K_STATS, edge=8, best_k=2) is None
     # Into K=5 over the K=0 band: K=5 at 16 is 0.70x, below K=0's 1.00x.
-    assert rules.merge_cost([(1, 2, 5), (3, 128, 0)], K_STATS, edge=2, best_k=5) == MergeCost(
+    assert OL.merge_cost([(1, 2, 5), (3, 128, 0)], K_STATS, edge=2, best_k=5) == MergeCost(
         concurrency=16, k=0, speedup=1.0, merged_k=5, merged_speedup=0.7)
     # Into K=5 over the K=2 band: 1.30x against 1.28x at 4, within the noise: no loss.
-    assert rules.merge_cost(schedule, K_STATS, edge=2, best_k=5) is None
+    assert OL.merge_cost(schedule, K_STATS, edge=2, best_k=5) is None
 
 
 def test_a_dipping_edge_whose_merge_gives_up_a_gain_is_kept_and_said():
     doc = _doc(k_stats=K_STATS)
     row = _check([70.0, 71.0], [60.0, 61.0], [100.0, 101.0])
     assert row.dips and row.best_k == 0
-    out = rules.with_open_loop(doc, [row], CHOSEN)
+    out = OL.with_open_loop(doc, [row], CHOSEN)
     block = out.open_loop
     assert block.dipped_at == (2,) and block.kept_at == (2,) and not block.revised
     assert out.schedule == doc.schedule

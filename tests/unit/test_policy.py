@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from study_fakes import ladder_runs
 
+from tuner.analysis import ladder_stats as LS
 from tuner.analysis import policy as P
+from tuner.analysis import schedule as S
+from tuner.analysis import schedule_verification as V
 from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import BreakEvenStatus, LevelStat, PolicyDocument
@@ -21,68 +24,68 @@ def _ngram(spec: dict) -> TrialConfig:
 
 
 def test_level_stats_medians_and_noise():
-    st = P.level_stats({1: [20.0, 22.0, 21.0]}, {1: [10.0, 10.0, 10.0]})
+    st = LS.level_stats({1: [20.0, 22.0, 21.0]}, {1: [10.0, 10.0, 10.0]})
     assert st[1].speedup == pytest.approx(2.1)
     assert st[1].noise == pytest.approx(1.0 / 21.0)  # MAD 1 over median 21
-    single = P.level_stats({1: [20.0]}, {1: [10.0]})
-    assert single[1].noise == P.UNMEASURED_NOISE
+    single = LS.level_stats({1: [20.0]}, {1: [10.0]})
+    assert single[1].noise == LS.UNMEASURED_NOISE
 
 
 def test_break_even_monotone_crossing_is_interpolated_in_log2():
-    be = P.break_even(stats_from({1: 2.0, 2: 1.6, 4: 1.2, 8: 0.8, 16: 0.6}))
+    be = S.break_even(stats_from({1: 2.0, 2: 1.6, 4: 1.2, 8: 0.8, 16: 0.6}))
     assert be.status is BreakEvenStatus.CROSSES
     assert (be.last_paying, be.first_not_paying) == (4, 8)
     assert be.concurrency == pytest.approx(2 ** 2.5, rel=1e-3)  # halfway in log2
 
 
 def test_break_even_always_and_never():
-    assert P.break_even(stats_from({1: 2.0, 8: 1.5})).status is BreakEvenStatus.ALWAYS_PAYS
-    assert P.break_even(stats_from({1: 1.01, 8: 0.7})).status is BreakEvenStatus.NEVER_PAYS
+    assert S.break_even(stats_from({1: 2.0, 8: 1.5})).status is BreakEvenStatus.ALWAYS_PAYS
+    assert S.break_even(stats_from({1: 1.01, 8: 0.7})).status is BreakEvenStatus.NEVER_PAYS
 
 
 def test_break_even_within_noise_counts_as_not_paying():
-    be = P.break_even(stats_from({1: 1.5, 2: 1.02, 4: 1.3}, noise=0.05))
+    be = S.break_even(stats_from({1: 1.5, 2: 1.02, 4: 1.3}, noise=0.05))
     assert be.first_not_paying == 2
 
 
 def test_monotone_data_gives_decreasing_bands_and_off_at_high_load():
     per_k = {5: stats_from({1: 2.1, 2: 1.7, 4: 1.2, 8: 0.9, 16: 0.7}),
              2: stats_from({1: 1.6, 2: 1.5, 4: 1.3, 8: 1.02, 16: 0.9})}
-    chosen = P.choose_k(per_k)
+    chosen = S.choose_k(per_k)
     assert chosen == {1: 5, 2: 5, 4: 2, 8: 0, 16: 0}
-    sched = P.bands(chosen, per_k, max_batch=256)
+    sched = S.bands(chosen, per_k, max_batch=256)
     assert sched[0][0] == 1 and sched[-1][1] == 256
     assert [k for *_, k in sched] == [5, 2, 0]
-    assert not P.validate_schedule(sched, num_speculative_tokens=5)
+    assert not S.validate_schedule(sched, num_speculative_tokens=5)
     # K=2 stops paying between 4 and 8: the off band starts inside (4, 8].
     assert 5 <= sched[-1][0] <= 8
 
 
 def test_noisy_data_never_flip_flops():
     per_k = {4: stats_from({1: 1.8, 2: 0.97, 4: 1.4, 8: 1.1, 16: 1.5}, noise=0.05)}
-    chosen = P.choose_k(per_k)
+    chosen = S.choose_k(per_k)
     assert chosen == {1: 4, 2: 0, 4: 0, 8: 0, 16: 0}
-    ks = [k for *_, k in P.bands(chosen, per_k, max_batch=1024)]
+    ks = [k for *_, k in S.bands(chosen, per_k, max_batch=1024)]
     assert ks == sorted(ks, reverse=True)
 
 
 def test_config_that_never_pays_turns_speculation_off():
     per_k = {5: stats_from({1: 1.02, 4: 0.8})}
-    sched = P.bands(P.choose_k(per_k), per_k, max_batch=1024)
+    sched = S.bands(S.choose_k(per_k), per_k, max_batch=1024)
     assert sched == [(1, 1024, 0)]
-    assert P.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 5}), sched) is None
+    assert S.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 5}), sched) is None
 
 
 def test_config_that_always_pays_is_a_static_config():
     per_k = {5: stats_from({1: 2.0, 16: 1.3})}
-    sched = P.bands(P.choose_k(per_k), per_k, max_batch=256)
+    sched = S.bands(S.choose_k(per_k), per_k, max_batch=256)
     assert sched == [(1, 256, 5)]
-    cfg = P.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 5}), sched)
+    cfg = S.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 5}), sched)
     assert cfg.speculative_config == {"method": "ngram", "num_speculative_tokens": 5}
 
 
 def test_policy_config_embeds_the_schedule_with_k_max():
-    spec = P.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 3,
+    spec = S.policy_config(_ngram({"method": "ngram", "num_speculative_tokens": 3,
                                    "prompt_lookup_min": 2}), [(1, 4, 5), (5, 1024, 0)]
                            ).speculative_config
     assert spec["num_speculative_tokens"] == 5
@@ -99,7 +102,7 @@ def test_policy_config_embeds_the_schedule_with_k_max():
     ([(0, 4, 1)], "must be positive"),
 ])
 def test_validate_schedule_flags_each_vllm_rule(sched, problem):
-    problems = P.validate_schedule(sched, num_speculative_tokens=5)
+    problems = S.validate_schedule(sched, num_speculative_tokens=5)
     assert any(problem in p for p in problems), problems
 
 
@@ -109,7 +112,7 @@ def test_our_validation_agrees_with_vllms_own_validator():
     cases = [[(1, 4, 5), (5, 1024, 0)], [(2, 4, 1)], [(1, 4, 1), (4, 8, 0)], [(1, 3, 2)],
              [(1, 4, 1), (3, 2, 0)], [(0, 4, 1)], [(1, 2, 3), (3, 9, 1), (10, 99, 0)]]
     for sched in cases:
-        ours = P.validate_schedule(sched, num_speculative_tokens=5)
+        ours = S.validate_schedule(sched, num_speculative_tokens=5)
         try:
             utils.validate_and_normalize_dynamic_sd_schedule([list(e) for e in sched])
             theirs_ok = True
@@ -171,7 +174,7 @@ def test_with_an_aligned_baseline_each_speedup_splits_into_path_cost_and_specula
     assert stats[8].speculation_gain > 1.1 and stats[8].speedup < 0.95
     assert doc.k_by_level == {1: 3, 8: 0}
     policy_cfg, static = P.policy_configs(doc, lineup)
-    verified = P.with_verification(doc, measured, policy_cfg=policy_cfg, static=static,
+    verified = V.with_verification(doc, measured, policy_cfg=policy_cfg, static=static,
                                    side_by_side=False)
     # The line a user reads says whether the path or speculation itself decided.
     assert policy_words.worded(verified).headline.endswith(policy_words.worded(doc).decomposition)

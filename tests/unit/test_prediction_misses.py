@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from study_fakes import fake_settings
 
-from tuner.analysis import recommend
+from tuner.analysis.level_context import LevelContext
 from tuner.records.predictions import PredictedRow, PredictionMiss
 from tuner.replay.predict import ACCEPTANCE_ACCURACY_PCT, misses
 
@@ -46,6 +46,6 @@ def test_a_recommendation_resting_on_a_missed_config_names_the_miss():
                           measured=2.45, error_pct=71.8, accuracy_pct=5.0)
     other = miss.model_copy(update={"concurrency": 4})
     settings = fake_settings().model_copy(update={"prediction_misses": (miss, other)})
-    at = recommend._Level(1, {}, settings)
+    at = LevelContext(1, {}, settings)
     assert at.misses(pd.Series({"config_key": "k"})) == (miss,)
     assert at.misses(pd.Series({"config_key": "x"})) == ()

@@ -100,7 +100,7 @@ def test_leaders_the_replay_cannot_order_are_said_and_at_temperature_0_nothing_c
 
 
 def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recommendation():
-    from tuner.analysis import recommend
+    from tuner.analysis.level_context import LevelContext
 
     study = optuna.create_study()
     st.store_settings(study, fake_settings(workload="sharegpt"))
@@ -119,7 +119,7 @@ def test_a_launch_the_replay_does_not_explain_is_said_once_and_reaches_the_recom
         ("sampling_mismatch", 4), ("sampling_mismatch", 1)]
     settings = st.settings_of(study)
     assert set(settings.sampling_mismatch) == {"1", "4"}
-    at = recommend._Level(concurrency=4, slos={}, settings=settings)
+    at = LevelContext(concurrency=4, slos={}, settings=settings)
     assert at.sampling_mismatch == line
     # at temperature 0 the same figures are the replay's own error: nothing is said
     search = _search(optuna.create_study())

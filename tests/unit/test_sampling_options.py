@@ -10,7 +10,7 @@ import pytest
 from study_fakes import fake_settings
 
 from tuner import cli, engine_cmdline
-from tuner.analysis import recommend
+from tuner.analysis.level_context import LevelContext
 from tuner.api import engines
 from tuner.errors import ConfigError
 from tuner.measure import completion_request, load_level, workloads
@@ -121,9 +121,9 @@ def test_a_mismatch_recorded_for_a_level_ends_its_recommendations_reason():
     line = "vLLM 0.32.0 (cpu) accepted 1.00 tokens per draft step ..."
     settings = fake_settings().model_copy(update={"sampling_mismatch": {"4": line}})
     too_few = Verdict(basis=Basis.TOO_FEW_CONFIGS, configs_completed=1)
-    at = recommend._Level(concurrency=4, slos={}, settings=settings)
+    at = LevelContext(concurrency=4, slos={}, settings=settings)
     assert at.answer("insufficient_data", too_few).verdict.sampling_mismatch == line
-    other = recommend._Level(concurrency=1, slos={}, settings=settings)
+    other = LevelContext(concurrency=1, slos={}, settings=settings)
     assert other.answer("insufficient_data", too_few).verdict.sampling_mismatch is None
 
 

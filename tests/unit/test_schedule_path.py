@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from study_fakes import fake_level
 
+from tuner.analysis import ladder_stats as LS
 from tuner.analysis import policy as P
+from tuner.analysis import schedule_verification as V
 from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import LadderRun, PathChange, PathRule, ScheduleBasis
@@ -145,7 +147,7 @@ def _verified(levels: dict[int, tuple[float, float]], details: dict,
     doc = _drafted(rule)
     policy_cfg, static = P.policy_configs(doc, LINEUP)
     verify = _runs(policy_cfg, levels, details=details, repeats=1, phase="verify")
-    return policy_words.worded(P.with_verification(
+    return policy_words.worded(V.with_verification(
         doc.model_copy(update={"serve_command": "vllm serve m"}), LADDER + verify,
         policy_cfg=policy_cfg, static=static, side_by_side=False, path_fields=FIELDS))
 
@@ -211,7 +213,7 @@ def stored(tmp_path_factory):
 def test_the_stored_study_would_have_withheld_its_schedule_before_launching_it(stored):
     ladder_runs, _, lineup = stored
     leader = next(c for role, c in lineup if role == "leader")
-    path = P.engine_details(ladder_runs, leader.key())
+    path = LS.engine_details(ladder_runs, leader.key())
     assert (path["model_runner"], path["cudagraph_mode"]) == ("V1", "FULL_AND_PIECEWISE")
     doc = P.draft_policy(ladder_runs, lineup, max_batch=1024, where="x",
                          varying_k=varying_k(leader.method),
@@ -229,7 +231,7 @@ def test_the_stored_verify_launch_ran_piecewise_and_slower_so_it_is_withheld(sto
                          varying_k=varying_k("draft_model"))
     policy_cfg, static = P.policy_configs(doc, lineup)
     assert verify_runs[0].key == policy_cfg.key()
-    doc = policy_words.worded(P.with_verification(
+    doc = policy_words.worded(V.with_verification(
         doc, ladder_runs + verify_runs, policy_cfg=policy_cfg, static=static,
         side_by_side=False, path_fields=FIELDS))
     check = doc.schedule_check
@@ -252,7 +254,7 @@ def test_the_stored_h100_logs_show_the_schedule_ran_piecewise_where_static_k_ran
     assert "Overriding cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE" in sched
     assert "Overriding cudagraph_mode" not in static
     paths = [enginepath.read_log(text).details() for text in (static, sched)]
-    assert P.path_changes(*paths, enginepath.FIELDS) == (
+    assert V.path_changes(*paths, enginepath.FIELDS) == (
         PathChange(field="cudagraph_mode", static="FULL_AND_PIECEWISE", schedule="PIECEWISE"),)
     rule = schedule_path("draft_model", runner=paths[0]["model_runner"],
                          cudagraph_mode=paths[0]["cudagraph_mode"])

@@ -12,6 +12,7 @@ import pytest
 from study_fakes import ladder_runs
 
 from tuner.analysis import policy as P
+from tuner.analysis import schedule as S
 from tuner.outputs import policy_words
 from tuner.records.configs import TrialConfig
 from tuner.records.policy import PolicyDocument
@@ -163,11 +164,11 @@ def test_ngram_gpu_on_a_known_v2_runner_gets_its_schedule():
 def test_one_k_everywhere_needs_no_schedule_and_stays_a_static_config():
     spec = SPECS["suffix"]
     suffix = TrialConfig(speculative_config=spec)
-    assert P.policy_config(suffix, [(1, 64, 8)], varying_k=varying_k("suffix")
+    assert S.policy_config(suffix, [(1, 64, 8)], varying_k=varying_k("suffix")
                            ).speculative_config == spec
-    assert P.schedule_refused([(1, 4, 8), (5, 64, 8)], varying_k("suffix")) is None
+    assert S.schedule_refused([(1, 4, 8), (5, 64, 8)], varying_k("suffix")) is None
     # Without the rule (an older caller) the schedule is emitted as before.
-    assert "num_speculative_tokens_per_batch_size" in P.policy_config(
+    assert "num_speculative_tokens_per_batch_size" in S.policy_config(
         suffix, [(1, 4, 8), (5, 64, 4)]).speculative_config
 
 

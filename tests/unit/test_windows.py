@@ -204,7 +204,7 @@ def test_the_check_refuses_outside_the_bounds():
 def test_bench_table_and_report_say_whether_each_level_converged():
     import pandas as pd
 
-    from tuner.outputs import console, report
+    from tuner.outputs import console, report_content
     from tuner.records.configs import TrialConfig
     from tuner.records.results import BenchResult, EngineInfo
 
@@ -219,9 +219,9 @@ def test_bench_table_and_report_say_whether_each_level_converged():
                             levels=(_level(),))
     assert "windows" not in console.bench_table(one_block)
     # A trial's level in the report: after its throughput; nothing for one stored without.
-    assert report._steadiness(pd.Series({"converged": True, "stability_pct": 1.23})) == \
+    assert report_content._steadiness(pd.Series({"converged": True, "stability_pct": 1.23})) == \
         " (±1.2%)"
-    assert report._steadiness(pd.Series({"converged": False, "stability_pct": 6.06})) == \
+    assert report_content._steadiness(pd.Series({"converged": False, "stability_pct": 6.06})) == \
         " (unsteady ±6.1%)"
-    assert report._steadiness(pd.Series({"converged": None, "stability_pct": math.nan})) == ""
-    assert report._steadiness(pd.Series({"output_throughput": 1.0})) == ""
+    assert report_content._steadiness(pd.Series({"converged": None, "stability_pct": math.nan})) == ""
+    assert report_content._steadiness(pd.Series({"output_throughput": 1.0})) == ""

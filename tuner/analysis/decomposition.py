@@ -23,7 +23,7 @@ from tuner.records.speedup import ConfigSplit, Measured, SpeedupSplit
 RATIOS = ("total_speedup", "path_cost", "speculation_gain")
 COLUMNS = tuple(c for r in RATIOS for c in (r, f"{r}_spread"))
 # The policy's ladder stats, whose ratios carry their relative spread as "noise"
-# (tuner.analysis.policy): the split's keys in policy.json.
+# (tuner.analysis.ladder_stats): the split's keys in policy.json.
 POLICY_KEYS = {"path_cost": ("path_cost", "path_noise"),
                "speculation_gain": ("speculation_gain", "gain_noise")}
 

@@ -3,7 +3,8 @@ speculation off", or a refusal when the data cannot support a choice; each carri
 Verdict (the basis it rests on and the figures: repeats, spread, interval), which
 tuner.outputs.verdicts turns into words, and the serve and verify commands (the model
 named as the user gave it, the serve flags also as a `vllm serve --config` mapping, and a note
-where the command names other weights than those measured). Where the
+where the command names other weights than those measured; tuner.analysis.level_context
+builds them), held against the noise of tuner.analysis.noise. Where the
 study measured an aligned baseline, the speedup over the plain baseline is split into the
 engine path's cost and speculation's own gain (tuner.analysis.decomposition), in the record
 and its reason. The speedup carries its interval across launches (tuner.intervals, at the
@@ -13,28 +14,22 @@ it decides whether a gain counts; where it is open, the gain must pass the noise
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 
-from tuner import engine_cmdline, intervals
-from tuner.analysis import decomposition, frame, pareto
-from tuner.records.configs import EngineSpec, TrialConfig
-from tuner.records.predictions import PredictionMiss
+from tuner import intervals
+from tuner.analysis import decomposition, frame, noise, pareto
+from tuner.analysis.level_context import LevelContext
+from tuner.records.configs import TrialConfig
 from tuner.records.recommendations import (
     Basis,
-    Noise,
     Recommendation,
     SpeedupInterval,
-    Status,
     ThroughputSpread,
     Verdict,
-    WindowSpread,
 )
 from tuner.records.selection import Choice, Selection
 from tuner.records.storage import StudySettings
@@ -42,106 +37,6 @@ from tuner.records.trials import Role
 
 # A recommendation needs a choice: at least this many distinct speculative configs measured.
 MIN_CANDIDATES = 2
-
-
-@dataclass(frozen=True)
-class _Level:
-    """What every answer at one level carries: the level, its SLOs, the study's settings."""
-
-    concurrency: int
-    slos: dict[str, float | None]
-    # The study's settings (model, workload, decision rule, what the replay found); None where
-    # the frame comes without a study (tests, a frame built by hand).
-    settings: StudySettings | None = None
-    # The spread taken for a speculative config measured once (_single_run_spread).
-    single_run_spread: float = 0.05
-    # config key -> TrialConfig (frame.configs_of): the records behind the rows.
-    configs: Mapping[str, TrialConfig] = field(default_factory=dict)
-    # config key -> each launch's throughput at this level (frame.launch_throughputs), their
-    # between-launch spread pooled (tuner.intervals), and the plain baseline's key.
-    runs: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    pool: intervals.Pool = field(default_factory=intervals.Pool)
-    base_key: str = ""
-    # config key -> each launch's windows at this level (frame.launch_windows): the paired
-    # within-level spread each interval adds (tuner.intervals.Within).
-    windows: Mapping[str, tuple[intervals.LaunchWindows, ...]] = field(default_factory=dict)
-
-    @property
-    def confidence(self) -> float:
-        """The study's --confidence (a fraction), stored with its settings."""
-        stored = self.settings.confidence if self.settings else None
-        return intervals.CONFIDENCE if stored is None else float(stored)
-
-    @property
-    def margin(self) -> float:
-        """The study's --margin (a fraction): within it of 1.00x is no difference."""
-        stored = self.settings.margin if self.settings else None
-        return intervals.MARGIN if stored is None else float(stored)
-
-    def interval(self, row: pd.Series) -> intervals.Interval | None:
-        """The row's speedup over the plain baseline across launches, with its interval."""
-        within = intervals.Within.paired(self.windows.get(row["config_key"], ()),
-                                         self.windows.get(self.base_key, ()))
-        return intervals.speedup(self.runs.get(row["config_key"], ()),
-                                 self.runs.get(self.base_key, ()), pool=self.pool,
-                                 confidence=self.confidence, within=within)
-
-    def decision(self, row: pd.Series) -> intervals.Decision | None:
-        """What the row's interval says against 1.00x (intervals.decide); None without one."""
-        iv = self.interval(row)
-        return None if iv is None else intervals.decide(iv, self.margin)
-
-    def answer(self, status: Status, verdict: Verdict, *, serving: TrialConfig | None = None,
-               **extra: Any) -> Recommendation:
-        """The Recommendation: `verdict` with what the level knows, its interval's figures,
-        and where `serving` names the config to serve, its serve command, the same as a `vllm
-        serve --config` mapping and the note beside them (tuner.engine_cmdline.serve_note)."""
-        iv = verdict.interval
-        if serving is not None:
-            s = self.settings
-            extra.update(
-                serve_command=engine_cmdline.serve_command(_shown_engine(s), serving),
-                serve_config=serve_config(s, serving),
-                serve_note=engine_cmdline.serve_note(s.engine_spec if s else None))
-        figures: dict[str, Any] = dict(
-            speedup_interval=None if iv is None else (iv.lo, iv.hi),
-            confidence_level=None if iv is None else iv.confidence,
-            equivalence_margin=None if iv is None else iv.margin,
-            launches=None if iv is None else iv.launches)
-        return Recommendation(
-            concurrency=self.concurrency, status=status, slos=self.slos,
-            verdict=verdict.model_copy(update={
-                "sampling_mismatch": self.sampling_mismatch,
-                "slos_set": any(v is not None for v in self.slos.values())}),
-            **{**figures, **extra})
-
-    @property
-    def sampling_mismatch(self) -> str | None:
-        """The line where the engine's measured acceptance at this level did not match the
-        replay at temperature > 0 (StudySettings.sampling_mismatch, written by the replay
-        strategy)."""
-        return self.settings.sampling_mismatch.get(str(self.concurrency)) \
-            if self.settings else None
-
-    def misses(self, row: pd.Series) -> tuple[PredictionMiss, ...]:
-        """The replay's misses of the row's config at this level (StudySettings.prediction_misses, written
-        by the replay strategy): a recommendation resting on it says so."""
-        found = self.settings.misses_at(self.concurrency) if self.settings else ()
-        return tuple(m for m in found if m.key == row["config_key"])
-
-    def config(self, row: pd.Series) -> TrialConfig:
-        return self.configs[row["config_key"]]
-
-    def verify(self, config: TrialConfig) -> str:
-        s = self.settings
-        return engine_cmdline.verify_command(
-            engine=s.engine_spec if s else None, workload=s.workload if s else None,
-            config=config, concurrency=self.concurrency, settings=s.settings if s else None)
-
-    def verify_against_baseline(self, config: TrialConfig) -> str:
-        """The baseline's verify line, then `config`'s: a "leave speculation off" verdict is
-        checked by re-measuring the best speculative config beside the baseline, now."""
-        return f"{self.verify(TrialConfig())} && {self.verify(config)}"
 
 
 def recommend(
@@ -156,7 +51,7 @@ def recommend(
     the commands, the decision rule, what the replay found); None: unknown, the commands
     name placeholders. Each refusal is a function of its own below.
     """
-    at = _Level(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
+    at = LevelContext(concurrency, {"max_tpot_ms": max_tpot_ms, "max_ttft_ms": max_ttft_ms},
                 settings, configs=frame.configs_of(df))
     rows = df[(df["concurrency"] == concurrency).fillna(False)]
     level = decomposition.decompose(pareto.speedups(frame.with_medians(
@@ -166,7 +61,7 @@ def recommend(
         return _no_baseline(df, at)
     base = base_rows.iloc[0]
     runs = frame.launch_throughputs(df, concurrency)
-    at = replace(at, single_run_spread=_single_run_spread(level), runs=runs,
+    at = replace(at, single_run_spread=noise.single_run_spread(level), runs=runs,
                  pool=intervals.Pool.of(runs.values()), base_key=str(base["config_key"]),
                  windows=frame.launch_windows(df, concurrency))
     candidates = level[level["method"] != "none"]
@@ -208,12 +103,12 @@ def _gain(row: pd.Series) -> float:
     return float(row["speedup_throughput"]) - 1.0
 
 
-def _beyond_floor(row: pd.Series, base: pd.Series, at: _Level) -> bool:
+def _beyond_floor(row: pd.Series, base: pd.Series, at: LevelContext) -> bool:
     """Whether the row's gain exceeds the noise floor (noise_floor of the MADs)."""
     return _gain(row) > _spread(row, base, at).noise_floor
 
 
-def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
+def _finding(row: pd.Series, base: pd.Series, at: LevelContext) -> bool:
     """Whether the row's gain over the baseline counts: where its speedup interval is
     settled, the interval decides (above 1.00x counts; below, or within --margin, does
     not); where it is open or there is none, the gain must pass the noise floor."""
@@ -226,7 +121,7 @@ def _finding(row: pd.Series, base: pd.Series, at: _Level) -> bool:
     return _beyond_floor(row, base, at)
 
 
-def _interval(row: pd.Series, at: _Level) -> SpeedupInterval | None:
+def _interval(row: pd.Series, at: LevelContext) -> SpeedupInterval | None:
     """The row's speedup over the plain baseline across launches, as the verdict holds it."""
     iv = at.interval(row)
     if iv is None:
@@ -237,7 +132,7 @@ def _interval(row: pd.Series, at: _Level) -> SpeedupInterval | None:
                            pool_configs=at.pool.configs)
 
 
-def _against(row: pd.Series, base: pd.Series, at: _Level, basis: Basis, *,
+def _against(row: pd.Series, base: pd.Series, at: LevelContext, basis: Basis, *,
              chosen_by: Literal["knee", "slos"] | None = None,
              baseline_meets_slos: bool = True) -> Verdict:
     """The Verdict on `row` against the plain baseline: its figures, the noise its gain was
@@ -248,28 +143,16 @@ def _against(row: pd.Series, base: pd.Series, at: _Level, basis: Basis, *,
                    subject_tpot_ms=float(row["mean_tpot_ms"]),
                    baseline_throughput=float(base["output_throughput"]),
                    baseline_tpot_ms=float(base["mean_tpot_ms"]),
-                   speedup=float(row["speedup_throughput"]), noise=_noise(spread),
+                   speedup=float(row["speedup_throughput"]), noise=noise.noise_of(spread),
                    noise_spread=spread.relative_throughput_spread,
                    noise_floor=spread.noise_floor, interval=_interval(row, at),
                    measurements=(int(_int(row["n_measurements"])),
                                  int(_int(base["n_measurements"]))),
-                   windows=_window_spreads(row, base))
+                   windows=noise.window_spreads(row, base))
 
 
-def _noise(spread: ThroughputSpread) -> Noise:
-    """Which spread the gain was held against: the one `_spread` took as the largest."""
-    spread_rel = spread.relative_throughput_spread
-    if spread_rel is None:
-        return Noise.UNMEASURED
-    for taken, noise in ((spread.paired_window_spread, Noise.PAIRED_WINDOWS),
-                         (spread.unsettled_spread, Noise.UNSETTLED_WINDOWS),
-                         (spread.single_run_spread, Noise.SINGLE_RUN)):
-        if taken is not None and spread_rel == taken:
-            return noise
-    return Noise.MEASURED if spread_rel >= MIN_DIFFERENCE else Noise.FLOOR
 
-
-def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
+def _no_baseline(df: pd.DataFrame, at: LevelContext) -> Recommendation:
     failed = df[(df["state"] == "FAIL") & (df["role"] == Role.BASELINE)]
     waiting = df[df["state"].isin(["RUNNING", "WAITING"]) & (df["role"] == Role.BASELINE)]
     return at.answer("insufficient_data", Verdict(
@@ -279,13 +162,13 @@ def _no_baseline(df: pd.DataFrame, at: _Level) -> Recommendation:
         verify_command=at.verify(TrialConfig()))
 
 
-def _too_few_configs(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
+def _too_few_configs(candidates: pd.DataFrame, base: pd.Series, at: LevelContext) -> Recommendation:
     return at.answer("insufficient_data", Verdict(
         basis=Basis.TOO_FEW_CONFIGS, configs_completed=candidates["config_key"].nunique()),
         baseline_metrics=_metrics(base))
 
 
-def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: _Level
+def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: LevelContext
                             ) -> Recommendation:
     best = level.sort_values("mean_tpot_ms").iloc[0]
     return at.answer("insufficient_data", Verdict(
@@ -294,7 +177,7 @@ def _nothing_meets_the_slos(level: pd.DataFrame, base: pd.Series, at: _Level
         subject_p99_ttft_ms=float(best["p99_ttft_ms"])), baseline_metrics=_metrics(base))
 
 
-def _stays_off(best: pd.Series, base: pd.Series, at: _Level, basis: Basis) -> Recommendation:
+def _stays_off(best: pd.Series, base: pd.Series, at: LevelContext, basis: Basis) -> Recommendation:
     """Leave speculation off: serve the baseline; the verdict is about `best`, the fastest
     speculative config, whose verify command re-measures it beside the baseline."""
     return at.answer(
@@ -306,13 +189,13 @@ def _stays_off(best: pd.Series, base: pd.Series, at: _Level, basis: Basis) -> Re
         verify_command=at.verify_against_baseline(at.config(best)))
 
 
-def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: _Level) -> Recommendation:
+def _speculation_off(candidates: pd.DataFrame, base: pd.Series, at: LevelContext) -> Recommendation:
     best = candidates.sort_values(["output_throughput", "trial"],
                                   ascending=[False, True]).iloc[0]
     return _stays_off(best, base, at, Basis.NOTHING_BEATS_BASELINE)
 
 
-def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
+def _no_measurable_difference(best: pd.Series, base: pd.Series, at: LevelContext
                               ) -> Recommendation:
     """Speculation gains, but no more than the noise (or, where its speedup interval is
     settled, within --margin of 1.00x, or below it): not a finding, so it stays off."""
@@ -324,7 +207,7 @@ def _no_measurable_difference(best: pd.Series, base: pd.Series, at: _Level
     return _stays_off(best, base, at, basis)
 
 
-def _turn_on(win: pd.Series, base: pd.Series, at: _Level, *,
+def _turn_on(win: pd.Series, base: pd.Series, at: LevelContext, *,
              chosen_by: Literal["knee", "slos"], base_feasible: bool) -> Recommendation:
     config = at.config(win)
     # Where the gain is within the noise floor, the settled interval decided (_finding).
@@ -368,7 +251,7 @@ def selected(df: pd.DataFrame, sel: Selection, *, settings: StudySettings | None
     the subject beside the baseline). None where the frame lacks what it needs (no baseline
     at the level, or an "on" subject without a launch): the measured rule answers then."""
     c = sel.concurrency
-    at = _Level(c, {"max_tpot_ms": None, "max_ttft_ms": None}, settings,
+    at = LevelContext(c, {"max_tpot_ms": None, "max_ttft_ms": None}, settings,
                 configs=frame.configs_of(df))
     rows = df[(df["concurrency"] == c).fillna(False)]
     level = decomposition.decompose(pareto.speedups(frame.with_medians(
@@ -423,145 +306,9 @@ def _metrics(row: pd.Series) -> dict[str, float | None]:
     return {k: frame.optional(row.get(k)) for k in METRIC_KEYS}
 
 
-# Without repeats the spread is unknown: single runs on shared machines differ by a few
-# percent, so a gain up to this is not evidence.
-UNMEASURED_NOISE = 0.05
-# The smallest throughput gain counted as a finding even where the measured spread is smaller:
-# a MAD of two or three runs understates the spread (of two runs it is half their gap; two
-# identical runs give zero), and tuner.analysis.policy never claims less than 1% for either of
-# the two series a speedup divides, so their ratio is not known better than 2%.
-MIN_DIFFERENCE = 0.02
-
-
-def noise_floor(spread_rel: float | None) -> float:
-    """The gain over the baseline (a fraction) a config must exceed for its difference to be
-    a finding: the measured relative spread, never less than MIN_DIFFERENCE; UNMEASURED_NOISE
-    when neither the config nor the baseline was re-measured."""
-    return UNMEASURED_NOISE if spread_rel is None else max(spread_rel, MIN_DIFFERENCE)
-
-
-def _relative_mad(row: pd.Series) -> float | None:
-    return frame.optional(frame.relative_spread(row))
-
-
-def _single_run_spread(level: pd.DataFrame) -> float:
-    """The spread taken for a speculative config measured once: the largest relative MAD of
-    the level's repeated speculative configs, never less than UNMEASURED_NOISE. A speculative
-    engine can be noisier than the baseline (on the H200, two runs of one n-gram config
-    differed by 24% where the baseline's differed by 5%), so the baseline's spread alone
-    would pass a single lucky run as a finding."""
-    spec = level[(level["method"] != "none") & (level["n_measurements"].fillna(0) >= 2)]
-    rels = [r for _, row in spec.iterrows() if (r := _relative_mad(row)) is not None]
-    return max([UNMEASURED_NOISE, *rels])
-
-
-def _spread(win: pd.Series, base: pd.Series, at: _Level) -> ThroughputSpread:
-    own = _relative_mad(win)
-    rels = [r for r in (own, _relative_mad(base)) if r is not None]
-    single = unsettled = paired = None
-    if rels and win["method"] != "none" and own is None:
-        # Measured once, beside a re-measured baseline: no surer than its speedup moved
-        # across the windows it shares with the baseline (the same requests), or, for a
-        # study stored before the schedule, than its own windows where they did not settle.
-        paired = _paired_window_spread(win, base)
-        unsettled = None if paired is not None else _unsettled_spread(win)
-        single = max(at.single_run_spread, paired or unsettled or 0.0)
-        rels.append(single)
-    return ThroughputSpread(
-        output_throughput_median=frame.optional(win["output_throughput_median"]),
-        output_throughput_mad=frame.optional(win["output_throughput_mad"]),
-        mean_tpot_ms_median=frame.optional(win["mean_tpot_ms_median"]),
-        mean_tpot_ms_mad=frame.optional(win["mean_tpot_ms_mad"]),
-        baseline_output_throughput_mad=frame.optional(base["output_throughput_mad"]),
-        relative_throughput_spread=max(rels) if rels else None,
-        noise_floor=noise_floor(max(rels) if rels else None), single_run_spread=single,
-        paired_window_spread=paired, unsettled_spread=unsettled)
-
-
-def _paired_window_spread(win: pd.Series, base: pd.Series) -> float | None:
-    """How far `win`'s speedup over `base` moves within the level, a fraction: half the range
-    over the median of the per-window throughput ratios, window j of both launches holding
-    the same requests (tuner.measure.windows; equal prompts digests). None where the two
-    levels were not measured on the same requests or carry fewer than two windows."""
-    digest = win.get("prompts_digest")
-    if not isinstance(digest, str) or digest != base.get("prompts_digest"):
-        return None
-    a, b = win.get("windows"), base.get("windows")
-    if not isinstance(a, (tuple, list)) or not isinstance(b, (tuple, list)) \
-            or len(a) != len(b) or len(a) < 2:
-        return None
-    ratios = sorted(x / y for x, y in zip(a, b, strict=True)
-                    if math.isfinite(x) and math.isfinite(y) and y > 0)
-    if len(ratios) < 2:
-        return None
-    return (ratios[-1] - ratios[0]) / 2 / statistics.median(ratios)
-
-
-def _unsettled_spread(row: pd.Series) -> float | None:
-    """How far the windows of a level that did not converge moved (a fraction), the figure
-    of its one launch moving as much; None where it converged or had no windows. On the
-    H100 a leader measured once at 1.19x had windows that never settled (±22.7%), and the
-    plain baseline's two launches measured 519 and 574 tok/s."""
-    pct, settled = _windows(row)
-    return None if pct is None or settled else pct / 100.0
-
-
-def _windows(row: pd.Series) -> tuple[float | None, bool]:
-    """A row's window spread in percent (None: measured without windows) and whether its
-    windows settled (a level stored before windows counts as settled)."""
-    converged = row.get("converged")
-    return (frame.optional(row.get("stability_pct")),
-            not (isinstance(converged, (bool, np.bool_)) and not converged))
-
-
-def _window_spreads(win: pd.Series, base: pd.Series) -> tuple[WindowSpread, ...]:
-    """Where the two rows' levels were measured in windows (tuner.measure.windows): how far
-    each launch's own windows spread, and whether they settled."""
-    out = []
-    for row, who in ((win, str(win["label"])), (base, "the baseline")):
-        pct, settled = _windows(row)
-        if pct is not None:
-            out.append(WindowSpread(label=who, pct=pct, settled=settled))
-    return tuple(out)
-
-
 def _int(value: Any) -> int:
     return 0 if value is None or pd.isna(value) else int(value)
 
 
-# --- commands -----------------------------------------------------------------------------
-
-
-def _shown_engine(settings: StudySettings | None) -> EngineSpec:
-    """The study's engine with the model as the user named it (the resolved path stays in the
-    fingerprint); a study stored before names were kept shows its path."""
-    spec = settings.engine_spec if settings else EngineSpec(model="MODEL")
-    return spec.model_copy(update={"model": spec.model_name or spec.model})
-
-
-def serve_config(settings: StudySettings | None, config: TrialConfig) -> dict[str, Any]:
-    """The serve command as the mapping `vllm serve --config FILE.yaml` reads: each option's
-    name without its dashes, the speculative config as a mapping, a flag as true (`--no-x`
-    as `x: false`), JSON values as mappings. A short flag the mapping cannot name is kept
-    under its own spelling, so nothing measured is dropped silently."""
-    import yaml
-
-    spec = _shown_engine(settings)
-    out: dict[str, Any] = {"model": spec.model}
-    if config.speculative_config:
-        out["speculative-config"] = dict(config.speculative_config)
-    argv = engine_cmdline.engine_flags(config) + list(spec.extra_args)
-    for flag in engine_cmdline.parse_flags(argv):
-        if flag.value is None:
-            if flag.name.startswith("no-"):
-                out[flag.name[3:]] = False
-            else:
-                out[flag.name] = True
-            continue
-        try:  # "4096" -> 4096, '{"a": 1}' -> {"a": 1}; "4k" stays text, as vLLM reads it
-            parsed = yaml.safe_load(flag.value)
-        except yaml.YAMLError:
-            parsed = flag.value
-        out[flag.name] = parsed if isinstance(parsed, (int, float, dict, list)) and not \
-            isinstance(parsed, bool) else flag.value
-    return out
+def _spread(row: pd.Series, base: pd.Series, at: LevelContext) -> ThroughputSpread:
+    return noise.throughput_spread(row, base, single_run_spread=at.single_run_spread)

@@ -27,7 +27,7 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     """Measure the study's leading configs on the campaign's ladder, find where speculation
     stops paying, emit vLLM's per-batch-size schedule and verify it on the same ladder.
     `workload`: the study's, as the ladder sends it."""
-    from tuner.analysis import frame
+    from tuner.analysis import frame, ladder_stats
     from tuner.analysis import policy as rules
     from tuner.outputs import policy_words
     from tuner.search import ladder, trials
@@ -36,7 +36,7 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     study, engine, say = campaign.study, campaign.engine, campaign.say
     levels = campaign.settings.concurrencies
     # The study's aligned baseline joins the ladder, so every speedup splits into the engine
-    # path's cost and speculation's own gain (tuner.analysis.policy).
+    # path's cost and speculation's own gain (tuner.analysis.ladder_stats).
     lineup = rules.ladder_lineup(rules.leaders(frame.trials_frame(study), options.leaders),
                                  options.k_values, study=study.study_name,
                                  aligned=trials.aligned_config(study))
@@ -46,7 +46,7 @@ def run(options: PolicyOptions, campaign: Any, *, workload: WorkloadSpec) -> Pol
     measure = functools.partial(ladder.measure, campaign)
     ladder_runs = measure(lineup=lineup, phase="ladder")
     leader = _leader(lineup)
-    path = rules.engine_details(ladder_runs, leader.key())  # the path the bands were measured on
+    path = ladder_stats.engine_details(ladder_runs, leader.key())  # the path the bands were measured on
     draft = rules.draft_policy(
         ladder_runs, lineup, where=f"{campaign.out_dir}/policy",
         varying_k=varying_k(leader.method),
@@ -97,6 +97,7 @@ def _verified(draft: PolicyDocument, lineup: Lineup, ladder_runs: list[LadderRun
     them interleaved with it), then, where the engine ran the schedule, the open-loop check
     (_open_loop_checked), and the serve command of the schedule that stands."""
     from tuner.analysis import policy as rules
+    from tuner.analysis import schedule_verification
     from tuner.measure import enginepath
 
     policy_cfg, static = rules.policy_configs(draft, lineup)
@@ -104,9 +105,10 @@ def _verified(draft: PolicyDocument, lineup: Lineup, ladder_runs: list[LadderRun
     if side_by_side:
         verify_lineup = [(Role.BASELINE, TrialConfig()), (Role.STATIC, static)] + verify_lineup
     verify_runs = measure(lineup=verify_lineup, phase="verify")
-    found = rules.verified(draft, verify_runs if side_by_side else ladder_runs + verify_runs,
-                           policy_cfg=policy_cfg, static=static, side_by_side=side_by_side,
-                           path_fields=enginepath.FIELDS)
+    found = schedule_verification.verified(
+        draft, verify_runs if side_by_side else ladder_runs + verify_runs,
+        policy_cfg=policy_cfg, static=static, side_by_side=side_by_side,
+        path_fields=enginepath.FIELDS)
     ver = found["verification"]
     if not (ver.engine_rejected or not ver.honoured):
         found |= _open_loop_checked(found.get("schedule", draft.schedule), draft, verify_runs,
@@ -126,17 +128,18 @@ def _open_loop_checked(schedule: Any, draft: PolicyDocument, verify_runs: list[L
     (Poisson at the closed-loop request rate there, capped at the ladder level above it:
     vLLM keys the schedule on scheduled requests, prefills included, so such load swings K
     across the edge); bands merged where the schedule dipped beyond the spread."""
-    from tuner.analysis import policy as rules
+    from tuner.analysis import open_loop
+    from tuner.analysis.ladder_stats import throughput_series
     from tuner.search import ladder
 
-    plan = rules.open_loop_plan(schedule or (), rules.throughput_series(
+    plan = open_loop.open_loop_plan(schedule or (), throughput_series(
         verify_runs, policy_cfg.key(), "request_throughput"))
     if not plan:
         return {}
-    lineup, static_keys = rules.open_loop_lineup(plan, policy_cfg, static)
+    lineup, static_keys = open_loop.open_loop_lineup(plan, policy_cfg, static)
     open_loop_runs = ladder.measure_open_loop(
         campaign, lineup=lineup, rates={e.concurrency: e.rate for e in plan})
-    return rules.open_loop_revision(schedule, draft.k_stats, rules.open_loop_check(
+    return open_loop.open_loop_revision(schedule, draft.k_stats, open_loop.open_loop_check(
         plan, open_loop_runs, policy_key=policy_cfg.key(), static_keys=static_keys), static)
 
 

@@ -204,7 +204,7 @@ def format_policy(policy: PolicyDocument) -> str:
 
 
 def open_loop_lines(policy: PolicyDocument) -> list[str]:
-    """The open-loop check in words (tuner.analysis.policy.with_open_loop's figures): per band
+    """The open-loop check in words (tuner.analysis.open_loop.with_open_loop's figures): per band
     edge, the schedule's throughput against the best static K under Poisson arrivals there,
     and what changed where it dipped beyond the spread; [] where no check ran."""
     block = policy.open_loop

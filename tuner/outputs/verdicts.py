@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tuner import intervals
-from tuner.analysis.recommend import MIN_CANDIDATES, MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
+from tuner.analysis.noise import MIN_DIFFERENCE, UNMEASURED_NOISE, noise_floor
+from tuner.analysis.recommend import MIN_CANDIDATES
 from tuner.outputs import selection
 from tuner.records.recommendations import (
     Basis,

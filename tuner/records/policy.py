@@ -167,7 +167,7 @@ class ScheduleVerification(_Part):
     headline: str | None = None
     side_by_side: bool = False
     # The schedule's engine against the static config's, and where the counters and the
-    # speeds contradicted the table (tuner.analysis.policy.verification)
+    # speeds contradicted the table (tuner.analysis.schedule_verification.verification)
     path_changes: tuple[PathChange, ...] = ()
     drafts_where_off: tuple[int, ...] = ()
     no_drafts_where_on: tuple[int, ...] = ()
@@ -285,7 +285,7 @@ class EdgeCheck(OpenLoopLevel):
     """An edge measured open loop: the schedule's figure and each static K's (K 0 the
     baseline), the best static K, schedule over best and its noise, and whether it `dips`
     beyond the spread (None: not measured for the schedule or either K). `gives_up`: for a
-    dipping edge, what its merge would give up (tuner.analysis.policy.merge_cost)."""
+    dipping edge, what its merge would give up (tuner.analysis.open_loop.merge_cost)."""
 
     policy: Figure | None = None
     static: dict[int, Figure] = {}

@@ -125,6 +125,8 @@ def policy() -> None:
     them: before any launch (the path rule from the leader's logged path), and on its verify
     launch (the engine path, drafts per band, speed against static K)."""
     from tuner.analysis import policy as rules
+    from tuner.analysis.ladder_stats import engine_details
+    from tuner.analysis.schedule_verification import with_verification
     from tuner.measure import enginepath
     from tuner.outputs import policy_words
     from tuner.search import ladder
@@ -137,7 +139,7 @@ def policy() -> None:
     lad = [r for r in runs if r.phase == "ladder"]
     lineup = list({r.key: (r.role, r.config) for r in lad}.values())
     leader = next(c for role, c in lineup if role == "leader")
-    path = rules.engine_details(lad, leader.key())
+    path = engine_details(lad, leader.key())
     rule = schedule_path(leader.method, runner=path.get("model_runner"),
                          cudagraph_mode=path.get("cudagraph_mode"))
     before = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
@@ -147,7 +149,7 @@ def policy() -> None:
     drafted = rules.draft_policy(lad, lineup, max_batch=1024, where="-",
                                  varying_k=varying_k(leader.method))
     policy_cfg, static = rules.policy_configs(drafted, lineup)
-    after = policy_words.worded(rules.with_verification(
+    after = policy_words.worded(with_verification(
         drafted, runs, policy_cfg=policy_cfg, static=static, side_by_side=False,
         path_fields=enginepath.FIELDS))
     print(f"On its verify launch: {after.verdict}")
