@@ -13,10 +13,9 @@ import statistics
 from collections.abc import Sequence
 
 from tuner.analysis import decomposition
+from tuner.analysis.noise import UNMEASURED_NOISE
 from tuner.records.policy import LadderRun, LevelSpeedup, LevelStat
 from tuner.records.speedup import Measured, SpeedupSplit
-
-UNMEASURED_NOISE = 0.05  # relative; used where a level has a single measurement
 
 
 def level_stats(throughputs: dict[int, Sequence[float]],

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from tuner import engine_cmdline, intervals
+from tuner.analysis.noise import UNMEASURED_NOISE
 from tuner.records.configs import EngineSpec, TrialConfig
 from tuner.records.predictions import PredictionMiss
 from tuner.records.recommendations import Recommendation, Status, Verdict
@@ -30,7 +31,7 @@ class LevelContext:
     # the frame comes without a study (tests, a frame built by hand).
     settings: StudySettings | None = None
     # The spread taken for a speculative config measured once (noise.single_run_spread).
-    single_run_spread: float = 0.05
+    single_run_spread: float = UNMEASURED_NOISE
     # config key -> TrialConfig (frame.configs_of): the records behind the rows.
     configs: Mapping[str, TrialConfig] = field(default_factory=dict)
     # config key -> each launch's throughput at this level (frame.launch_throughputs), their
