@@ -52,8 +52,6 @@ PATH_ONE_LAUNCH = ("drafter K axis from one launch: step linear in K through the
                    "(the drafter's fixed cost per step not calibrated)")
 PATH_CALIBRATED = ("drafter K axis: step = baseline + fixed + per-token x K, fitted on launches "
                    "at two K")
-
-
 RHO_MAX = 0.99  # the tail's conditional rate at most (a drafter that never stops agreeing)
 DRAFTER_MAX_AGREEMENT = 10_000  # the longest agreement the error's sum runs over
 
