@@ -30,6 +30,7 @@ from pathlib import Path
 from tuner import checks, engine_cmdline
 from tuner.api import engines
 from tuner.measure import trial, workloads
+from tuner.outputs import decision_words
 from tuner.records.configs import MeasureSettings, TrialConfig, WorkloadSpec
 from tuner.records.options import EngineOptions
 from tuner.records.results import BenchResult
@@ -141,7 +142,7 @@ def main() -> None:
         pred = predict(base_cap, configs, measured, max_model_len=max_model_len, max_num_seqs=256)
         print(f"calibration: {calib_row.label}")
         for c in sorted(pred.costs):
-            print("  " + pred.costs[c].describe())
+            print("  " + decision_words.step_cost_text(pred.costs[c].fit_record()))
         header = (f"{'config':44} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'err':>6} "
                   f"{'tok/s pred':>10} {'meas':>6} {'err':>6} {'TPOT pred':>9} {'meas':>6} "
                   f"{'err':>6} {'spread':>6} {'diverged':>8} {'alt':>3} {'AL own':>6} {'err':>6}")

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.outputs import decision_words
 from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult
 from tuner.replay.acceptance import replay
@@ -139,7 +140,7 @@ def refit(root: Path, calibration: list[int] | None = None) -> dict:
     pred = predict(base_cap, configs, measured, max_model_len=MAX_MODEL_LEN, max_num_seqs=256)
     print("fit:")
     for c in sorted(pred.costs):
-        print("  " + pred.costs[c].describe())
+        print("  " + decision_words.step_cost_text(pred.costs[c].fit_record()))
     if 1 in pred.costs:
         step_shapes(runs, pred.costs[1])
     print(f"{'config':46} {'c':>2} {'tok/s pred':>10} {'meas':>6} {'err':>7} {'TPOT pred':>9} "

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tuner.outputs import decision_words
 from tuner.records.configs import TrialConfig
 from tuner.records.results import BenchResult, LevelMetrics
 from tuner.replay.measured import MeasuredTrial
@@ -166,7 +167,7 @@ def main() -> None:
     for name, pred in preds.items():
         print(f"{name} model, fitted on the aligned baseline and the calibration launches:")
         for c in sorted(pred.costs):
-            print("  " + pred.costs[c].describe())
+            print("  " + decision_words.step_cost_text(pred.costs[c].fit_record()))
     print(f"\n{'config':24} {'c':>2} {'AL pred':>7} {'AL meas':>7} {'meas tok/s':>10} "
           f"{'line':>8} {'err':>7} {'plane':>8} {'err':>7}  fitted on it")
     for r in rows:

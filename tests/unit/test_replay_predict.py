@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tuner.outputs import decision_words
+from tuner.outputs.decision_words import step_cost_text
 from tuner.records.configs import TrialConfig
 from tuner.records.predictions import PredictedRow
 from tuner.records.results import LevelMetrics
@@ -213,7 +214,7 @@ def test_a_plane_through_three_points_is_exact_and_two_points_ask_for_a_third():
     plane = cost.fit(1, [base, heavy, rare], path=cost.PATH_ALIGNED, mixed_term=True)
     assert plane.mixed_fitted and not plane.needs_mixed_point
     assert (plane.a + plane.b, plane.b, plane.m) == pytest.approx((2.4, 0.15, 6.0))
-    assert "non-uniform share" in plane.describe()
+    assert "non-uniform share" in step_cost_text(plane.fit_record())
     # Without split CUDA graphs the same points get the line, and ask for nothing more.
     flat = cost.fit(1, [base, heavy, rare], path=cost.PATH_ALIGNED)
     assert not flat.mixed_term and not flat.needs_mixed_point and flat.m == 0.0
@@ -357,6 +358,6 @@ def test_speculative_steps_cost_the_line_plus_the_shape_and_the_baseline_the_lin
     assert line.speculative_step_ms(2) == pytest.approx(34.5)
     assert line.speculative_step_ms(3) == pytest.approx(33.0 + 1.0)  # between profiled n
     assert line.speculative_step_ms(9) == pytest.approx(39.0)  # past the profile: the line
-    assert "n=2 2.5 ms [40]" in line.describe()
+    assert "n=2 2.5 ms [40]" in step_cost_text(line.fit_record())
     flat = dataclasses.replace(line, profile=())
     assert flat.speculative_step_ms(2) == flat.step_ms(2)

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"rows": [r.csv_row() for r in pred.rows],
                           "seconds": round(pred.seconds, 3),
-                          "step_cost": {c: s.describe() for c, s in pred.costs.items()},
+                          "step_cost": {c: console.step_cost_text(s.fit_record()) for c, s in pred.costs.items()},
                           "skipped": pred.skipped, "streams": pred.streams,
                           "temperature": pred.temperature,
                           "drafters": [dataclasses.asdict(a) for a in pred.drafters]}, indent=2,
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if pred.drafters:
         print("\n" + console.drafter_axes_text(pred.drafters))
     for c in sorted(pred.costs):
-        print("step cost " + pred.costs[c].describe())
+        print("step cost " + console.step_cost_text(pred.costs[c].fit_record()))
     if pred.streams:
         print(pred.streams)
     if not any(s.calibrated for s in pred.costs.values()):

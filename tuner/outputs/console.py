@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tuner.outputs import drafter_k, verdicts, verification
+from tuner.outputs import decision_words, drafter_k, verdicts, verification
 from tuner.outputs.text import (
     LAUNCH_SPREAD_NOTE,
     launch_spread,
@@ -26,6 +26,7 @@ from tuner.outputs.text import (
     with_noise,
     with_pm,
 )
+from tuner.records.decisions import StepCostFit
 from tuner.records.policy import BreakEvenStatus, ConfigCurve, Figure, PolicyDocument
 from tuner.records.predictions import PredictedRow, Row
 from tuner.records.recommendations import Recommendation
@@ -366,3 +367,8 @@ def drafter_axes_text(axes: Sequence[Any]) -> str:
     """Every model-based drafter's K axis (tuner.records.drafter_k.DrafterAxis), as
     tuner.outputs.drafter_k writes it; "" for none."""
     return drafter_k.axes_text(axes)
+
+
+def step_cost_text(fit: StepCostFit) -> str:
+    """A level's step cost in one line, as the study's decisions word it (`tuner predict`)."""
+    return decision_words.step_cost_text(fit)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.records.decisions import CostPoint, StepCostFit
+
 PATH_ALIGNED = "speculative path (anchored on the aligned baseline)"
 PATH_PLAIN = "plain baseline path (no aligned baseline: path cost and speculation not separated)"
 PROFILE_MIN_STEPS = 20  # a profiled n: at least this many steps (the mean gap's spread ~2%)
@@ -96,22 +98,17 @@ class StepCost:
         """A line needs a speculative point besides the anchor."""
         return any(not p.anchor for p in self.points)
 
-    def describe(self) -> str:
-        pts = ", ".join(f"{p.label} (n={p.scored:.1f}"
-                        + (f", u={p.mixed:.2f}" if self.mixed_term else "")
-                        + f", {p.step_ms:.1f} ms)" for p in self.points)
-        mixed = ""
-        if self.mixed_fitted:
-            mixed = f" + {self.m:.2f} ms x non-uniform share"
-        elif self.mixed_term:
-            mixed = " (non-uniform steps not priced yet: no point spans them)"
-        if self.profile:
-            mixed += "; speculative steps add the step shape " + ", ".join(
-                f"n={n} {t:.1f} ms [{k}]" for n, t, k in self.profile)
-        first = (f"; first token: {self.prefill.ms_per_token:.3f} ms per prompt token + "
-                 f"{self.prefill.overhead_ms:.1f} ms")
-        return (f"c={self.concurrency}: step = {self.a:.2f} ms + {self.b:.3f} ms x tokens "
-                f"scored{mixed}{first}; fitted on {pts}; {self.path}")
+    def fit_record(self) -> StepCostFit:
+        """This step cost as the record a study keeps of it (tuner.outputs.decision_words
+        words it)."""
+        return StepCostFit(
+            concurrency=self.concurrency, a_ms=self.a, b_ms=self.b, m_ms=self.m,
+            mixed_term=self.mixed_term, mixed_fitted=self.mixed_fitted,
+            prefill_ms_per_token=self.prefill.ms_per_token,
+            prefill_overhead_ms=self.prefill.overhead_ms,
+            points=tuple(CostPoint(label=p.label, scored=p.scored, mixed=p.mixed,
+                                   step_ms=p.step_ms) for p in self.points),
+            profile=tuple(self.profile), path=self.path)
 
 
 MIN_MIXED_SPREAD = 0.1  # u values closer than this cannot tell m from the slope

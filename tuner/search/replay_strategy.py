@@ -294,7 +294,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
         self.prediction = pred
         self.on_prediction(pred)
         for c in sorted(pred.costs):
-            self.record(_step_cost(pred.costs[c]), show=False)
+            self.record(pred.costs[c].fit_record(), show=False)
         if pred.streams:
             self.record(ev.TokenStreams(line=pred.streams), show=False)
         self._check_sampling(pred)
@@ -381,7 +381,7 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
 
     def _print_costs(self, pred: Prediction) -> None:
         for c in sorted(pred.costs):
-            self.record(_step_cost(pred.costs[c]), store=False)
+            self.record(pred.costs[c].fit_record(), store=False)
         if pred.streams:
             self.record(ev.TokenStreams(line=pred.streams), store=False)
 
@@ -395,14 +395,3 @@ class ReplaySearch(ConfirmPhase, SelectPhase):
                 out.setdefault(m.config.key(), []).append(lv.output_throughput)
         return out
 
-
-def _step_cost(cost: Any) -> ev.StepCostFit:
-    """A level's step cost (tuner.replay.cost StepCost) as the event that records it."""
-    return ev.StepCostFit(
-        concurrency=cost.concurrency, a_ms=cost.a, b_ms=cost.b, m_ms=cost.m,
-        mixed_term=cost.mixed_term, mixed_fitted=cost.mixed_fitted,
-        prefill_ms_per_token=cost.prefill.ms_per_token,
-        prefill_overhead_ms=cost.prefill.overhead_ms,
-        points=tuple(ev.CostPoint(label=p.label, scored=p.scored, mixed=p.mixed,
-                                  step_ms=p.step_ms) for p in cost.points),
-        profile=tuple(cost.profile), path=cost.path)
